@@ -1,0 +1,138 @@
+//! The methods the kernel answers, as one enum with typed params.
+//!
+//! | method | params | result |
+//! | --- | --- | --- |
+//! | `execute_code` (alias `execute`) | [`ExecuteParams`] | [`crate::ExecuteResult`] |
+//! | `status` (alias `ping`) | none | [`crate::StatusInfo`] |
+//! | `shutdown` | none | `{"shutting_down": true}`, then the kernel exits 0 |
+
+use crate::jsonrpc::{ErrorCode, Request, RpcError};
+use serde::{Deserialize, Serialize};
+
+/// Largest accepted `timeout_ms`: 7 days. Larger values get -32602.
+pub const MAX_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// Params of `execute_code`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecuteParams {
+    /// Python source of the cell. Runs in the session's persistent `__main__` namespace.
+    pub code: String,
+    /// Wall-clock limit for the cell, in milliseconds (1 ..= [`MAX_TIMEOUT_MS`]). When it
+    /// passes, the cell gets `KeyboardInterrupt` and the result says `timed_out: true`.
+    /// Absent: the kernel's default (`FLOWREPL_TIMEOUT_MS`, else 300000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// One request, typed: what to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Call {
+    /// `execute_code` / `execute`: run a cell.
+    Execute(ExecuteParams),
+    /// `status` / `ping`: describe the kernel.
+    Status,
+    /// `shutdown`: reply, flush, exit 0.
+    Shutdown,
+}
+
+impl Call {
+    /// Types a parsed request. Unknown methods get -32601, bad params -32602.
+    pub fn from_request(req: &Request<'_>) -> Result<Call, RpcError> {
+        match &*req.method {
+            "execute_code" | "execute" => {
+                let raw = req.params.ok_or_else(|| {
+                    RpcError::new(
+                        ErrorCode::InvalidParams,
+                        "invalid params: `execute_code` needs params {\"code\": string}",
+                    )
+                })?;
+                if !raw.get().starts_with('{') {
+                    return Err(RpcError::new(
+                        ErrorCode::InvalidParams,
+                        "invalid params: `execute_code` params must be an object {\"code\": string}",
+                    ));
+                }
+                let params: ExecuteParams = serde_json::from_str(raw.get()).map_err(|e| {
+                    RpcError::new(
+                        ErrorCode::InvalidParams,
+                        format!("invalid params for `{}`: {e}", req.method),
+                    )
+                })?;
+                if let Some(t) = params.timeout_ms {
+                    if t == 0 || t > MAX_TIMEOUT_MS {
+                        return Err(RpcError::new(
+                            ErrorCode::InvalidParams,
+                            format!("invalid params: timeout_ms must be between 1 and {MAX_TIMEOUT_MS}, got {t}"),
+                        ));
+                    }
+                }
+                Ok(Call::Execute(params))
+            }
+            "status" | "ping" => no_params(req, Call::Status),
+            "shutdown" => no_params(req, Call::Shutdown),
+            other => Err(RpcError::new(
+                ErrorCode::MethodNotFound,
+                format!(
+                    "method not found: {other:?} (methods: execute_code, execute, status, ping, shutdown)"
+                ),
+            )),
+        }
+    }
+}
+
+/// Methods without params accept none, `null`, `{}` or `[]`.
+fn no_params(req: &Request<'_>, call: Call) -> Result<Call, RpcError> {
+    match req.params.map(|p| p.get().trim()) {
+        None | Some("null") | Some("{}") | Some("[]") => Ok(call),
+        Some(_) => Err(RpcError::new(
+            ErrorCode::InvalidParams,
+            format!("invalid params: `{}` takes no params", req.method),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(line: &str) -> Result<Call, RpcError> {
+        Call::from_request(&Request::parse(line.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn execute_and_alias() {
+        let want = Call::Execute(ExecuteParams {
+            code: "x = 1".into(),
+            timeout_ms: None,
+        });
+        assert_eq!(call(r#"{"id":1,"method":"execute_code","params":{"code":"x = 1"}}"#).unwrap(), want);
+        assert_eq!(call(r#"{"id":1,"method":"execute","params":{"code":"x = 1"}}"#).unwrap(), want);
+    }
+
+    #[test]
+    fn bad_params() {
+        for line in [
+            r#"{"id":1,"method":"execute_code"}"#,
+            r#"{"id":1,"method":"execute_code","params":{"code":5}}"#,
+            r#"{"id":1,"method":"execute_code","params":["x"]}"#,
+            r#"{"id":1,"method":"execute_code","params":{"code":"x","timeout_ms":0}}"#,
+            r#"{"id":1,"method":"execute_code","params":{"code":"x","timeout_ms":-5}}"#,
+            r#"{"id":1,"method":"status","params":{"verbose":true}}"#,
+        ] {
+            assert_eq!(call(line).unwrap_err().code, ErrorCode::InvalidParams, "{line}");
+        }
+    }
+
+    #[test]
+    fn unknown_method() {
+        let err = call(r#"{"id":1,"method":"exec"}"#).unwrap_err();
+        assert_eq!(err.code, ErrorCode::MethodNotFound);
+    }
+
+    #[test]
+    fn status_aliases() {
+        assert_eq!(call(r#"{"id":1,"method":"ping"}"#).unwrap(), Call::Status);
+        assert_eq!(call(r#"{"id":1,"method":"status","params":{}}"#).unwrap(), Call::Status);
+        assert_eq!(call(r#"{"id":1,"method":"shutdown","params":null}"#).unwrap(), Call::Shutdown);
+    }
+}

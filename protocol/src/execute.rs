@@ -1,0 +1,126 @@
+//! The result of `execute_code`.
+//!
+//! # Wire format
+//! ```json
+//! {"success": true, "stdout": "hi\n", "stderr": "", "result": "2", "error": null,
+//!  "execution_count": 3, "elapsed_ms": 0.041, "mode": "in_process", "timed_out": false,
+//!  "added_vars": ["y"], "removed_vars": [], "added_imports": [], "variable_count": 2,
+//!  "timestamp": "2026-11-22T02:14:11.123Z", "warnings": [],
+//!  "debug_info": {"execution": "success", "execution_mode": "in_process", "elapsed_ms": 0.041,
+//!                 "phases_us": {"compile": 4, "exec": 1, "capture": 1, "diff": 2}}}
+//! ```
+//! Fields may be added over time; clients must ignore unknown ones.
+
+use serde::{Deserialize, Serialize};
+
+/// Where cells run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Embedded CPython inside the `flowrepl` process.
+    InProcess,
+    /// A keep-alive `flowrepl-worker` subprocess.
+    Worker,
+}
+
+impl Mode {
+    /// The name used on the wire and in the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::InProcess => "in_process",
+            Mode::Worker => "worker",
+        }
+    }
+}
+
+/// How a cell ended, for `debug_info.execution`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutionKind {
+    /// Ran to the end.
+    Success,
+    /// Did not compile; nothing ran.
+    SyntaxError,
+    /// Raised (including `KeyboardInterrupt` from a timeout and `SystemExit`).
+    RuntimeError,
+}
+
+/// The exception a cell raised.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecError {
+    /// The exception class name, e.g. `ZeroDivisionError`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `str(exception)`; for a timeout, a sentence naming the limit.
+    pub message: String,
+    /// The formatted traceback (also appended to `stderr`).
+    pub traceback: String,
+}
+
+/// Microseconds spent in each phase of the cell, measured inside the executor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PhaseTimings {
+    /// Splitting off the final expression and compiling.
+    pub compile: u64,
+    /// Running the code, including the `repr` of the final value.
+    pub exec: u64,
+    /// Flushing and collecting stdout/stderr.
+    pub capture: u64,
+    /// Diffing globals and `sys.modules`.
+    pub diff: u64,
+}
+
+/// Compatibility block for clients of the original Python `json_repl_session`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DebugInfo {
+    /// How the cell ended.
+    pub execution: ExecutionKind,
+    /// Same as the result's `mode`.
+    pub execution_mode: Mode,
+    /// Same as the result's `elapsed_ms`.
+    pub elapsed_ms: f64,
+    /// Where the time went.
+    #[serde(default)]
+    pub phases_us: PhaseTimings,
+}
+
+/// The result of `execute_code`. A cell that raises is still a result (`success: false`),
+/// never a JSON-RPC error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecuteResult {
+    /// True when the cell ran to the end without raising.
+    pub success: bool,
+    /// Everything written to fd 1 during the cell (print, `os.write(1, …)`, C stdio, child
+    /// processes), in order. Bytes that are not UTF-8 are replaced with U+FFFD.
+    pub stdout: String,
+    /// Everything written to fd 2, in order, then the traceback if the cell raised.
+    pub stderr: String,
+    /// `repr()` of the value of a final expression statement (as Jupyter's execute_result);
+    /// null when the cell does not end in an expression or the value is `None`.
+    pub result: Option<String>,
+    /// The exception, when `success` is false.
+    pub error: Option<ExecError>,
+    /// 1 for the first `execute_code` call of the session, counting every call.
+    pub execution_count: u64,
+    /// Wall time of the cell in milliseconds (compile, run, capture, diff).
+    pub elapsed_ms: f64,
+    /// Where the cell ran.
+    pub mode: Mode,
+    /// True when the cell was stopped because `timeout_ms` passed.
+    pub timed_out: bool,
+    /// Names bound in the namespace by this cell that were not there before, sorted.
+    pub added_vars: Vec<String>,
+    /// Names that were in the namespace before this cell and are gone after it, sorted.
+    pub removed_vars: Vec<String>,
+    /// Modules that entered `sys.modules` during this cell, sorted (submodules included).
+    pub added_imports: Vec<String>,
+    /// Names in the namespace after the cell, not counting `__dunder__` names.
+    pub variable_count: usize,
+    /// When the cell started: UTC, ISO 8601 with milliseconds and `Z`.
+    pub timestamp: String,
+    /// Things the caller should know that did not fail the cell (log write failed, output
+    /// was not UTF-8, …). Empty when all went well.
+    pub warnings: Vec<String>,
+    /// Compatibility and timing details.
+    pub debug_info: DebugInfo,
+}

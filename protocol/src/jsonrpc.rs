@@ -1,0 +1,355 @@
+//! JSON-RPC 2.0 envelopes.
+//!
+//! A request line is parsed in one pass into [`Request`], which borrows `method` and `params`
+//! from the line so that a 50 MB `code` string is unescaped once, when the params are typed.
+//! Failures are classified the way the spec asks:
+//!
+//! | input | code |
+//! | --- | --- |
+//! | not JSON, or not UTF-8 | -32700 parse error, `id: null` |
+//! | JSON but not a request object (array, string, `method` missing or not a string, bad `id`) | -32600 invalid request |
+//! | unknown method | -32601 |
+//! | params of the wrong shape | -32602 |
+//!
+//! A request without `id` is a notification: it is carried out but never answered.
+//! `jsonrpc` may be omitted (older clients); if present it must be `"2.0"`. Batches (JSON arrays)
+//! are not supported and get -32600.
+
+use serde::de::{Deserializer, Error as _};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::Value;
+use std::borrow::Cow;
+use std::fmt;
+
+/// A JSON-RPC request id: a string, a number, or null.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Id {
+    /// A numeric id, kept exactly as sent.
+    Number(serde_json::Number),
+    /// A string id.
+    String(String),
+    /// `null`: allowed by the spec, and what error replies carry when the id is unknown.
+    Null,
+}
+
+impl fmt::Display for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Id::Number(n) => write!(f, "{n}"),
+            Id::String(s) => write!(f, "{s:?}"),
+            Id::Null => f.write_str("null"),
+        }
+    }
+}
+
+/// Standard JSON-RPC error codes, plus the kernel's own in the server range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// -32700: the line is not JSON (or not UTF-8).
+    ParseError,
+    /// -32600: JSON, but not a request object.
+    InvalidRequest,
+    /// -32601: no such method.
+    MethodNotFound,
+    /// -32602: the params do not fit the method.
+    InvalidParams,
+    /// -32603: the kernel failed to carry out a valid request.
+    InternalError,
+    /// -32001: the request line is longer than the kernel accepts.
+    RequestTooLarge,
+}
+
+impl ErrorCode {
+    /// The numeric code sent on the wire.
+    pub fn code(self) -> i64 {
+        match self {
+            ErrorCode::ParseError => -32700,
+            ErrorCode::InvalidRequest => -32600,
+            ErrorCode::MethodNotFound => -32601,
+            ErrorCode::InvalidParams => -32602,
+            ErrorCode::InternalError => -32603,
+            ErrorCode::RequestTooLarge => -32001,
+        }
+    }
+}
+
+/// An error reply: the `error` member of a response, with the id to answer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message} ({})", code.code())]
+pub struct RpcError {
+    /// What kind of failure.
+    pub code: ErrorCode,
+    /// A sentence for people.
+    pub message: String,
+    /// The id of the request, when it could be read; `None` answers with `id: null`.
+    pub id: Option<Id>,
+}
+
+impl RpcError {
+    /// An error of `code` with `message`, not yet tied to an id.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        RpcError {
+            code,
+            message: message.into(),
+            id: None,
+        }
+    }
+
+    /// The same error, answering request `id`.
+    pub fn with_id(mut self, id: Option<Id>) -> Self {
+        self.id = id;
+        self
+    }
+}
+
+/// One parsed request line. `method` and `params` borrow from the line.
+#[derive(Debug)]
+pub struct Request<'a> {
+    /// `None` for a notification (no `id` member): carried out, never answered.
+    pub id: Option<Id>,
+    /// The method name.
+    pub method: Cow<'a, str>,
+    /// The raw params, typed later by [`crate::Call::from_request`].
+    pub params: Option<&'a RawValue>,
+}
+
+/// `id` member: absent (notification) is told apart from `null`.
+#[derive(Default)]
+enum IdField {
+    #[default]
+    Absent,
+    Present(Value),
+}
+
+impl<'de> Deserialize<'de> for IdField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Value::deserialize(d).map(IdField::Present)
+    }
+}
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(default, borrow)]
+    jsonrpc: Option<Cow<'a, str>>,
+    #[serde(default)]
+    id: IdField,
+    #[serde(default, borrow)]
+    method: Option<MethodField<'a>>,
+    #[serde(default, borrow)]
+    params: Option<&'a RawValue>,
+}
+
+/// `method` member: a string, or anything else (kept only to report it).
+enum MethodField<'a> {
+    Name(Cow<'a, str>),
+    NotAString,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for MethodField<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either<'a> {
+            Name(#[serde(borrow)] Cow<'a, str>),
+            Other(serde::de::IgnoredAny),
+        }
+        match Either::deserialize(d) {
+            Ok(Either::Name(n)) => Ok(MethodField::Name(n)),
+            Ok(Either::Other(_)) => Ok(MethodField::NotAString),
+            Err(e) => Err(D::Error::custom(e)),
+        }
+    }
+}
+
+impl<'a> Request<'a> {
+    /// Parses one line (without its `\n`). Errors carry the request id when one was readable.
+    pub fn parse(line: &'a [u8]) -> Result<Request<'a>, RpcError> {
+        // Checked first: inside untagged fields serde would report bad UTF-8 as a shape error.
+        let line = std::str::from_utf8(line).map_err(|e| {
+            RpcError::new(ErrorCode::ParseError, format!("parse error: request is not UTF-8 ({e})"))
+        })?;
+        let env: Envelope<'a> = match serde_json::from_str(line) {
+            Ok(env) => env,
+            Err(e) => {
+                return Err(match e.classify() {
+                    serde_json::error::Category::Data => RpcError::new(
+                        ErrorCode::InvalidRequest,
+                        "invalid request: expected a JSON-RPC request object with a string `method`",
+                    ),
+                    _ => RpcError::new(ErrorCode::ParseError, format!("parse error: {e}")),
+                })
+            }
+        };
+        let id = match env.id {
+            IdField::Absent => None,
+            IdField::Present(v) => Some(match v {
+                Value::Null => Id::Null,
+                Value::Number(n) => Id::Number(n),
+                Value::String(s) => Id::String(s),
+                _ => {
+                    return Err(RpcError::new(
+                        ErrorCode::InvalidRequest,
+                        "invalid request: `id` must be a string, a number or null",
+                    ))
+                }
+            }),
+        };
+        if let Some(v) = env.jsonrpc.as_deref() {
+            if v != "2.0" {
+                return Err(RpcError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("invalid request: unsupported jsonrpc version {v:?} (expected \"2.0\")"),
+                )
+                .with_id(id));
+            }
+        }
+        let method = match env.method {
+            Some(MethodField::Name(m)) => m,
+            Some(MethodField::NotAString) => {
+                return Err(RpcError::new(
+                    ErrorCode::InvalidRequest,
+                    "invalid request: `method` must be a string",
+                )
+                .with_id(id))
+            }
+            None => {
+                return Err(RpcError::new(
+                    ErrorCode::InvalidRequest,
+                    "invalid request: `method` is missing",
+                )
+                .with_id(id))
+            }
+        };
+        Ok(Request {
+            id,
+            method,
+            params: env.params,
+        })
+    }
+}
+
+/// `{"jsonrpc":"2.0","id":…,"result":…}`.
+#[derive(Serialize)]
+pub struct Response<'a, T: Serialize> {
+    /// Always `"2.0"`.
+    pub jsonrpc: &'static str,
+    /// The id of the request answered.
+    pub id: &'a Id,
+    /// The method's result.
+    pub result: &'a T,
+}
+
+impl<'a, T: Serialize> Response<'a, T> {
+    /// A success reply to `id`.
+    pub fn new(id: &'a Id, result: &'a T) -> Self {
+        Response {
+            jsonrpc: "2.0",
+            id,
+            result,
+        }
+    }
+}
+
+/// `{"jsonrpc":"2.0","id":…,"error":{"code":…,"message":…}}`.
+#[derive(Serialize)]
+pub struct ErrorResponse<'a> {
+    /// Always `"2.0"`.
+    pub jsonrpc: &'static str,
+    /// The id of the request, or null when it could not be read.
+    pub id: &'a Id,
+    /// The error object.
+    pub error: ErrorObject<'a>,
+}
+
+/// The `error` member of an error reply.
+#[derive(Serialize)]
+pub struct ErrorObject<'a> {
+    /// The numeric code ([`ErrorCode::code`]).
+    pub code: i64,
+    /// A sentence for people.
+    pub message: &'a str,
+}
+
+impl<'a> ErrorResponse<'a> {
+    /// The reply for `err`; `id: null` when the error has no id.
+    pub fn new(err: &'a RpcError) -> Self {
+        static NULL: Id = Id::Null;
+        ErrorResponse {
+            jsonrpc: "2.0",
+            id: err.id.as_ref().unwrap_or(&NULL),
+            error: ErrorObject {
+                code: err.code.code(),
+                message: &err.message,
+            },
+        }
+    }
+}
+
+/// `{"jsonrpc":"2.0","method":…,"params":…}`: a message from the kernel that expects no reply.
+#[derive(Serialize)]
+pub struct Notification<'a, T: Serialize> {
+    /// Always `"2.0"`.
+    pub jsonrpc: &'static str,
+    /// The notification's name, e.g. `ready`.
+    pub method: &'a str,
+    /// Its params.
+    pub params: &'a T,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code_of(line: &str) -> i64 {
+        Request::parse(line.as_bytes()).unwrap_err().code.code()
+    }
+
+    #[test]
+    fn parses_a_request_and_borrows_params() {
+        let line = br#"{"jsonrpc":"2.0","id":7,"method":"execute","params":{"code":"x = 1"}}"#;
+        let req = Request::parse(line).unwrap();
+        assert_eq!(req.id, Some(Id::Number(7.into())));
+        assert_eq!(req.method, "execute");
+        assert_eq!(req.params.unwrap().get(), r#"{"code":"x = 1"}"#);
+    }
+
+    #[test]
+    fn tells_null_id_from_missing_id() {
+        let null = Request::parse(br#"{"id":null,"method":"status"}"#).unwrap();
+        assert_eq!(null.id, Some(Id::Null));
+        let missing = Request::parse(br#"{"method":"status"}"#).unwrap();
+        assert_eq!(missing.id, None);
+    }
+
+    #[test]
+    fn classifies_failures() {
+        assert_eq!(code_of("not json"), -32700);
+        assert_eq!(code_of("{\"method\": \"x\""), -32700);
+        assert_eq!(code_of("[1, 2]"), -32600);
+        assert_eq!(code_of("\"status\""), -32600);
+        assert_eq!(code_of(r#"{"id":1}"#), -32600);
+        assert_eq!(code_of(r#"{"id":1,"method":5}"#), -32600);
+        assert_eq!(code_of(r#"{"id":{},"method":"status"}"#), -32600);
+        assert_eq!(code_of(r#"{"jsonrpc":"1.0","id":1,"method":"status"}"#), -32600);
+        let bad_utf8 = b"{\"id\":1,\"method\":\"st\xffatus\"}";
+        assert_eq!(Request::parse(bad_utf8).unwrap_err().code.code(), -32700);
+    }
+
+    #[test]
+    fn invalid_request_keeps_the_id_when_readable() {
+        let err = Request::parse(br#"{"id":"a","method":[]}"#).unwrap_err();
+        assert_eq!(err.id, Some(Id::String("a".into())));
+    }
+
+    #[test]
+    fn error_response_shape() {
+        let err = RpcError::new(ErrorCode::MethodNotFound, "no").with_id(Some(Id::Number(3.into())));
+        let s = serde_json::to_string(&ErrorResponse::new(&err)).unwrap();
+        assert_eq!(s, r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32601,"message":"no"}}"#);
+        let anon = RpcError::new(ErrorCode::ParseError, "bad");
+        let s = serde_json::to_string(&ErrorResponse::new(&anon)).unwrap();
+        assert!(s.contains(r#""id":null"#), "{s}");
+    }
+}

@@ -1,0 +1,25 @@
+//! Wire types of flowrepl. No processes, no Python: only what travels on the wire.
+//!
+//! # Layout
+//! - [`jsonrpc`]: the JSON-RPC 2.0 envelope: parsing one request line into a [`jsonrpc::Request`],
+//!   responses, notifications, and the standard error codes.
+//! - [`call`]: the methods the kernel answers, as one enum ([`call::Call`]) with typed params.
+//! - [`execute`]: the result of `execute_code` ([`execute::ExecuteResult`]).
+//! - [`status`]: the answer to `status` and the params of the `ready` notification.
+//!
+//! # Wire format (front protocol)
+//! One JSON object per line, UTF-8, `\n`-terminated, on stdin (requests) and stdout (replies).
+//! Nothing else is ever written to stdout. The full description, with examples, lives in
+//! `docs/protocol.md`; each type below documents its own fields. Objects may gain fields over
+//! time; clients must ignore fields they do not know.
+#![warn(missing_docs)]
+
+pub mod call;
+pub mod execute;
+pub mod jsonrpc;
+pub mod status;
+
+pub use call::{Call, ExecuteParams};
+pub use execute::{DebugInfo, ExecError, ExecuteResult, ExecutionKind, Mode, PhaseTimings};
+pub use jsonrpc::{ErrorCode, Id, Request, RpcError};
+pub use status::{StatusInfo, READY_MARKER};

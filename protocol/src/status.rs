@@ -1,0 +1,42 @@
+//! The answer to `status` and the params of the `ready` notification.
+
+use crate::execute::Mode;
+use serde::{Deserialize, Serialize};
+
+/// The text older clients wait for on stdout before they send anything.
+pub const READY_MARKER: &str = "__READY__";
+
+/// What the kernel is: sent as the result of `status`/`ping` and, with
+/// `"message": "__READY__"`, as the params of the `ready` notification.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusInfo {
+    /// `__READY__` in the `ready` notification; absent in `status` replies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The flowrepl version.
+    pub kernel_version: String,
+    /// `sys.version` of the embedded interpreter.
+    pub python_version: String,
+    /// `sys.executable`: the interpreter (or venv python) the session emulates.
+    pub python_executable: String,
+    /// `sys.prefix`: the venv when one is used.
+    pub python_prefix: String,
+    /// Where cells run.
+    pub mode: Mode,
+    /// The kernel's process id.
+    pub pid: u32,
+    /// How many `execute_code` calls the session has answered.
+    pub execution_count: u64,
+    /// `FLOW_PLAN_ID`, or `local`.
+    pub plan_id: String,
+    /// `FLOW_TASK_ID`, or `adhoc`.
+    pub task_id: String,
+    /// `FLOW_TASK_NAME`, if set.
+    pub task_name: Option<String>,
+    /// Unique id of this kernel run; every log record carries it.
+    pub session_id: String,
+    /// The JSONL file this session appends to.
+    pub log_file: String,
+    /// Default cell timeout in milliseconds.
+    pub default_timeout_ms: u64,
+}

@@ -1,0 +1,23 @@
+//! The per-task execution log of flowrepl.
+//!
+//! Every `execute_code` call appends one JSON line to
+//! `<log_dir>/<plan_id>/<task_id>.jsonl` (see [`path`] for how ids become safe names).
+//! The log is meant to be read by people with jq, pandas or DuckDB, and by [`reader`].
+//!
+//! # Layout
+//! - [`record`]: [`ExecutionRecord`], its fields and the format version.
+//! - [`path`]: ids → file names that cannot escape `log_dir` or collide.
+//! - [`writer`]: [`TaskLog`], one `write(2)` of one whole line per record, O_APPEND, 0600;
+//!   failures are returned, never panicked on, and the file is reopened on the next record.
+//! - [`reader`]: reads a log, skipping lines that are torn or not records.
+#![warn(missing_docs)]
+
+pub mod path;
+pub mod reader;
+pub mod record;
+pub mod writer;
+
+pub use path::{safe_component, task_log_path};
+pub use reader::{read_records, ReadOutcome, SkippedLine};
+pub use record::{ExecutionRecord, FORMAT_VERSION, RECORD_TYPE_EXECUTION};
+pub use writer::{LogError, TaskLog};

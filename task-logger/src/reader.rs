@@ -1,0 +1,130 @@
+//! Reading a task log back, tolerating what a crash or a full disk can leave behind.
+//!
+//! Lines that are not JSON, not execution records, or from a newer format version are skipped
+//! and reported, never fatal; a last line without `\n` (a write in progress) is skipped too.
+
+use crate::record::{ExecutionRecord, FORMAT_VERSION, RECORD_TYPE_EXECUTION};
+use std::io;
+use std::path::Path;
+
+/// A line [`read_records`] did not return as a record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SkippedLine {
+    /// 1-based line number.
+    pub line: usize,
+    /// Why it was skipped.
+    pub reason: String,
+}
+
+/// What [`read_records`] found.
+#[derive(Debug, Default)]
+pub struct ReadOutcome {
+    /// The execution records, in file order.
+    pub records: Vec<ExecutionRecord<'static>>,
+    /// Lines that were not returned, with the reason.
+    pub skipped: Vec<SkippedLine>,
+}
+
+/// Reads every execution record of the log at `path`.
+pub fn read_records(path: &Path) -> io::Result<ReadOutcome> {
+    let bytes = std::fs::read(path)?;
+    Ok(parse_records(&bytes))
+}
+
+/// Parses the contents of a log.
+pub fn parse_records(bytes: &[u8]) -> ReadOutcome {
+    let mut out = ReadOutcome::default();
+    let mut rest = bytes;
+    let mut line_no = 0;
+    while !rest.is_empty() {
+        line_no += 1;
+        let (line, complete) = match rest.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                let line = &rest[..i];
+                rest = &rest[i + 1..];
+                (line, true)
+            }
+            None => {
+                let line = rest;
+                rest = &[];
+                (line, false)
+            }
+        };
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let skip = |reason: String| SkippedLine {
+            line: line_no,
+            reason,
+        };
+        if !complete {
+            out.skipped.push(skip("incomplete last line".into()));
+            continue;
+        }
+        match serde_json::from_slice::<ExecutionRecord<'_>>(line) {
+            Ok(rec) if rec.kind != RECORD_TYPE_EXECUTION => {
+                out.skipped.push(skip(format!("record type {:?}", rec.kind)))
+            }
+            Ok(rec) if rec.version > FORMAT_VERSION => {
+                out.skipped.push(skip(format!("format version {} is newer than {FORMAT_VERSION}", rec.version)))
+            }
+            Ok(rec) => out.records.push(into_owned(rec)),
+            Err(e) => out.skipped.push(skip(format!("not a record: {e}"))),
+        }
+    }
+    out
+}
+
+fn into_owned(r: ExecutionRecord<'_>) -> ExecutionRecord<'static> {
+    use std::borrow::Cow::Owned;
+    let own = |c: std::borrow::Cow<'_, str>| Owned(c.into_owned());
+    ExecutionRecord {
+        kind: own(r.kind),
+        version: r.version,
+        plan_id: own(r.plan_id),
+        task_id: own(r.task_id),
+        task_name: r.task_name.map(own),
+        session_id: own(r.session_id),
+        execution_count: r.execution_count,
+        timestamp: own(r.timestamp),
+        elapsed_ms: r.elapsed_ms,
+        code: own(r.code),
+        stdout: own(r.stdout),
+        stderr: own(r.stderr),
+        success: r.success,
+        error_type: r.error_type.map(own),
+        error_message: r.error_message.map(own),
+        result: r.result.map(own),
+        timed_out: r.timed_out,
+        added_vars: Owned(r.added_vars.into_owned()),
+        removed_vars: Owned(r.removed_vars.into_owned()),
+        added_imports: Owned(r.added_imports.into_owned()),
+        mode: own(r.mode),
+        warnings: Owned(r.warnings.into_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skips_torn_and_foreign_lines() {
+        let good = serde_json::to_string(&crate::writer::tests_support::record(1)).unwrap();
+        let newer = good.replace("\"version\":1", "\"version\":99");
+        let other = good.replace("\"type\":\"execution\"", "\"type\":\"note\"");
+        let text = format!("{good}\nnot json\n{{\"a\":1}}\n\n{newer}\n{other}\n{good}\n{}", &good[..20]);
+        let out = parse_records(text.as_bytes());
+        assert_eq!(out.records.len(), 2);
+        let lines: Vec<_> = out.skipped.iter().map(|s| s.line).collect();
+        assert_eq!(lines, vec![2, 3, 5, 6, 8]);
+    }
+
+    #[test]
+    fn ignores_unknown_fields() {
+        let good = serde_json::to_string(&crate::writer::tests_support::record(1)).unwrap();
+        let extended = good.replacen('{', "{\"future_field\":[1,2],", 1);
+        let out = parse_records(format!("{extended}\n").as_bytes());
+        assert_eq!(out.records.len(), 1, "{:?}", out.skipped);
+    }
+}

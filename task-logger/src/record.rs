@@ -1,0 +1,91 @@
+//! The JSONL record.
+//!
+//! # Format (version 1)
+//! One JSON object per line, UTF-8, `\n`-terminated:
+//!
+//! | field | type | meaning |
+//! | --- | --- | --- |
+//! | `type` | string | `"execution"` (other types may come later; skip what you do not know) |
+//! | `version` | int | format version, [`FORMAT_VERSION`] |
+//! | `plan_id`, `task_id` | string | from `FLOW_PLAN_ID` / `FLOW_TASK_ID` (defaults `local` / `adhoc`), unaltered |
+//! | `task_name` | string or null | `FLOW_TASK_NAME` |
+//! | `session_id` | string | one per kernel run |
+//! | `execution_count` | int | 1, 2, … within the session |
+//! | `timestamp` | string | cell start, UTC ISO 8601 with ms and `Z` |
+//! | `elapsed_ms` | float | wall time of the cell |
+//! | `code` | string | the cell's source |
+//! | `stdout`, `stderr` | string | captured output (stderr ends with the traceback on error) |
+//! | `success` | bool | ran without raising |
+//! | `error_type`, `error_message` | string or null | the exception, if any |
+//! | `result` | string or null | repr of the final expression's value |
+//! | `timed_out` | bool | stopped by the timeout |
+//! | `added_vars`, `removed_vars`, `added_imports` | array of strings | sorted names |
+//! | `mode` | string | `in_process` or `worker` |
+//! | `warnings` | array of strings | what went wrong around the cell without failing it |
+//!
+//! Compatibility rule: fields are only ever added within a version; a reader must ignore
+//! fields it does not know. Removing or changing the meaning of a field bumps `version`.
+
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+
+/// The current format version.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The `type` of an execution record.
+pub const RECORD_TYPE_EXECUTION: &str = "execution";
+
+/// One execution. Borrows its strings when written (no copy of a 50 MB stdout), owns them
+/// when read back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutionRecord<'a> {
+    /// `"execution"`.
+    #[serde(rename = "type")]
+    pub kind: Cow<'a, str>,
+    /// [`FORMAT_VERSION`] when written.
+    pub version: u32,
+    /// The Flow plan id.
+    pub plan_id: Cow<'a, str>,
+    /// The Flow task id.
+    pub task_id: Cow<'a, str>,
+    /// The Flow task name, if given.
+    pub task_name: Option<Cow<'a, str>>,
+    /// Unique id of the kernel run.
+    pub session_id: Cow<'a, str>,
+    /// 1-based count of execute calls in the session.
+    pub execution_count: u64,
+    /// Cell start, UTC ISO 8601 with milliseconds and `Z`.
+    pub timestamp: Cow<'a, str>,
+    /// Wall time of the cell in milliseconds.
+    pub elapsed_ms: f64,
+    /// The cell's source.
+    pub code: Cow<'a, str>,
+    /// Captured fd 1 output.
+    pub stdout: Cow<'a, str>,
+    /// Captured fd 2 output, with the traceback on error.
+    pub stderr: Cow<'a, str>,
+    /// Whether the cell ran without raising.
+    pub success: bool,
+    /// Exception class name, if any.
+    pub error_type: Option<Cow<'a, str>>,
+    /// Exception message, if any.
+    #[serde(default)]
+    pub error_message: Option<Cow<'a, str>>,
+    /// Repr of the final expression's value.
+    #[serde(default)]
+    pub result: Option<Cow<'a, str>>,
+    /// Whether the timeout stopped the cell.
+    #[serde(default)]
+    pub timed_out: bool,
+    /// Names the cell added.
+    pub added_vars: Cow<'a, [String]>,
+    /// Names the cell removed.
+    pub removed_vars: Cow<'a, [String]>,
+    /// Modules the cell imported.
+    pub added_imports: Cow<'a, [String]>,
+    /// `in_process` or `worker`.
+    pub mode: Cow<'a, str>,
+    /// Warnings about the cell.
+    #[serde(default)]
+    pub warnings: Cow<'a, [String]>,
+}
