@@ -1,0 +1,5 @@
+include!("../worker/build/python_env.rs");
+
+fn main() {
+    emit_python_link_facts();
+}

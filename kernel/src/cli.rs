@@ -1,0 +1,39 @@
+//! Command line and environment.
+
+use clap::Parser;
+use std::path::PathBuf;
+
+/// A persistent Python kernel speaking JSON-RPC 2.0, one JSON object per line on stdio.
+///
+/// Requests arrive on stdin, one reply per request leaves on stdout; nothing else is ever
+/// written to stdout. Diagnostics go to stderr (filter with FLOWREPL_LOG, e.g. `debug`).
+#[derive(Debug, Parser)]
+#[command(name = "flowrepl", version, about)]
+pub struct Cli {
+    /// Directory of the per-task JSONL logs: <log-dir>/<plan_id>/<task_id>.jsonl.
+    #[arg(long, env = "FLOWREPL_LOG_DIR", default_value = ".flowrepl/logs")]
+    pub log_dir: PathBuf,
+
+    /// Python to emulate: an interpreter or a venv directory (default: $VIRTUAL_ENV, else the
+    /// interpreter flowrepl was built against). Must be the same major.minor version.
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+
+    /// Default cell timeout in milliseconds, when a request gives no timeout_ms.
+    #[arg(long, env = "FLOWREPL_TIMEOUT_MS", default_value_t = 300_000,
+          value_parser = clap::value_parser!(u64).range(1..=flowrepl_protocol::call::MAX_TIMEOUT_MS))]
+    pub timeout_ms: u64,
+
+    /// Longest request line accepted, in bytes; longer lines get error -32001.
+    #[arg(long, env = "FLOWREPL_MAX_REQUEST_BYTES", default_value_t = 256 << 20)]
+    pub max_request_bytes: usize,
+
+    /// Output kept per stream and cell, in bytes; beyond it the middle is dropped.
+    #[arg(long, env = "FLOWREPL_MAX_OUTPUT_BYTES", default_value_t = 256 << 20,
+          value_parser = clap::value_parser!(u64).range(4096..))]
+    pub max_output_bytes: u64,
+
+    /// Run cells in a keep-alive worker subprocess (also USE_SUBPROCESS_WORKER=1).
+    #[arg(long)]
+    pub worker: bool,
+}

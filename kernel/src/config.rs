@@ -1,0 +1,79 @@
+//! Everything the kernel needs to know at start, from the command line and the environment.
+
+use crate::cli::Cli;
+use std::path::PathBuf;
+
+/// Who this session belongs to, from the Flow backend's environment.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// `FLOW_PLAN_ID`, default `local`.
+    pub plan_id: String,
+    /// `FLOW_TASK_ID`, default `adhoc`.
+    pub task_id: String,
+    /// `FLOW_TASK_NAME`.
+    pub task_name: Option<String>,
+    /// Unique per kernel run.
+    pub session_id: String,
+}
+
+impl Identity {
+    /// Reads the `FLOW_*` variables. Values that are not UTF-8 are converted lossily.
+    pub fn from_env() -> Identity {
+        let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
+        Identity {
+            plan_id: var("FLOW_PLAN_ID").unwrap_or_else(|| "local".into()),
+            task_id: var("FLOW_TASK_ID").unwrap_or_else(|| "adhoc".into()),
+            task_name: var("FLOW_TASK_NAME"),
+            session_id: uuid::Uuid::new_v4().to_string(),
+        }
+    }
+}
+
+/// The resolved configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Session identity.
+    pub identity: Identity,
+    /// The JSONL file of this task.
+    pub log_file: PathBuf,
+    /// Default cell timeout.
+    pub default_timeout_ms: u64,
+    /// Longest request line.
+    pub max_request_bytes: usize,
+    /// Output limit per stream and cell.
+    pub max_output_bytes: u64,
+    /// The python to emulate.
+    pub python: PathBuf,
+}
+
+/// Why the configuration is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Worker mode was asked for.
+    #[error("worker mode (--worker / USE_SUBPROCESS_WORKER=1) is not available in this build; unset it to run cells in-process")]
+    WorkerUnavailable,
+    /// The python could not be resolved.
+    #[error(transparent)]
+    Python(#[from] flowrepl_worker::InitError),
+}
+
+impl Config {
+    /// Resolves the command line and environment.
+    pub fn resolve(cli: &Cli) -> Result<Config, ConfigError> {
+        let worker_env = std::env::var("USE_SUBPROCESS_WORKER").is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
+        if cli.worker || worker_env {
+            return Err(ConfigError::WorkerUnavailable);
+        }
+        let identity = Identity::from_env();
+        let log_file = flowrepl_task_logger::task_log_path(&cli.log_dir, &identity.plan_id, &identity.task_id);
+        let python = flowrepl_worker::resolve_python(cli.python.as_deref(), std::env::var_os("VIRTUAL_ENV").as_deref())?;
+        Ok(Config {
+            identity,
+            log_file,
+            default_timeout_ms: cli.timeout_ms,
+            max_request_bytes: cli.max_request_bytes,
+            max_output_bytes: cli.max_output_bytes,
+            python,
+        })
+    }
+}

@@ -1,0 +1,74 @@
+//! The `flowrepl` kernel: a persistent Python session behind JSON-RPC 2.0 on stdio.
+//!
+//! # Layout
+//! - [`cli`]: flags and their environment variables.
+//! - [`config`]: flags + environment → [`config::Config`] (identity, log path, limits, python).
+//! - [`logging`]: diagnostics to the original stderr.
+//! - [`line_reader`]: bounded request lines.
+//! - [`server`]: the request loop and reply writer.
+//! - [`session`]: executor + task log + counters; turns a cell's outcome into a result and a
+//!   record.
+//!
+//! # Start-up order
+//! The real stdio is moved out of reach first (so nothing, not even a panic message, can write
+//! to the protocol channel), then logging, configuration, Python, the log, and the `ready`
+//! notification. See `docs/protocol.md` for the wire format.
+#![warn(missing_docs)]
+
+pub mod cli;
+pub mod config;
+pub mod line_reader;
+pub mod logging;
+pub mod server;
+pub mod session;
+
+use std::process::ExitCode;
+
+/// Runs the kernel until `shutdown` or EOF. Exit codes: 0 after shutdown/EOF, 1 when Python
+/// or the protocol channel fails, 2 for a configuration error.
+pub fn run(cli: cli::Cli) -> ExitCode {
+    let stdio = match flowrepl_worker::stdio::take_protocol_stdio() {
+        Ok(s) => s,
+        Err(e) => {
+            // Nothing is redirected yet, so stderr is still the real one.
+            eprintln!("flowrepl: cannot set up stdio: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    logging::init(stdio.diagnostics);
+    let config = match config::Config::resolve(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let executor = match flowrepl_worker::Executor::start(&flowrepl_worker::ExecutorConfig {
+        python: config.python.clone(),
+        max_output_bytes: config.max_output_bytes,
+    }) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start Python");
+            return ExitCode::from(1);
+        }
+    };
+    let mut session = session::Session::new(executor, &config);
+    tracing::info!(
+        log_file = %config.log_file.display(),
+        python = %config.python.display(),
+        session_id = %config.identity.session_id,
+        "flowrepl ready"
+    );
+    let mut out = server::ReplyWriter::new(stdio.output);
+    match server::serve(&mut session, stdio.input, &mut out, config.max_request_bytes) {
+        Ok(ended) => {
+            tracing::info!(?ended, records = session.records_written(), "flowrepl exiting");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "protocol channel failed");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,6 @@
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    flowrepl::run(flowrepl::cli::Cli::parse())
+}

@@ -1,0 +1,5 @@
+include!("build/python_env.rs");
+
+fn main() {
+    emit_python_link_facts();
+}

@@ -1,0 +1,246 @@
+//! Capturing fds 1 and 2 at the file-descriptor level, with no thread and no copy per cell.
+//!
+//! Each stream is a `memfd` opened `O_APPEND` and `dup2`'d onto fd 1 or 2 for the life of the
+//! process. Writers never block (a file, unlike a pipe, has no 64 KB buffer to drain), so there
+//! is nothing to drain concurrently and no deadlock to avoid; after a cell the executor reads
+//! what was appended since the last read with `pread`. Reading does not move the shared file
+//! offset, so a background child that keeps writing simply appends; its bytes are reported
+//! with the next cell. Consumed ranges are released with `FALLOC_FL_PUNCH_HOLE`, so memory
+//! tracks the unread output only.
+//!
+//! Limit: output is held in memory until the cell ends. Past `max_bytes` per stream and cell,
+//! the [`crate::monitor`] punches out the middle while the cell runs, keeping the first half
+//! and the last quarter of the limit; the reader inserts a marker saying how much was dropped.
+
+use crate::stdio::dup2;
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Release consumed bytes once this many have accumulated.
+const PUNCH_THRESHOLD: u64 = 1 << 20;
+const PAGE: u64 = 4096;
+
+/// Which stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// fd 1.
+    Stdout,
+    /// fd 2.
+    Stderr,
+}
+
+/// State of one stream that the monitor thread may change while a cell runs.
+#[derive(Debug, Default)]
+pub struct DropWindow {
+    /// Start of the range punched out for exceeding the limit (0 = none).
+    pub start: AtomicU64,
+    /// End of that range.
+    pub end: AtomicU64,
+}
+
+/// One captured stream.
+#[derive(Debug)]
+pub struct Stream {
+    memfd: Arc<OwnedFd>,
+    target: RawFd,
+    dev: u64,
+    ino: u64,
+    /// Bytes before this offset have been read.
+    cursor: u64,
+    /// Bytes before this offset have been released.
+    punched: u64,
+    window: Arc<DropWindow>,
+}
+
+/// What [`Stream::collect`] found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Collected {
+    /// Bytes dropped because the cell exceeded the output limit.
+    pub dropped: u64,
+    /// The cell closed or replaced the fd, and it was pointed back at the capture file.
+    pub restored_fd: bool,
+}
+
+fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat fills `st` on success.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: initialised by the successful call.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// Size of the file behind `fd`.
+pub fn file_size(fd: RawFd) -> io::Result<u64> {
+    Ok(fstat(fd)?.st_size as u64)
+}
+
+/// Releases `[start, end)` of a memfd's memory; the file size does not change.
+pub fn punch_hole(fd: RawFd, start: u64, end: u64) -> io::Result<()> {
+    if end <= start {
+        return Ok(());
+    }
+    // SAFETY: plain syscall.
+    let r = unsafe {
+        libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            start as libc::off_t,
+            (end - start) as libc::off_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl Stream {
+    fn install(name: &CStr, target: RawFd) -> io::Result<Stream> {
+        // SAFETY: memfd_create returns a new descriptor that we own.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor.
+        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // O_APPEND on the shared open file description: every writer (children included)
+        // appends, whatever the offset.
+        // SAFETY: plain syscall.
+        if unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_APPEND) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let st = fstat(fd)?;
+        dup2(fd, target)?;
+        Ok(Stream {
+            memfd: Arc::new(memfd),
+            target,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            cursor: 0,
+            punched: 0,
+            window: Arc::new(DropWindow::default()),
+        })
+    }
+
+    /// The capture file, for the monitor.
+    pub fn memfd(&self) -> Arc<OwnedFd> {
+        Arc::clone(&self.memfd)
+    }
+
+    /// The drop window, for the monitor.
+    pub fn window(&self) -> Arc<DropWindow> {
+        Arc::clone(&self.window)
+    }
+
+    /// Offset up to which output has been read: where the next cell's output starts.
+    pub fn cursor(&self) -> u64 {
+        self.cursor
+    }
+
+    /// Current size of the capture file, checking first that the target fd still points at
+    /// it; if the cell closed or replaced it, it is pointed back.
+    fn size_checked(&mut self, restored: &mut bool) -> io::Result<u64> {
+        match fstat(self.target) {
+            Ok(st) if st.st_dev == self.dev && st.st_ino == self.ino => return Ok(st.st_size as u64),
+            _ => {}
+        }
+        dup2(self.memfd.as_raw_fd(), self.target)?;
+        *restored = true;
+        file_size(self.memfd.as_raw_fd())
+    }
+
+    /// Appends everything written since the last call to `out`.
+    pub fn collect(&mut self, out: &mut Vec<u8>) -> io::Result<Collected> {
+        let mut c = Collected::default();
+        let size = self.size_checked(&mut c.restored_fd)?;
+        let (ws, we) = (
+            self.window.start.swap(0, Ordering::AcqRel),
+            self.window.end.swap(0, Ordering::AcqRel),
+        );
+        if ws > 0 && we > ws && ws >= self.cursor && we <= size {
+            self.read_range(self.cursor, ws, out)?;
+            c.dropped = we - ws;
+            out.extend_from_slice(
+                format!("\n[flowrepl: {} bytes of output dropped here: the cell exceeded the output limit]\n", c.dropped)
+                    .as_bytes(),
+            );
+            self.read_range(we, size, out)?;
+        } else {
+            self.read_range(self.cursor, size, out)?;
+        }
+        self.cursor = size;
+        if self.cursor - self.punched >= PUNCH_THRESHOLD {
+            let end = self.cursor / PAGE * PAGE;
+            punch_hole(self.memfd.as_raw_fd(), self.punched, end)?;
+            self.punched = end;
+        }
+        Ok(c)
+    }
+
+    fn read_range(&self, mut from: u64, to: u64, out: &mut Vec<u8>) -> io::Result<()> {
+        if to <= from {
+            return Ok(());
+        }
+        out.reserve((to - from) as usize);
+        while from < to {
+            let spare = out.spare_capacity_mut();
+            let want = spare.len().min((to - from) as usize);
+            // SAFETY: pread writes at most `want` bytes into the spare capacity.
+            let n = unsafe {
+                libc::pread(
+                    self.memfd.as_raw_fd(),
+                    spare.as_mut_ptr().cast(),
+                    want,
+                    from as libc::off_t,
+                )
+            };
+            if n < 0 {
+                let err = io::Error::last_os_error();
+                if err.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(err);
+            }
+            if n == 0 {
+                break;
+            }
+            // SAFETY: `n` bytes were initialised by pread.
+            unsafe { out.set_len(out.len() + n as usize) };
+            from += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Both captured streams.
+#[derive(Debug)]
+pub struct Capture {
+    /// fd 1.
+    pub stdout: Stream,
+    /// fd 2.
+    pub stderr: Stream,
+}
+
+impl Capture {
+    /// Points fds 1 and 2 at fresh capture files. Call after
+    /// [`crate::stdio::take_protocol_stdio`] has saved the originals.
+    pub fn install() -> io::Result<Capture> {
+        Ok(Capture {
+            stdout: Stream::install(c"flowrepl-stdout", 1)?,
+            stderr: Stream::install(c"flowrepl-stderr", 2)?,
+        })
+    }
+
+    /// The stream of `kind`.
+    pub fn stream(&mut self, kind: StreamKind) -> &mut Stream {
+        match kind {
+            StreamKind::Stdout => &mut self.stdout,
+            StreamKind::Stderr => &mut self.stderr,
+        }
+    }
+}

@@ -1,0 +1,508 @@
+//! Running cells in the persistent `__main__` namespace.
+//!
+//! One cell, on the thread that initialised Python:
+//! 1. absorb a stray SIGINT that arrived while idle;
+//! 2. split off a final expression ([`crate::cell`]) and compile from text (C API, no AST);
+//! 3. tell the [`Monitor`] (timeout, output limit), run, take the `repr` of the value;
+//! 4. flush Python and C stdio, collect fds 1 and 2 from the capture files;
+//! 5. diff globals and `sys.modules` against the snapshots ([`KeySnapshot`]);
+//! 6. on error, format the traceback (cell sources registered with linecache first).
+//!
+//! No thread, temp file or pipe is created per cell; the hot path allocates only the output
+//! strings and the names that changed.
+
+use crate::capture::{Capture, Collected};
+use crate::cell::{split_last_expression, Split};
+use crate::interpreter::{self, InitError};
+use crate::monitor::{Monitor, WatchedStream};
+use crate::snapshot::KeySnapshot;
+use flowrepl_protocol::{ExecError, ExecutionKind, PhaseTimings};
+use pyo3::exceptions::{PyKeyboardInterrupt, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::{ffi, intern};
+use std::ffi::{c_int, CStr, CString};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const SUPPORT_PY: &str = include_str!("support.py");
+// Values from CPython's compile.h (not exported by pyo3-ffi).
+const PYCF_SOURCE_IS_UTF8: c_int = 0x0100;
+const PYCF_IGNORE_COOKIE: c_int = 0x0800;
+
+/// How to start the executor.
+#[derive(Debug, Clone)]
+pub struct ExecutorConfig {
+    /// The python to emulate ([`interpreter::resolve_python`]).
+    pub python: PathBuf,
+    /// Per stream and cell, output beyond this is dropped from the middle.
+    pub max_output_bytes: u64,
+}
+
+/// Why the executor could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecutorError {
+    /// Python did not start.
+    #[error(transparent)]
+    Init(#[from] InitError),
+    /// The capture files or the monitor could not be set up.
+    #[error("cannot set up output capture")]
+    Io(#[from] std::io::Error),
+    /// The support module failed to load.
+    #[error("cannot load the executor's Python support code: {0}")]
+    Support(String),
+}
+
+/// What the interpreter is.
+#[derive(Debug, Clone)]
+pub struct PythonInfo {
+    /// `sys.version`.
+    pub version: String,
+    /// `sys.executable`.
+    pub executable: String,
+    /// `sys.prefix`.
+    pub prefix: String,
+}
+
+/// Everything a cell produced.
+#[derive(Debug, Clone)]
+pub struct CellOutcome {
+    /// fd 1 output.
+    pub stdout: String,
+    /// fd 2 output, then the traceback on error.
+    pub stderr: String,
+    /// `repr` of the final expression's value, unless `None`.
+    pub result: Option<String>,
+    /// The exception, if any.
+    pub error: Option<ExecError>,
+    /// How the cell ended.
+    pub kind: ExecutionKind,
+    /// Stopped by the timeout.
+    pub timed_out: bool,
+    /// Names bound by the cell (sorted).
+    pub added_vars: Vec<String>,
+    /// Names unbound by the cell (sorted).
+    pub removed_vars: Vec<String>,
+    /// Modules imported by the cell (sorted).
+    pub added_imports: Vec<String>,
+    /// Non-dunder names in the namespace after the cell.
+    pub variable_count: usize,
+    /// Where the time went.
+    pub phases: PhaseTimings,
+    /// Things worth telling that did not fail the cell.
+    pub warnings: Vec<String>,
+}
+
+struct Support {
+    flush_std: Py<PyAny>,
+    register_sources: Py<PyAny>,
+    format_exception: Py<PyAny>,
+}
+
+/// The embedded-Python executor. Lives on the thread that created it (Python's main thread).
+pub struct Executor {
+    globals: Py<PyDict>,
+    modules: Py<PyDict>,
+    support: Support,
+    capture: Capture,
+    monitor: Monitor,
+    var_snapshot: KeySnapshot,
+    module_snapshot: KeySnapshot,
+    /// NUL-terminated source handed to the compiler; reused.
+    source_buf: Vec<u8>,
+    /// Cells whose source is not yet in linecache: (filename, source).
+    pending_sources: Vec<(String, String)>,
+    cells: u64,
+    feature_version: c_int,
+    info: PythonInfo,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Executor {
+    /// Starts Python on the calling thread and prepares the namespace. Fds 1 and 2 are
+    /// captured from here on: save the originals first ([`crate::stdio::take_protocol_stdio`]).
+    pub fn start(config: &ExecutorConfig) -> Result<Executor, ExecutorError> {
+        let capture = Capture::install()?;
+        interpreter::initialize(&config.python)?;
+        let monitor = Monitor::start(
+            vec![
+                WatchedStream {
+                    memfd: capture.stdout.memfd(),
+                    window: capture.stdout.window(),
+                },
+                WatchedStream {
+                    memfd: capture.stderr.memfd(),
+                    window: capture.stderr.window(),
+                },
+            ],
+            config.max_output_bytes,
+        )?;
+        Python::attach(|py| {
+            let support_err = |e: PyErr| ExecutorError::Support(e.to_string());
+            let src = CString::new(SUPPORT_PY).expect("support.py has no NUL");
+            let module = PyModule::from_code(py, &src, c"<flowrepl-support>", c"_flowrepl").map_err(support_err)?;
+            let globals = module
+                .getattr("setup")
+                .and_then(|f| f.call0())
+                .and_then(|g| Ok(g.cast_into::<PyDict>()?))
+                .map_err(support_err)?;
+            let sys = py.import("sys").map_err(support_err)?;
+            let modules = sys
+                .getattr("modules")
+                .and_then(|m| Ok(m.cast_into::<PyDict>()?))
+                .map_err(support_err)?;
+            let attr = |name: &str| -> Result<String, ExecutorError> {
+                Ok(sys.getattr(name).map_err(support_err)?.str().map_err(support_err)?.to_string_lossy().into_owned())
+            };
+            let info = PythonInfo {
+                version: attr("version")?,
+                executable: attr("executable")?,
+                prefix: attr("prefix")?,
+            };
+            let get = |name: &str| module.getattr(name).map(Bound::unbind).map_err(support_err);
+            let support = Support {
+                flush_std: get("flush_std")?,
+                register_sources: get("register_sources")?,
+                format_exception: get("format_exception")?,
+            };
+            let mut exec = Executor {
+                globals: globals.unbind(),
+                modules: modules.unbind(),
+                support,
+                capture,
+                monitor,
+                var_snapshot: KeySnapshot::default(),
+                module_snapshot: KeySnapshot::default(),
+                source_buf: Vec::with_capacity(4096),
+                pending_sources: Vec::new(),
+                cells: 0,
+                feature_version: py.version_info().minor as c_int,
+                info,
+                _not_send: std::marker::PhantomData,
+            };
+            exec.rebaseline(py);
+            // Output written while starting (site, .pth files) is not a cell's.
+            exec.discard_output();
+            Ok(exec)
+        })
+    }
+
+    /// The interpreter's identity.
+    pub fn info(&self) -> &PythonInfo {
+        &self.info
+    }
+
+    /// Non-dunder names in the namespace.
+    pub fn variable_count(&self) -> usize {
+        self.var_snapshot.non_dunder_len()
+    }
+
+    /// Runs one cell with a wall-clock `timeout`.
+    pub fn execute(&mut self, code: &str, timeout: Duration) -> CellOutcome {
+        self.cells += 1;
+        let name = format!("<cell-{}>", self.cells);
+        Python::attach(|py| self.execute_attached(py, code, name, timeout))
+    }
+
+    fn execute_attached(&mut self, py: Python<'_>, code: &str, name: String, timeout: Duration) -> CellOutcome {
+        let t0 = Instant::now();
+        // A SIGINT that arrived while idle must not interrupt this cell.
+        absorb_pending_signals();
+        let mut out = CellOutcome {
+            stdout: String::new(),
+            stderr: String::new(),
+            result: None,
+            error: None,
+            kind: ExecutionKind::Success,
+            timed_out: false,
+            added_vars: Vec::new(),
+            removed_vars: Vec::new(),
+            added_imports: Vec::new(),
+            variable_count: 0,
+            phases: PhaseTimings::default(),
+            warnings: Vec::new(),
+        };
+        let name_c = CString::new(name.as_str()).expect("cell names have no NUL");
+        let compiled = self.compile(py, code, &name_c);
+        let t_compiled = Instant::now();
+        let globals = self.globals.bind(py).clone();
+        let mut error = None;
+        match compiled {
+            Err(e) => {
+                out.kind = ExecutionKind::SyntaxError;
+                error = Some(e);
+            }
+            Ok((exec_part, eval_part)) => {
+                let starts = [self.capture.stdout.cursor(), self.capture.stderr.cursor()];
+                self.monitor.begin(timeout, &starts);
+                let r = run(py, exec_part, eval_part, &globals);
+                let fired = self.monitor.end();
+                if fired {
+                    // The SIGINT may still be on its way; take it here, not in the next cell.
+                    absorb_pending_signals();
+                }
+                match r {
+                    Ok(v) => out.result = v,
+                    Err(e) => {
+                        out.kind = ExecutionKind::RuntimeError;
+                        out.timed_out = fired && e.is_instance_of::<PyKeyboardInterrupt>(py);
+                        error = Some(e);
+                    }
+                }
+            }
+        }
+        let t_exec = Instant::now();
+        self.collect_output(py, &mut out);
+        let t_capture = Instant::now();
+        let modules = self.modules.bind(py).clone();
+        self.var_snapshot.update(py, &globals, &mut out.added_vars, &mut out.removed_vars);
+        let mut gone = Vec::new();
+        self.module_snapshot.update(py, &modules, &mut out.added_imports, &mut gone);
+        out.variable_count = self.var_snapshot.non_dunder_len();
+        let t_diff = Instant::now();
+        self.pending_sources.push((name, code.to_owned()));
+        match error {
+            Some(e) => {
+                self.register_sources(py, true);
+                let mut err = self.describe(py, e);
+                if out.timed_out {
+                    err.message = format!(
+                        "cell timed out after {} ms and was interrupted (KeyboardInterrupt)",
+                        timeout.as_millis()
+                    );
+                }
+                if !out.stderr.is_empty() && !out.stderr.ends_with('\n') {
+                    out.stderr.push('\n');
+                }
+                out.stderr.push_str(&err.traceback);
+                out.error = Some(err);
+                // Formatting may import traceback/linecache: not the cell's imports.
+                self.rebaseline_modules(py);
+            }
+            None => self.register_sources(py, false),
+        }
+        let us = |a: Instant, b: Instant| b.duration_since(a).as_micros() as u64;
+        out.phases = PhaseTimings {
+            compile: us(t0, t_compiled),
+            exec: us(t_compiled, t_exec),
+            capture: us(t_exec, t_capture),
+            diff: us(t_capture, t_diff),
+        };
+        out
+    }
+
+    /// Compiles `code` into an optional `exec` part and an optional `eval` part.
+    #[allow(clippy::type_complexity)]
+    fn compile<'py>(
+        &mut self,
+        py: Python<'py>,
+        code: &str,
+        name: &CStr,
+    ) -> PyResult<(Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>)> {
+        if code.contains('\0') {
+            return Err(PyValueError::new_err("source code string cannot contain null bytes"));
+        }
+        if let Some(split) = split_last_expression(code) {
+            if let Ok(eval) = self.compile_tail(py, &split, name) {
+                if split.head.trim().is_empty() {
+                    return Ok((None, Some(eval)));
+                }
+                if let Ok(head) = self.compile_text(py, split.head, name, ffi::Py_file_input) {
+                    return Ok((Some(head), Some(eval)));
+                }
+            }
+            // Not an expression after all, or the head does not compile alone: compile the
+            // whole cell so that errors read as they would for the cell as written.
+            // SAFETY: GIL held; discards the failed attempt's exception.
+            unsafe { ffi::PyErr_Clear() };
+        }
+        Ok((Some(self.compile_text(py, code, name, ffi::Py_file_input)?), None))
+    }
+
+    /// Compiles a split-off final statement as an expression, placed at its original line and
+    /// column so that tracebacks point at the right characters. Eval mode rejects indentation
+    /// after leading newlines, so a tail that starts mid-line (after `;`) is wrapped in
+    /// parentheses, where indentation does not count.
+    fn compile_tail<'py>(&mut self, py: Python<'py>, split: &Split<'_>, name: &CStr) -> PyResult<Bound<'py, PyAny>> {
+        let buf = &mut self.source_buf;
+        buf.clear();
+        if split.tail_col == 0 {
+            buf.resize(split.tail_line - 1, b'\n');
+            buf.extend_from_slice(split.tail.as_bytes());
+        } else {
+            buf.push(b'(');
+            let spaces = if split.tail_line == 1 { split.tail_col - 1 } else { split.tail_col };
+            buf.resize(buf.len() + split.tail_line - 1, b'\n');
+            buf.resize(buf.len() + spaces, b' ');
+            buf.extend_from_slice(split.tail.as_bytes());
+            buf.extend_from_slice(b"\n)");
+        }
+        self.compile_buf(py, name, ffi::Py_eval_input)
+    }
+
+    fn compile_text<'py>(&mut self, py: Python<'py>, src: &str, name: &CStr, mode: c_int) -> PyResult<Bound<'py, PyAny>> {
+        self.source_buf.clear();
+        self.source_buf.extend_from_slice(src.as_bytes());
+        self.compile_buf(py, name, mode)
+    }
+
+    /// Compiles `source_buf` (NUL appended here).
+    fn compile_buf<'py>(&mut self, py: Python<'py>, name: &CStr, mode: c_int) -> PyResult<Bound<'py, PyAny>> {
+        let buf = &mut self.source_buf;
+        buf.push(0);
+        let mut flags = ffi::PyCompilerFlags {
+            cf_flags: PYCF_SOURCE_IS_UTF8 | PYCF_IGNORE_COOKIE,
+            cf_feature_version: self.feature_version,
+        };
+        // SAFETY: `buf` is NUL-terminated UTF-8 without interior NUL (checked by the caller),
+        // `name` is a C string, the GIL is held.
+        unsafe {
+            let ptr = ffi::Py_CompileStringExFlags(buf.as_ptr().cast(), name.as_ptr(), mode, &mut flags, -1);
+            Bound::from_owned_ptr_or_err(py, ptr)
+        }
+    }
+
+    fn collect_output(&mut self, py: Python<'_>, out: &mut CellOutcome) {
+        if let Err(e) = self.support.flush_std.bind(py).call0() {
+            out.warnings.push(format!("flushing sys.stdout/sys.stderr failed: {e}"));
+        }
+        // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
+        unsafe { libc::fflush(std::ptr::null_mut()) };
+        for (stream, target, label) in [
+            (&mut self.capture.stdout, &mut out.stdout, "stdout"),
+            (&mut self.capture.stderr, &mut out.stderr, "stderr"),
+        ] {
+            let mut bytes = Vec::new();
+            match stream.collect(&mut bytes) {
+                Ok(Collected { dropped, restored_fd }) => {
+                    if dropped > 0 {
+                        out.warnings.push(format!(
+                            "{label}: {dropped} bytes were dropped from the middle (output limit per cell)"
+                        ));
+                    }
+                    if restored_fd {
+                        out.warnings.push(format!(
+                            "the cell closed or redirected fd {}; it was pointed back at the {label} capture",
+                            if label == "stdout" { 1 } else { 2 }
+                        ));
+                    }
+                }
+                Err(e) => out.warnings.push(format!("reading captured {label} failed: {e}")),
+            }
+            *target = match String::from_utf8(bytes) {
+                Ok(s) => s,
+                Err(e) => {
+                    out.warnings.push(format!("{label} was not valid UTF-8; invalid bytes were replaced with U+FFFD"));
+                    String::from_utf8_lossy(e.as_bytes()).into_owned()
+                }
+            };
+        }
+    }
+
+    fn describe(&self, py: Python<'_>, err: PyErr) -> ExecError {
+        let exc = err.into_value(py);
+        let described = self
+            .support
+            .format_exception
+            .bind(py)
+            .call1((exc.bind(py),))
+            .and_then(|t| t.extract::<(String, String, String)>().map_err(PyErr::from));
+        match described {
+            Ok((kind, message, traceback)) => ExecError { kind, message, traceback },
+            Err(e) => {
+                let kind = exc.bind(py).get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "Exception".into());
+                ExecError {
+                    traceback: format!("{kind}: (traceback unavailable: {e})\n"),
+                    message: String::new(),
+                    kind,
+                }
+            }
+        }
+    }
+
+    /// Hands cell sources to linecache: always when `force` (a traceback is about to be
+    /// formatted), else only once something has imported linecache (so `inspect.getsource`
+    /// and warnings see them) — never importing it on the hot path.
+    fn register_sources(&mut self, py: Python<'_>, force: bool) {
+        if self.pending_sources.is_empty() {
+            return;
+        }
+        if !force && !self.modules.bind(py).contains(intern!(py, "linecache")).unwrap_or(false) {
+            return;
+        }
+        let items: Vec<Bound<'_, PyTuple>> = self
+            .pending_sources
+            .drain(..)
+            .filter_map(|(n, s)| PyTuple::new(py, [n, s]).ok())
+            .collect();
+        let Ok(list) = PyList::new(py, items) else { return };
+        if let Err(e) = self.support.register_sources.bind(py).call1((list,)) {
+            tracing::warn!(error = %e, "registering cell sources with linecache failed");
+        }
+    }
+
+    fn rebaseline(&mut self, py: Python<'_>) {
+        let mut scratch = (Vec::new(), Vec::new());
+        let globals = self.globals.bind(py).clone();
+        self.var_snapshot.update(py, &globals, &mut scratch.0, &mut scratch.1);
+        self.rebaseline_modules(py);
+    }
+
+    fn rebaseline_modules(&mut self, py: Python<'_>) {
+        let mut scratch = (Vec::new(), Vec::new());
+        let modules = self.modules.bind(py).clone();
+        self.module_snapshot.update(py, &modules, &mut scratch.0, &mut scratch.1);
+    }
+
+    fn discard_output(&mut self) {
+        let mut sink = Vec::new();
+        let _ = self.capture.stdout.collect(&mut sink);
+        let _ = self.capture.stderr.collect(&mut sink);
+        if !sink.is_empty() {
+            tracing::debug!(bytes = sink.len(), "discarded output written during start-up");
+        }
+    }
+}
+
+/// Runs the compiled parts; returns the repr of the final value unless it is `None`.
+fn run<'py>(
+    py: Python<'py>,
+    exec_part: Option<Bound<'py, PyAny>>,
+    eval_part: Option<Bound<'py, PyAny>>,
+    globals: &Bound<'py, PyDict>,
+) -> PyResult<Option<String>> {
+    let g = globals.as_ptr();
+    if let Some(code) = exec_part {
+        // SAFETY: `code` is a code object, `g` a dict with __builtins__, GIL held.
+        unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyEval_EvalCode(code.as_ptr(), g, g))? };
+    }
+    let Some(code) = eval_part else { return Ok(None) };
+    // SAFETY: as above.
+    let value = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyEval_EvalCode(code.as_ptr(), g, g))? };
+    if value.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(value.repr()?.to_string_lossy().into_owned()))
+}
+
+/// Lets a pending signal be delivered (any syscall does), runs Python's handlers, and drops
+/// the `KeyboardInterrupt` they raise.
+fn absorb_pending_signals() {
+    // SAFETY: getpid has no preconditions; the GIL is held for PyErr_*.
+    unsafe {
+        libc::syscall(libc::SYS_getpid);
+        if ffi::PyErr_CheckSignals() != 0 {
+            ffi::PyErr_Clear();
+        }
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        Python::attach(|py| {
+            self.var_snapshot.clear(py);
+            self.module_snapshot.clear(py);
+        });
+    }
+}

@@ -1,0 +1,27 @@
+//! The Python executor of flowrepl, and (later) the `flowrepl-worker` binary around it.
+//!
+//! # Layout
+//! - [`stdio`]: moves the real stdin/stdout/stderr out of user code's reach.
+//! - [`capture`]: fds 1 and 2 captured into memfds: no pipe, no thread, no copy per cell.
+//! - [`interpreter`]: starts embedded CPython with the right stdlib and venv.
+//! - [`cell`]: finds a cell's final expression by scanning text, without an AST.
+//! - [`snapshot`]: diffs namespace and `sys.modules` keys with one ordered walk.
+//! - [`monitor`]: the one helper thread: timeouts (SIGINT to the executing thread) and the
+//!   output limit.
+//! - [`executor`]: [`Executor`], which ties these together for one cell at a time.
+//!
+//! # Threads
+//! The thread that calls [`Executor::start`] becomes Python's main thread and must run every
+//! cell (signal handlers run there). The monitor thread is the only other thread we start.
+#![warn(missing_docs)]
+
+pub mod capture;
+pub mod cell;
+pub mod executor;
+pub mod interpreter;
+pub mod monitor;
+pub mod snapshot;
+pub mod stdio;
+
+pub use executor::{CellOutcome, Executor, ExecutorConfig, ExecutorError, PythonInfo};
+pub use interpreter::{resolve_python, InitError};

@@ -1,0 +1,168 @@
+//! The cell monitor: one thread, started once, that watches a running cell.
+//!
+//! It sleeps (parked) while no cell runs. [`Monitor::begin`] wakes it; while the cell runs it
+//! ticks every 100 ms (or at the deadline) and
+//! - when the cell's timeout passes, sends SIGINT to the executing thread with
+//!   `pthread_kill`. Python's handler turns it into `KeyboardInterrupt` there, which also
+//!   breaks `time.sleep` and other blocking calls. If the cell swallows the interrupt, it is
+//!   sent again every second;
+//! - when a cell's output passes the per-stream limit, releases the middle of it (see
+//!   [`crate::capture`]), so a runaway `print` loop cannot exhaust memory.
+//!
+//! SIGINT is blocked on this thread, so signals aimed at the process land on the Python side.
+//! The state lives behind one mutex that both threads hold only briefly; a signal is only
+//! ever sent while the cell it was meant for is still marked running, and [`Monitor::end`]
+//! reports whether one was sent so the executor can absorb a late one.
+
+use crate::capture::{file_size, punch_hole, DropWindow};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+const TICK: Duration = Duration::from_millis(100);
+const RESEND: Duration = Duration::from_secs(1);
+const PAGE: u64 = 4096;
+
+/// One captured stream as the monitor sees it.
+#[derive(Debug)]
+pub struct WatchedStream {
+    /// The capture file.
+    pub memfd: Arc<OwnedFd>,
+    /// Where the monitor records what it dropped.
+    pub window: Arc<DropWindow>,
+}
+
+#[derive(Debug)]
+struct State {
+    running: bool,
+    deadline: Instant,
+    /// When SIGINT was last sent for the running cell.
+    fired_at: Option<Instant>,
+    /// Offsets where the running cell's output starts, per stream.
+    starts: Vec<u64>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    streams: Vec<WatchedStream>,
+    target: libc::pthread_t,
+    max_output_bytes: u64,
+}
+
+/// Handle to the monitor thread. Create it on the thread that executes cells.
+#[derive(Debug)]
+pub struct Monitor {
+    shared: Arc<Shared>,
+    thread: JoinHandle<()>,
+}
+
+impl Monitor {
+    /// Starts the monitor for cells run on the calling thread.
+    pub fn start(streams: Vec<WatchedStream>, max_output_bytes: u64) -> std::io::Result<Monitor> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                running: false,
+                deadline: Instant::now(),
+                fired_at: None,
+                starts: vec![0; streams.len()],
+            }),
+            streams,
+            // SAFETY: pthread_self has no preconditions.
+            target: unsafe { libc::pthread_self() },
+            max_output_bytes,
+        });
+        let s = Arc::clone(&shared);
+        let thread = thread::Builder::new()
+            .name("flowrepl-monitor".into())
+            .spawn(move || run(&s))?;
+        Ok(Monitor { shared, thread })
+    }
+
+    /// A cell starts now; `starts` are the streams' current read offsets.
+    pub fn begin(&self, timeout: Duration, starts: &[u64]) {
+        {
+            let mut st = lock(&self.shared.state);
+            st.running = true;
+            st.deadline = Instant::now() + timeout;
+            st.fired_at = None;
+            st.starts.copy_from_slice(starts);
+        }
+        self.thread.thread().unpark();
+    }
+
+    /// The cell ended; returns whether SIGINT was sent to it.
+    pub fn end(&self) -> bool {
+        let mut st = lock(&self.shared.state);
+        st.running = false;
+        st.fired_at.take().is_some()
+    }
+}
+
+fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn run(shared: &Shared) {
+    block_sigint();
+    loop {
+        let wait = {
+            let mut st = lock(&shared.state);
+            if !st.running {
+                None
+            } else {
+                let now = Instant::now();
+                if now >= st.deadline {
+                    let due = st.fired_at.is_none_or(|t| now.duration_since(t) >= RESEND);
+                    if due {
+                        // SAFETY: `target` is the executing thread, alive for the process's life.
+                        unsafe { libc::pthread_kill(shared.target, libc::SIGINT) };
+                        st.fired_at = Some(now);
+                    }
+                }
+                limit_output(shared, &st.starts);
+                let until_deadline = st.deadline.saturating_duration_since(now);
+                Some(if until_deadline.is_zero() { TICK } else { TICK.min(until_deadline) })
+            }
+        };
+        match wait {
+            Some(d) => thread::park_timeout(d),
+            None => thread::park(),
+        }
+    }
+}
+
+/// Keeps each stream's output for the running cell under the limit by releasing its middle.
+fn limit_output(shared: &Shared, starts: &[u64]) {
+    let max = shared.max_output_bytes;
+    for (s, &start) in shared.streams.iter().zip(starts) {
+        let fd = s.memfd.as_raw_fd();
+        let Ok(size) = file_size(fd) else { continue };
+        if size.saturating_sub(start) <= max {
+            continue;
+        }
+        let head_end = (start + max / 2).div_ceil(PAGE) * PAGE;
+        let tail_start = (size - max / 4) / PAGE * PAGE;
+        if tail_start <= head_end {
+            continue;
+        }
+        let prev_end = s.window.end.load(Ordering::Acquire);
+        let from = if prev_end > head_end { prev_end } else { head_end };
+        if punch_hole(fd, from, tail_start).is_ok() {
+            s.window.start.store(head_end, Ordering::Release);
+            s.window.end.store(tail_start, Ordering::Release);
+        }
+    }
+}
+
+fn block_sigint() {
+    // SAFETY: plain libc calls on a local signal set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}

@@ -1,0 +1,135 @@
+//! Diffing a dict's keys between cells without building sets.
+//!
+//! A CPython dict iterates in insertion order, and an existing key keeps its place when its
+//! value changes. So after a cell the keys are: the old keys that survived, in their old
+//! order, then the new keys. The snapshot holds strong references to the old keys (so their
+//! addresses cannot be reused) and one walk with `PyDict_Next` compares pointers against it:
+//! O(n) pointer compares, no hashing, no allocation in the steady state (two buffers are
+//! swapped). Strings are made only for names that changed. A key deleted and re-added in the
+//! same cell shows up on both sides and is dropped from both.
+//!
+//! Between two cells the snapshot is the state at the end of the last one, so a background
+//! thread that binds a name between cells is reported with the next cell.
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// Strong references to a dict's keys, in iteration order.
+#[derive(Debug, Default)]
+pub struct KeySnapshot {
+    keys: Vec<*mut ffi::PyObject>,
+    next: Vec<*mut ffi::PyObject>,
+    added: Vec<*mut ffi::PyObject>,
+    removed: Vec<*mut ffi::PyObject>,
+    dunders: usize,
+}
+
+// SAFETY: the raw pointers are only dereferenced or reference-counted with the GIL held
+// (every method takes `Python`).
+unsafe impl Send for KeySnapshot {}
+
+/// `__name__`-style names, left out of `variable_count`.
+pub fn is_dunder(name: &str) -> bool {
+    name.len() > 4 && name.starts_with("__") && name.ends_with("__")
+}
+
+fn key_name(py: Python<'_>, key: *mut ffi::PyObject) -> String {
+    // SAFETY: `key` is a live object (we hold a reference) and the GIL is held.
+    let obj = unsafe { Bound::from_borrowed_ptr(py, key) };
+    match obj.cast::<pyo3::types::PyString>() {
+        Ok(s) => s.to_string_lossy().into_owned(),
+        Err(_) => obj
+            .repr()
+            .map(|r| r.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "<unrepresentable key>".to_owned()),
+    }
+}
+
+impl KeySnapshot {
+    /// Names in the snapshot that are not `__dunder__`.
+    pub fn non_dunder_len(&self) -> usize {
+        self.keys.len() - self.dunders
+    }
+
+    /// Compares `dict` with the snapshot, appends the names added and removed (each sorted),
+    /// and makes `dict`'s keys the new snapshot.
+    pub fn update(
+        &mut self,
+        py: Python<'_>,
+        dict: &Bound<'_, PyDict>,
+        added: &mut Vec<String>,
+        removed: &mut Vec<String>,
+    ) {
+        let d = dict.as_ptr();
+        let mut i = 0;
+        let mut pos: ffi::Py_ssize_t = 0;
+        let mut key: *mut ffi::PyObject = std::ptr::null_mut();
+        let mut value: *mut ffi::PyObject = std::ptr::null_mut();
+        self.next.clear();
+        self.next.reserve(dict.len());
+        // SAFETY: GIL held; PyDict_Next yields borrowed pointers and runs no Python code, so
+        // the dict cannot change during the walk. Ownership of each old key's reference moves
+        // to `next` (kept) or `removed` (released below); new keys get a fresh reference.
+        unsafe {
+            while ffi::PyDict_Next(d, &mut pos, &mut key, &mut value) != 0 {
+                while i < self.keys.len() && self.keys[i] != key {
+                    self.removed.push(self.keys[i]);
+                    i += 1;
+                }
+                if i < self.keys.len() {
+                    self.next.push(self.keys[i]);
+                    i += 1;
+                } else {
+                    ffi::Py_INCREF(key);
+                    self.next.push(key);
+                    self.added.push(key);
+                }
+            }
+            self.removed.extend_from_slice(&self.keys[i..]);
+        }
+        std::mem::swap(&mut self.keys, &mut self.next);
+        self.next.clear();
+        if self.added.is_empty() && self.removed.is_empty() {
+            return;
+        }
+        // Python code (a key's __repr__, a __del__) may run from here on: the walk is over.
+        let (a0, r0) = (added.len(), removed.len());
+        for &k in &self.added {
+            added.push(key_name(py, k));
+        }
+        for &k in &self.removed {
+            removed.push(key_name(py, k));
+        }
+        self.added.clear();
+        for k in self.removed.drain(..) {
+            // SAFETY: we owned this reference.
+            unsafe { ffi::Py_DECREF(k) };
+        }
+        let mut new_a = added.split_off(a0);
+        let mut new_r = removed.split_off(r0);
+        new_a.sort_unstable();
+        new_r.sort_unstable();
+        let dunders_gone = new_r.iter().filter(|n| is_dunder(n)).count();
+        let dunders_new = new_a.iter().filter(|n| is_dunder(n)).count();
+        self.dunders = self.dunders + dunders_new - dunders_gone;
+        if !new_a.is_empty() && !new_r.is_empty() {
+            // Deleted and bound again in the same cell: neither added nor removed.
+            let in_both = |n: &String, other: &[String]| other.binary_search(n).is_ok();
+            let a_copy = new_a.clone();
+            new_a.retain(|n| !in_both(n, &new_r));
+            new_r.retain(|n| !in_both(n, &a_copy));
+        }
+        added.append(&mut new_a);
+        removed.append(&mut new_r);
+    }
+
+    /// Drops every reference. Needs the GIL.
+    pub fn clear(&mut self, _py: Python<'_>) {
+        for k in self.keys.drain(..) {
+            // SAFETY: we owned this reference and the GIL is held.
+            unsafe { ffi::Py_DECREF(k) };
+        }
+        self.dunders = 0;
+    }
+}

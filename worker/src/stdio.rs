@@ -1,0 +1,67 @@
+//! Keeping the protocol channel away from user code.
+//!
+//! At start the process moves its real stdin, stdout and stderr to private close-on-exec
+//! descriptors (numbered from [`PRIVATE_FD_BASE`], out of the way of code that closes low fds),
+//! points fd 0 at `/dev/null` (so `input()`, `sys.stdin.read()`, `os.read(0, …)` and child
+//! processes see EOF at once and never eat protocol input), and points fds 1 and 2 at the
+//! capture files ([`crate::capture`]). From then on nothing that writes to fd 1 — `print`,
+//! C `printf`, a child process, a stray `println!` — can reach the protocol channel.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{FromRawFd, RawFd};
+
+/// Private descriptors are duplicated at or above this number.
+pub const PRIVATE_FD_BASE: RawFd = 64;
+
+/// The process's original standard streams, private to the kernel.
+#[derive(Debug)]
+pub struct ProtocolStdio {
+    /// Where requests arrive (the original fd 0).
+    pub input: File,
+    /// Where replies go (the original fd 1).
+    pub output: File,
+    /// Where diagnostics go (the original fd 2).
+    pub diagnostics: File,
+}
+
+/// Duplicates `fd` to a private close-on-exec descriptor.
+pub fn private_dup(fd: RawFd) -> io::Result<File> {
+    // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor that we own.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, PRIVATE_FD_BASE) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new` is a fresh descriptor owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(new) })
+}
+
+/// `dup2(src, dst)`, retried on EINTR.
+pub fn dup2(src: RawFd, dst: RawFd) -> io::Result<()> {
+    loop {
+        // SAFETY: plain syscall on descriptors; `dst` is replaced atomically.
+        if unsafe { libc::dup2(src, dst) } >= 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Moves fds 0, 1, 2 to private descriptors and puts `/dev/null` on fd 0. Fds 1 and 2 keep
+/// pointing at the originals until [`crate::capture::Capture::install`] replaces them.
+pub fn take_protocol_stdio() -> io::Result<ProtocolStdio> {
+    let input = private_dup(0)?;
+    let output = private_dup(1)?;
+    let diagnostics = private_dup(2)?;
+    let null = File::open("/dev/null")?;
+    use std::os::fd::AsRawFd;
+    dup2(null.as_raw_fd(), 0)?;
+    Ok(ProtocolStdio {
+        input,
+        output,
+        diagnostics,
+    })
+}
