@@ -60,13 +60,18 @@ pub enum ConfigError {
 impl Config {
     /// Resolves the command line and environment.
     pub fn resolve(cli: &Cli) -> Result<Config, ConfigError> {
-        let worker_env = std::env::var("USE_SUBPROCESS_WORKER").is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
+        let worker_env = std::env::var("USE_SUBPROCESS_WORKER")
+            .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
         if cli.worker || worker_env {
             return Err(ConfigError::WorkerUnavailable);
         }
         let identity = Identity::from_env();
-        let log_file = flowrepl_task_logger::task_log_path(&cli.log_dir, &identity.plan_id, &identity.task_id);
-        let python = flowrepl_worker::resolve_python(cli.python.as_deref(), std::env::var_os("VIRTUAL_ENV").as_deref())?;
+        let log_file =
+            flowrepl_task_logger::task_log_path(&cli.log_dir, &identity.plan_id, &identity.task_id);
+        let python = flowrepl_worker::resolve_python(
+            cli.python.as_deref(),
+            std::env::var_os("VIRTUAL_ENV").as_deref(),
+        )?;
         Ok(Config {
             identity,
             log_file,

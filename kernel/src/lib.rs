@@ -61,9 +61,18 @@ pub fn run(cli: cli::Cli) -> ExitCode {
         "flowrepl ready"
     );
     let mut out = server::ReplyWriter::new(stdio.output);
-    match server::serve(&mut session, stdio.input, &mut out, config.max_request_bytes) {
+    match server::serve(
+        &mut session,
+        stdio.input,
+        &mut out,
+        config.max_request_bytes,
+    ) {
         Ok(ended) => {
-            tracing::info!(?ended, records = session.records_written(), "flowrepl exiting");
+            tracing::info!(
+                ?ended,
+                records = session.records_written(),
+                "flowrepl exiting"
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {

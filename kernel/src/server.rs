@@ -54,7 +54,12 @@ pub enum Ended {
 }
 
 /// Serves requests from `input` until `shutdown` or EOF.
-pub fn serve(session: &mut Session, input: File, out: &mut ReplyWriter, max_request_bytes: usize) -> io::Result<Ended> {
+pub fn serve(
+    session: &mut Session,
+    input: File,
+    out: &mut ReplyWriter,
+    max_request_bytes: usize,
+) -> io::Result<Ended> {
     let mut ready = session.status();
     ready.message = Some(READY_MARKER.to_owned());
     out.send(&Notification {
@@ -104,7 +109,11 @@ pub fn serve(session: &mut Session, input: File, out: &mut ReplyWriter, max_requ
             }
             Call::Status => reply(out, id.as_ref(), &session.status())?,
             Call::Shutdown => {
-                reply(out, id.as_ref(), &serde_json::json!({"shutting_down": true}))?;
+                reply(
+                    out,
+                    id.as_ref(),
+                    &serde_json::json!({"shutting_down": true}),
+                )?;
                 return Ok(Ended::Shutdown);
             }
         }

@@ -77,7 +77,6 @@ impl Session {
         result
     }
 
-
     /// What `status` answers.
     pub fn status(&self) -> StatusInfo {
         let info = self.executor.info();
@@ -106,9 +105,14 @@ impl Session {
 }
 
 /// The log record of a result, borrowing everything.
-fn record<'a>(id: &'a Identity, mode: Mode, params: &'a ExecuteParams, r: &'a ExecuteResult) -> ExecutionRecord<'a> {
+fn record<'a>(
+    id: &'a Identity,
+    mode: Mode,
+    params: &'a ExecuteParams,
+    r: &'a ExecuteResult,
+) -> ExecutionRecord<'a> {
     ExecutionRecord {
-            kind: Cow::Borrowed(RECORD_TYPE_EXECUTION),
+        kind: Cow::Borrowed(RECORD_TYPE_EXECUTION),
         version: FORMAT_VERSION,
         plan_id: Cow::Borrowed(&id.plan_id),
         task_id: Cow::Borrowed(&id.task_id),

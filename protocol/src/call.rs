@@ -105,8 +105,14 @@ mod tests {
             code: "x = 1".into(),
             timeout_ms: None,
         });
-        assert_eq!(call(r#"{"id":1,"method":"execute_code","params":{"code":"x = 1"}}"#).unwrap(), want);
-        assert_eq!(call(r#"{"id":1,"method":"execute","params":{"code":"x = 1"}}"#).unwrap(), want);
+        assert_eq!(
+            call(r#"{"id":1,"method":"execute_code","params":{"code":"x = 1"}}"#).unwrap(),
+            want
+        );
+        assert_eq!(
+            call(r#"{"id":1,"method":"execute","params":{"code":"x = 1"}}"#).unwrap(),
+            want
+        );
     }
 
     #[test]
@@ -119,7 +125,11 @@ mod tests {
             r#"{"id":1,"method":"execute_code","params":{"code":"x","timeout_ms":-5}}"#,
             r#"{"id":1,"method":"status","params":{"verbose":true}}"#,
         ] {
-            assert_eq!(call(line).unwrap_err().code, ErrorCode::InvalidParams, "{line}");
+            assert_eq!(
+                call(line).unwrap_err().code,
+                ErrorCode::InvalidParams,
+                "{line}"
+            );
         }
     }
 
@@ -132,7 +142,13 @@ mod tests {
     #[test]
     fn status_aliases() {
         assert_eq!(call(r#"{"id":1,"method":"ping"}"#).unwrap(), Call::Status);
-        assert_eq!(call(r#"{"id":1,"method":"status","params":{}}"#).unwrap(), Call::Status);
-        assert_eq!(call(r#"{"id":1,"method":"shutdown","params":null}"#).unwrap(), Call::Shutdown);
+        assert_eq!(
+            call(r#"{"id":1,"method":"status","params":{}}"#).unwrap(),
+            Call::Status
+        );
+        assert_eq!(
+            call(r#"{"id":1,"method":"shutdown","params":null}"#).unwrap(),
+            Call::Shutdown
+        );
     }
 }

@@ -168,18 +168,24 @@ impl<'a> Request<'a> {
     pub fn parse(line: &'a [u8]) -> Result<Request<'a>, RpcError> {
         // Checked first: inside untagged fields serde would report bad UTF-8 as a shape error.
         let line = std::str::from_utf8(line).map_err(|e| {
-            RpcError::new(ErrorCode::ParseError, format!("parse error: request is not UTF-8 ({e})"))
+            RpcError::new(
+                ErrorCode::ParseError,
+                format!("parse error: request is not UTF-8 ({e})"),
+            )
         })?;
         let env: Envelope<'a> = match serde_json::from_str(line) {
             Ok(env) => env,
             Err(e) => {
-                return Err(match e.classify() {
-                    serde_json::error::Category::Data => RpcError::new(
+                // A syntax error inside a field can surface as a shape error: check the syntax.
+                let syntax_ok = e.classify() == serde_json::error::Category::Data
+                    && serde_json::from_str::<serde::de::IgnoredAny>(line).is_ok();
+                return Err(match syntax_ok {
+                    true => RpcError::new(
                         ErrorCode::InvalidRequest,
                         "invalid request: expected a JSON-RPC request object with a string `method`",
                     ),
-                    _ => RpcError::new(ErrorCode::ParseError, format!("parse error: {e}")),
-                })
+                    false => RpcError::new(ErrorCode::ParseError, format!("parse error: {e}")),
+                });
             }
         };
         let id = match env.id {
@@ -200,7 +206,9 @@ impl<'a> Request<'a> {
             if v != "2.0" {
                 return Err(RpcError::new(
                     ErrorCode::InvalidRequest,
-                    format!("invalid request: unsupported jsonrpc version {v:?} (expected \"2.0\")"),
+                    format!(
+                        "invalid request: unsupported jsonrpc version {v:?} (expected \"2.0\")"
+                    ),
                 )
                 .with_id(id));
             }
@@ -327,12 +335,17 @@ mod tests {
     fn classifies_failures() {
         assert_eq!(code_of("not json"), -32700);
         assert_eq!(code_of("{\"method\": \"x\""), -32700);
+        assert_eq!(code_of("{\"id\":1,\"method\":"), -32700);
+        assert_eq!(code_of("{\"id\":1,\"method\":[1,"), -32700);
         assert_eq!(code_of("[1, 2]"), -32600);
         assert_eq!(code_of("\"status\""), -32600);
         assert_eq!(code_of(r#"{"id":1}"#), -32600);
         assert_eq!(code_of(r#"{"id":1,"method":5}"#), -32600);
         assert_eq!(code_of(r#"{"id":{},"method":"status"}"#), -32600);
-        assert_eq!(code_of(r#"{"jsonrpc":"1.0","id":1,"method":"status"}"#), -32600);
+        assert_eq!(
+            code_of(r#"{"jsonrpc":"1.0","id":1,"method":"status"}"#),
+            -32600
+        );
         let bad_utf8 = b"{\"id\":1,\"method\":\"st\xffatus\"}";
         assert_eq!(Request::parse(bad_utf8).unwrap_err().code.code(), -32700);
     }
@@ -345,9 +358,13 @@ mod tests {
 
     #[test]
     fn error_response_shape() {
-        let err = RpcError::new(ErrorCode::MethodNotFound, "no").with_id(Some(Id::Number(3.into())));
+        let err =
+            RpcError::new(ErrorCode::MethodNotFound, "no").with_id(Some(Id::Number(3.into())));
         let s = serde_json::to_string(&ErrorResponse::new(&err)).unwrap();
-        assert_eq!(s, r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32601,"message":"no"}}"#);
+        assert_eq!(
+            s,
+            r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32601,"message":"no"}}"#
+        );
         let anon = RpcError::new(ErrorCode::ParseError, "bad");
         let s = serde_json::to_string(&ErrorResponse::new(&anon)).unwrap();
         assert!(s.contains(r#""id":null"#), "{s}");

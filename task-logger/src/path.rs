@@ -80,7 +80,10 @@ mod tests {
             match c {
                 Component::Normal(s) => {
                     let s = s.to_str().unwrap();
-                    assert!(!s.is_empty() && !s.starts_with('.') && s.len() <= 255, "{s:?}");
+                    assert!(
+                        !s.is_empty() && !s.starts_with('.') && s.len() <= 255,
+                        "{s:?}"
+                    );
                     assert!(!s.contains('\0') && !s.contains('/'));
                 }
                 other => panic!("{id:?} gave component {other:?}"),
@@ -93,8 +96,25 @@ mod tests {
         let long = "x".repeat(10_000);
         let long_hangul = "작업".repeat(3_000);
         for id in [
-            "", ".", "..", "../../x", "/etc/passwd", "a/../../b", "\0", "a\0b", "~", "%", "%empty",
-            "작업-1", &long, &long_hangul, " ", "\n", ".hidden", "con", "a\\b",
+            "",
+            ".",
+            "..",
+            "../../x",
+            "/etc/passwd",
+            "a/../../b",
+            "\0",
+            "a\0b",
+            "~",
+            "%",
+            "%empty",
+            "작업-1",
+            &long,
+            &long_hangul,
+            " ",
+            "\n",
+            ".hidden",
+            "con",
+            "a\\b",
         ] {
             stays_inside(id);
         }
@@ -115,8 +135,24 @@ mod tests {
         let mut long_b = long_a.clone();
         long_b.push('b');
         let ids = [
-            "", "%empty", "%", "%25", "a/b", "a%2Fb", "a_b", "a.b", ".a", "%2Ea", "~", "%7E",
-            "\0", "%00", &long_a, &long_b, "작업", "%EC%9E%91%EC%97%85",
+            "",
+            "%empty",
+            "%",
+            "%25",
+            "a/b",
+            "a%2Fb",
+            "a_b",
+            "a.b",
+            ".a",
+            "%2Ea",
+            "~",
+            "%7E",
+            "\0",
+            "%00",
+            &long_a,
+            &long_b,
+            "작업",
+            "%EC%9E%91%EC%97%85",
         ];
         let names: HashSet<_> = ids.iter().map(|i| safe_component(i)).collect();
         assert_eq!(names.len(), ids.len());

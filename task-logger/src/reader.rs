@@ -62,12 +62,13 @@ pub fn parse_records(bytes: &[u8]) -> ReadOutcome {
             continue;
         }
         match serde_json::from_slice::<ExecutionRecord<'_>>(line) {
-            Ok(rec) if rec.kind != RECORD_TYPE_EXECUTION => {
-                out.skipped.push(skip(format!("record type {:?}", rec.kind)))
-            }
-            Ok(rec) if rec.version > FORMAT_VERSION => {
-                out.skipped.push(skip(format!("format version {} is newer than {FORMAT_VERSION}", rec.version)))
-            }
+            Ok(rec) if rec.kind != RECORD_TYPE_EXECUTION => out
+                .skipped
+                .push(skip(format!("record type {:?}", rec.kind))),
+            Ok(rec) if rec.version > FORMAT_VERSION => out.skipped.push(skip(format!(
+                "format version {} is newer than {FORMAT_VERSION}",
+                rec.version
+            ))),
             Ok(rec) => out.records.push(into_owned(rec)),
             Err(e) => out.skipped.push(skip(format!("not a record: {e}"))),
         }
@@ -113,7 +114,10 @@ mod tests {
         let good = serde_json::to_string(&crate::writer::tests_support::record(1)).unwrap();
         let newer = good.replace("\"version\":1", "\"version\":99");
         let other = good.replace("\"type\":\"execution\"", "\"type\":\"note\"");
-        let text = format!("{good}\nnot json\n{{\"a\":1}}\n\n{newer}\n{other}\n{good}\n{}", &good[..20]);
+        let text = format!(
+            "{good}\nnot json\n{{\"a\":1}}\n\n{newer}\n{other}\n{good}\n{}",
+            &good[..20]
+        );
         let out = parse_records(text.as_bytes());
         assert_eq!(out.records.len(), 2);
         let lines: Vec<_> = out.skipped.iter().map(|s| s.line).collect();

@@ -210,7 +210,11 @@ mod tests {
         assert_eq!(text.lines().count(), 2);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let dmode = std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777;
+        let dmode = std::fs::metadata(path.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
         assert_eq!(dmode, 0o700);
     }
 
@@ -221,7 +225,10 @@ mod tests {
         let blocker = dir.path().join("plan");
         std::fs::write(&blocker, b"").unwrap();
         let mut log = TaskLog::new(blocker.join("task.jsonl"));
-        assert!(matches!(log.append(&record(1, "")), Err(LogError::Open { .. })));
+        assert!(matches!(
+            log.append(&record(1, "")),
+            Err(LogError::Open { .. })
+        ));
         std::fs::remove_file(&blocker).unwrap();
         log.append(&record(2, "")).unwrap();
         assert_eq!(log.records_written(), 1);

@@ -1,1 +1,328 @@
+//! Helpers for the integration tests: build the real `flowrepl` binary once, start it over
+//! pipes, and talk JSON-RPC to it. Every line the kernel writes to stdout is checked to be a
+//! JSON-RPC message as it arrives, so every test also checks that stdout stays clean.
 
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long any single reply may take before a test fails.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Path of the `flowrepl` binary, built (once per test process) with the same profile as
+/// the tests, so `cargo test` alone always tests the current code.
+pub fn flowrepl_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf(); // target/<profile>
+        let profile = match profile_dir.file_name().unwrap().to_str().unwrap() {
+            "debug" => "dev".to_owned(),
+            other => other.to_owned(),
+        };
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "flowrepl",
+                "--bin",
+                "flowrepl",
+                "--profile",
+                &profile,
+            ])
+            .current_dir(workspace_root())
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building flowrepl failed");
+        let bin = profile_dir.join("flowrepl");
+        assert!(bin.exists(), "{bin:?} missing after build");
+        bin
+    })
+}
+
+/// The real interpreter the kernel was built against (for making venvs in tests).
+pub fn base_python() -> String {
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// Options for starting a kernel.
+#[derive(Default, Clone)]
+pub struct KernelOptions {
+    env: HashMap<String, String>,
+    args: Vec<String>,
+    log_dir: Option<PathBuf>,
+}
+
+impl KernelOptions {
+    /// Sets an environment variable for the kernel.
+    pub fn env(mut self, k: &str, v: impl Into<String>) -> Self {
+        self.env.insert(k.into(), v.into());
+        self
+    }
+    /// Adds a command-line argument.
+    pub fn arg(mut self, a: impl Into<String>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+    /// Uses this log directory instead of a fresh temporary one.
+    pub fn log_dir(mut self, dir: &Path) -> Self {
+        self.log_dir = Some(dir.to_path_buf());
+        self
+    }
+    /// Starts the kernel and waits for its `ready` notification.
+    pub fn start(self) -> Kernel {
+        Kernel::start_with(self)
+    }
+}
+
+/// A running kernel.
+pub struct Kernel {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<Result<Value, String>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    /// The params of the `ready` notification.
+    pub ready: Value,
+    /// The working directory and (unless given) log directory; removed on drop.
+    pub dir: tempfile::TempDir,
+    /// The log directory in use.
+    pub log_dir: PathBuf,
+    next_id: u64,
+}
+
+impl Kernel {
+    /// Options to start one.
+    pub fn options() -> KernelOptions {
+        KernelOptions::default()
+    }
+
+    /// A kernel with default options.
+    pub fn start() -> Kernel {
+        KernelOptions::default().start()
+    }
+
+    fn start_with(opts: KernelOptions) -> Kernel {
+        let dir = tempfile::tempdir().unwrap();
+        let log_dir = opts
+            .log_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("logs"));
+        let mut cmd = Command::new(flowrepl_bin());
+        cmd.args(&opts.args)
+            .current_dir(dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, _) in std::env::vars() {
+            if k.starts_with("FLOWREPL_")
+                || k.starts_with("FLOW_")
+                || k == "VIRTUAL_ENV"
+                || k == "USE_SUBPROCESS_WORKER"
+            {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("FLOWREPL_LOG_DIR", &log_dir);
+        for (k, v) in &opts.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn flowrepl");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match r.read_until(b'\n', &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                let msg = match serde_json::from_slice::<Value>(&buf) {
+                    Ok(v) if v.get("jsonrpc") == Some(&json!("2.0")) && buf.ends_with(b"\n") => {
+                        Ok(v)
+                    }
+                    _ => Err(String::from_utf8_lossy(&buf[..buf.len().min(2000)]).into_owned()),
+                };
+                if tx.send(msg).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let mut child_err = child.stderr.take().unwrap();
+        let sink = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 8192];
+            while let Ok(n) = child_err.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&chunk[..n]);
+            }
+        });
+        let stdin = child.stdin.take();
+        let mut k = Kernel {
+            child,
+            stdin,
+            lines,
+            stderr,
+            ready: Value::Null,
+            dir,
+            log_dir,
+            next_id: 0,
+        };
+        let ready = k.recv();
+        assert_eq!(
+            ready["method"], "ready",
+            "first line must be the ready notification: {ready}"
+        );
+        k.ready = ready["params"].clone();
+        k
+    }
+
+    /// What the kernel wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+    }
+
+    /// Writes raw bytes to the kernel's stdin.
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(bytes).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// The next protocol message; fails the test on a non-protocol line or a timeout.
+    pub fn recv(&mut self) -> Value {
+        self.recv_timeout(REPLY_TIMEOUT).unwrap_or_else(|| {
+            panic!(
+                "no reply within {REPLY_TIMEOUT:?}; stderr:\n{}",
+                self.stderr()
+            )
+        })
+    }
+
+    /// The next protocol message, or `None` after `timeout` or at EOF.
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Option<Value> {
+        match self.lines.recv_timeout(timeout) {
+            Ok(Ok(v)) => Some(v),
+            Ok(Err(line)) => panic!("stdout carried a non-protocol line: {line:?}"),
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => None,
+        }
+    }
+
+    /// Sends a request and returns the whole response.
+    pub fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut req = json!({"jsonrpc": "2.0", "id": id, "method": method});
+        if !params.is_null() {
+            req["params"] = params;
+        }
+        let mut line = serde_json::to_vec(&req).unwrap();
+        line.push(b'\n');
+        self.send_raw(&line);
+        let resp = self.recv();
+        assert_eq!(resp["id"], json!(id), "reply out of order: {resp}");
+        resp
+    }
+
+    /// Runs `code` and returns the result object.
+    pub fn execute(&mut self, code: &str) -> Value {
+        self.execute_params(json!({"code": code}))
+    }
+
+    /// Runs a cell with explicit params and returns the result object.
+    pub fn execute_params(&mut self, params: Value) -> Value {
+        let resp = self.call("execute_code", params);
+        assert!(resp.get("error").is_none(), "execute_code failed: {resp}");
+        resp["result"].clone()
+    }
+
+    /// Runs `code` and asserts it succeeded.
+    pub fn ok(&mut self, code: &str) -> Value {
+        let r = self.execute(code);
+        assert_eq!(r["success"], true, "cell failed: {code}\n{r:#}");
+        r
+    }
+
+    /// The task log file named in the ready notification.
+    pub fn log_file(&self) -> PathBuf {
+        let p = PathBuf::from(self.ready["log_file"].as_str().unwrap());
+        if p.is_absolute() {
+            p
+        } else {
+            self.dir.path().join(p)
+        }
+    }
+
+    /// Closes stdin and waits (bounded) for the kernel to exit.
+    pub fn close(&mut self) -> ExitStatus {
+        drop(self.stdin.take());
+        self.wait()
+    }
+
+    /// Waits (bounded) for the kernel to exit; checks nothing else came on stdout.
+    pub fn wait(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + REPLY_TIMEOUT;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                // Drain what is left: it must all be protocol.
+                if let Some(v) = self.recv_timeout(Duration::from_millis(200)) {
+                    panic!("unexpected message after exit: {v}");
+                }
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kernel did not exit; stderr:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The kernel's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads the task log with the project's tolerant reader; asserts nothing was skipped.
+pub fn read_log(path: &Path) -> Vec<flowrepl_task_logger::ExecutionRecord<'static>> {
+    let out =
+        flowrepl_task_logger::read_records(path).unwrap_or_else(|e| panic!("read {path:?}: {e}"));
+    assert!(
+        out.skipped.is_empty(),
+        "log has bad lines: {:?}",
+        out.skipped
+    );
+    out.records
+}

@@ -8,16 +8,22 @@
 //! with the next cell. Consumed ranges are released with `FALLOC_FL_PUNCH_HOLE`, so memory
 //! tracks the unread output only.
 //!
-//! Limit: output is held in memory until the cell ends. Past `max_bytes` per stream and cell,
-//! the [`crate::monitor`] punches out the middle while the cell runs, keeping the first half
-//! and the last quarter of the limit; the reader inserts a marker saying how much was dropped.
+//! Limit: past `max` bytes per stream and cell, only the first half and the last quarter of
+//! the limit are reported, with a marker saying how much was dropped; while the cell runs the
+//! [`crate::monitor`] releases the memory of the dropped middle, so a runaway `print` loop
+//! holds about `max` bytes (plus what it writes in one 100 ms tick), not everything.
 
 use crate::stdio::dup2;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// Of a cell's output `[start, size)` over the limit `max`: where the kept head ends and the
+/// kept tail starts.
+pub fn kept_ranges(start: u64, size: u64, max: u64) -> (u64, u64) {
+    (start + max / 2, size - max / 4)
+}
 
 /// Release consumed bytes once this many have accumulated.
 const PUNCH_THRESHOLD: u64 = 1 << 20;
@@ -32,15 +38,6 @@ pub enum StreamKind {
     Stderr,
 }
 
-/// State of one stream that the monitor thread may change while a cell runs.
-#[derive(Debug, Default)]
-pub struct DropWindow {
-    /// Start of the range punched out for exceeding the limit (0 = none).
-    pub start: AtomicU64,
-    /// End of that range.
-    pub end: AtomicU64,
-}
-
 /// One captured stream.
 #[derive(Debug)]
 pub struct Stream {
@@ -52,7 +49,6 @@ pub struct Stream {
     cursor: u64,
     /// Bytes before this offset have been released.
     punched: u64,
-    window: Arc<DropWindow>,
 }
 
 /// What [`Stream::collect`] found.
@@ -123,18 +119,12 @@ impl Stream {
             ino: st.st_ino,
             cursor: 0,
             punched: 0,
-            window: Arc::new(DropWindow::default()),
         })
     }
 
     /// The capture file, for the monitor.
     pub fn memfd(&self) -> Arc<OwnedFd> {
         Arc::clone(&self.memfd)
-    }
-
-    /// The drop window, for the monitor.
-    pub fn window(&self) -> Arc<DropWindow> {
-        Arc::clone(&self.window)
     }
 
     /// Offset up to which output has been read: where the next cell's output starts.
@@ -146,7 +136,9 @@ impl Stream {
     /// it; if the cell closed or replaced it, it is pointed back.
     fn size_checked(&mut self, restored: &mut bool) -> io::Result<u64> {
         match fstat(self.target) {
-            Ok(st) if st.st_dev == self.dev && st.st_ino == self.ino => return Ok(st.st_size as u64),
+            Ok(st) if st.st_dev == self.dev && st.st_ino == self.ino => {
+                return Ok(st.st_size as u64)
+            }
             _ => {}
         }
         dup2(self.memfd.as_raw_fd(), self.target)?;
@@ -154,22 +146,25 @@ impl Stream {
         file_size(self.memfd.as_raw_fd())
     }
 
-    /// Appends everything written since the last call to `out`.
-    pub fn collect(&mut self, out: &mut Vec<u8>) -> io::Result<Collected> {
+    /// Appends everything written since the last call to `out`. When that is more than `max`
+    /// bytes, only the first `max / 2` and the last `max / 4` are kept, with a marker between.
+    /// (The monitor releases memory only strictly inside the dropped range, so both kept parts
+    /// are always intact.)
+    pub fn collect(&mut self, out: &mut Vec<u8>, max: u64) -> io::Result<Collected> {
         let mut c = Collected::default();
         let size = self.size_checked(&mut c.restored_fd)?;
-        let (ws, we) = (
-            self.window.start.swap(0, Ordering::AcqRel),
-            self.window.end.swap(0, Ordering::AcqRel),
-        );
-        if ws > 0 && we > ws && ws >= self.cursor && we <= size {
-            self.read_range(self.cursor, ws, out)?;
-            c.dropped = we - ws;
+        if size - self.cursor > max {
+            let (head_end, tail_start) = kept_ranges(self.cursor, size, max);
+            self.read_range(self.cursor, head_end, out)?;
+            c.dropped = tail_start - head_end;
             out.extend_from_slice(
-                format!("\n[flowrepl: {} bytes of output dropped here: the cell exceeded the output limit]\n", c.dropped)
-                    .as_bytes(),
+                format!(
+                    "\n[flowrepl: {} bytes of output dropped here: the cell wrote more than {max} bytes]\n",
+                    c.dropped
+                )
+                .as_bytes(),
             );
-            self.read_range(we, size, out)?;
+            self.read_range(tail_start, size, out)?;
         } else {
             self.read_range(self.cursor, size, out)?;
         }

@@ -14,7 +14,7 @@
 use crate::capture::{Capture, Collected};
 use crate::cell::{split_last_expression, Split};
 use crate::interpreter::{self, InitError};
-use crate::monitor::{Monitor, WatchedStream};
+use crate::monitor::Monitor;
 use crate::snapshot::KeySnapshot;
 use flowrepl_protocol::{ExecError, ExecutionKind, PhaseTimings};
 use pyo3::exceptions::{PyKeyboardInterrupt, PyValueError};
@@ -114,6 +114,7 @@ pub struct Executor {
     /// Cells whose source is not yet in linecache: (filename, source).
     pending_sources: Vec<(String, String)>,
     cells: u64,
+    max_output_bytes: u64,
     feature_version: c_int,
     info: PythonInfo,
     _not_send: std::marker::PhantomData<*const ()>,
@@ -126,22 +127,14 @@ impl Executor {
         let capture = Capture::install()?;
         interpreter::initialize(&config.python)?;
         let monitor = Monitor::start(
-            vec![
-                WatchedStream {
-                    memfd: capture.stdout.memfd(),
-                    window: capture.stdout.window(),
-                },
-                WatchedStream {
-                    memfd: capture.stderr.memfd(),
-                    window: capture.stderr.window(),
-                },
-            ],
+            vec![capture.stdout.memfd(), capture.stderr.memfd()],
             config.max_output_bytes,
         )?;
         Python::attach(|py| {
             let support_err = |e: PyErr| ExecutorError::Support(e.to_string());
             let src = CString::new(SUPPORT_PY).expect("support.py has no NUL");
-            let module = PyModule::from_code(py, &src, c"<flowrepl-support>", c"_flowrepl").map_err(support_err)?;
+            let module = PyModule::from_code(py, &src, c"<flowrepl-support>", c"_flowrepl")
+                .map_err(support_err)?;
             let globals = module
                 .getattr("setup")
                 .and_then(|f| f.call0())
@@ -153,7 +146,13 @@ impl Executor {
                 .and_then(|m| Ok(m.cast_into::<PyDict>()?))
                 .map_err(support_err)?;
             let attr = |name: &str| -> Result<String, ExecutorError> {
-                Ok(sys.getattr(name).map_err(support_err)?.str().map_err(support_err)?.to_string_lossy().into_owned())
+                Ok(sys
+                    .getattr(name)
+                    .map_err(support_err)?
+                    .str()
+                    .map_err(support_err)?
+                    .to_string_lossy()
+                    .into_owned())
             };
             let info = PythonInfo {
                 version: attr("version")?,
@@ -177,6 +176,7 @@ impl Executor {
                 source_buf: Vec::with_capacity(4096),
                 pending_sources: Vec::new(),
                 cells: 0,
+                max_output_bytes: config.max_output_bytes,
                 feature_version: py.version_info().minor as c_int,
                 info,
                 _not_send: std::marker::PhantomData,
@@ -205,7 +205,13 @@ impl Executor {
         Python::attach(|py| self.execute_attached(py, code, name, timeout))
     }
 
-    fn execute_attached(&mut self, py: Python<'_>, code: &str, name: String, timeout: Duration) -> CellOutcome {
+    fn execute_attached(
+        &mut self,
+        py: Python<'_>,
+        code: &str,
+        name: String,
+        timeout: Duration,
+    ) -> CellOutcome {
         let t0 = Instant::now();
         // A SIGINT that arrived while idle must not interrupt this cell.
         absorb_pending_signals();
@@ -256,9 +262,11 @@ impl Executor {
         self.collect_output(py, &mut out);
         let t_capture = Instant::now();
         let modules = self.modules.bind(py).clone();
-        self.var_snapshot.update(py, &globals, &mut out.added_vars, &mut out.removed_vars);
+        self.var_snapshot
+            .update(py, &globals, &mut out.added_vars, &mut out.removed_vars);
         let mut gone = Vec::new();
-        self.module_snapshot.update(py, &modules, &mut out.added_imports, &mut gone);
+        self.module_snapshot
+            .update(py, &modules, &mut out.added_imports, &mut gone);
         out.variable_count = self.var_snapshot.non_dunder_len();
         let t_diff = Instant::now();
         self.pending_sources.push((name, code.to_owned()));
@@ -301,7 +309,9 @@ impl Executor {
         name: &CStr,
     ) -> PyResult<(Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>)> {
         if code.contains('\0') {
-            return Err(PyValueError::new_err("source code string cannot contain null bytes"));
+            return Err(PyValueError::new_err(
+                "source code string cannot contain null bytes",
+            ));
         }
         if let Some(split) = split_last_expression(code) {
             if let Ok(eval) = self.compile_tail(py, &split, name) {
@@ -317,14 +327,22 @@ impl Executor {
             // SAFETY: GIL held; discards the failed attempt's exception.
             unsafe { ffi::PyErr_Clear() };
         }
-        Ok((Some(self.compile_text(py, code, name, ffi::Py_file_input)?), None))
+        Ok((
+            Some(self.compile_text(py, code, name, ffi::Py_file_input)?),
+            None,
+        ))
     }
 
     /// Compiles a split-off final statement as an expression, placed at its original line and
     /// column so that tracebacks point at the right characters. Eval mode rejects indentation
     /// after leading newlines, so a tail that starts mid-line (after `;`) is wrapped in
     /// parentheses, where indentation does not count.
-    fn compile_tail<'py>(&mut self, py: Python<'py>, split: &Split<'_>, name: &CStr) -> PyResult<Bound<'py, PyAny>> {
+    fn compile_tail<'py>(
+        &mut self,
+        py: Python<'py>,
+        split: &Split<'_>,
+        name: &CStr,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let buf = &mut self.source_buf;
         buf.clear();
         if split.tail_col == 0 {
@@ -332,7 +350,11 @@ impl Executor {
             buf.extend_from_slice(split.tail.as_bytes());
         } else {
             buf.push(b'(');
-            let spaces = if split.tail_line == 1 { split.tail_col - 1 } else { split.tail_col };
+            let spaces = if split.tail_line == 1 {
+                split.tail_col - 1
+            } else {
+                split.tail_col
+            };
             buf.resize(buf.len() + split.tail_line - 1, b'\n');
             buf.resize(buf.len() + spaces, b' ');
             buf.extend_from_slice(split.tail.as_bytes());
@@ -341,14 +363,25 @@ impl Executor {
         self.compile_buf(py, name, ffi::Py_eval_input)
     }
 
-    fn compile_text<'py>(&mut self, py: Python<'py>, src: &str, name: &CStr, mode: c_int) -> PyResult<Bound<'py, PyAny>> {
+    fn compile_text<'py>(
+        &mut self,
+        py: Python<'py>,
+        src: &str,
+        name: &CStr,
+        mode: c_int,
+    ) -> PyResult<Bound<'py, PyAny>> {
         self.source_buf.clear();
         self.source_buf.extend_from_slice(src.as_bytes());
         self.compile_buf(py, name, mode)
     }
 
     /// Compiles `source_buf` (NUL appended here).
-    fn compile_buf<'py>(&mut self, py: Python<'py>, name: &CStr, mode: c_int) -> PyResult<Bound<'py, PyAny>> {
+    fn compile_buf<'py>(
+        &mut self,
+        py: Python<'py>,
+        name: &CStr,
+        mode: c_int,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let buf = &mut self.source_buf;
         buf.push(0);
         let mut flags = ffi::PyCompilerFlags {
@@ -358,14 +391,21 @@ impl Executor {
         // SAFETY: `buf` is NUL-terminated UTF-8 without interior NUL (checked by the caller),
         // `name` is a C string, the GIL is held.
         unsafe {
-            let ptr = ffi::Py_CompileStringExFlags(buf.as_ptr().cast(), name.as_ptr(), mode, &mut flags, -1);
+            let ptr = ffi::Py_CompileStringExFlags(
+                buf.as_ptr().cast(),
+                name.as_ptr(),
+                mode,
+                &mut flags,
+                -1,
+            );
             Bound::from_owned_ptr_or_err(py, ptr)
         }
     }
 
     fn collect_output(&mut self, py: Python<'_>, out: &mut CellOutcome) {
         if let Err(e) = self.support.flush_std.bind(py).call0() {
-            out.warnings.push(format!("flushing sys.stdout/sys.stderr failed: {e}"));
+            out.warnings
+                .push(format!("flushing sys.stdout/sys.stderr failed: {e}"));
         }
         // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
         unsafe { libc::fflush(std::ptr::null_mut()) };
@@ -374,8 +414,11 @@ impl Executor {
             (&mut self.capture.stderr, &mut out.stderr, "stderr"),
         ] {
             let mut bytes = Vec::new();
-            match stream.collect(&mut bytes) {
-                Ok(Collected { dropped, restored_fd }) => {
+            match stream.collect(&mut bytes, self.max_output_bytes) {
+                Ok(Collected {
+                    dropped,
+                    restored_fd,
+                }) => {
                     if dropped > 0 {
                         out.warnings.push(format!(
                             "{label}: {dropped} bytes were dropped from the middle (output limit per cell)"
@@ -388,12 +431,16 @@ impl Executor {
                         ));
                     }
                 }
-                Err(e) => out.warnings.push(format!("reading captured {label} failed: {e}")),
+                Err(e) => out
+                    .warnings
+                    .push(format!("reading captured {label} failed: {e}")),
             }
             *target = match String::from_utf8(bytes) {
                 Ok(s) => s,
                 Err(e) => {
-                    out.warnings.push(format!("{label} was not valid UTF-8; invalid bytes were replaced with U+FFFD"));
+                    out.warnings.push(format!(
+                        "{label} was not valid UTF-8; invalid bytes were replaced with U+FFFD"
+                    ));
                     String::from_utf8_lossy(e.as_bytes()).into_owned()
                 }
             };
@@ -407,11 +454,20 @@ impl Executor {
             .format_exception
             .bind(py)
             .call1((exc.bind(py),))
-            .and_then(|t| t.extract::<(String, String, String)>().map_err(PyErr::from));
+            .and_then(|t| t.extract::<(String, String, String)>());
         match described {
-            Ok((kind, message, traceback)) => ExecError { kind, message, traceback },
+            Ok((kind, message, traceback)) => ExecError {
+                kind,
+                message,
+                traceback,
+            },
             Err(e) => {
-                let kind = exc.bind(py).get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "Exception".into());
+                let kind = exc
+                    .bind(py)
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|_| "Exception".into());
                 ExecError {
                     traceback: format!("{kind}: (traceback unavailable: {e})\n"),
                     message: String::new(),
@@ -428,7 +484,13 @@ impl Executor {
         if self.pending_sources.is_empty() {
             return;
         }
-        if !force && !self.modules.bind(py).contains(intern!(py, "linecache")).unwrap_or(false) {
+        if !force
+            && !self
+                .modules
+                .bind(py)
+                .contains(intern!(py, "linecache"))
+                .unwrap_or(false)
+        {
             return;
         }
         let items: Vec<Bound<'_, PyTuple>> = self
@@ -436,7 +498,9 @@ impl Executor {
             .drain(..)
             .filter_map(|(n, s)| PyTuple::new(py, [n, s]).ok())
             .collect();
-        let Ok(list) = PyList::new(py, items) else { return };
+        let Ok(list) = PyList::new(py, items) else {
+            return;
+        };
         if let Err(e) = self.support.register_sources.bind(py).call1((list,)) {
             tracing::warn!(error = %e, "registering cell sources with linecache failed");
         }
@@ -445,22 +509,27 @@ impl Executor {
     fn rebaseline(&mut self, py: Python<'_>) {
         let mut scratch = (Vec::new(), Vec::new());
         let globals = self.globals.bind(py).clone();
-        self.var_snapshot.update(py, &globals, &mut scratch.0, &mut scratch.1);
+        self.var_snapshot
+            .update(py, &globals, &mut scratch.0, &mut scratch.1);
         self.rebaseline_modules(py);
     }
 
     fn rebaseline_modules(&mut self, py: Python<'_>) {
         let mut scratch = (Vec::new(), Vec::new());
         let modules = self.modules.bind(py).clone();
-        self.module_snapshot.update(py, &modules, &mut scratch.0, &mut scratch.1);
+        self.module_snapshot
+            .update(py, &modules, &mut scratch.0, &mut scratch.1);
     }
 
     fn discard_output(&mut self) {
         let mut sink = Vec::new();
-        let _ = self.capture.stdout.collect(&mut sink);
-        let _ = self.capture.stderr.collect(&mut sink);
+        let _ = self.capture.stdout.collect(&mut sink, u64::MAX);
+        let _ = self.capture.stderr.collect(&mut sink, u64::MAX);
         if !sink.is_empty() {
-            tracing::debug!(bytes = sink.len(), "discarded output written during start-up");
+            tracing::debug!(
+                bytes = sink.len(),
+                "discarded output written during start-up"
+            );
         }
     }
 }
@@ -477,9 +546,12 @@ fn run<'py>(
         // SAFETY: `code` is a code object, `g` a dict with __builtins__, GIL held.
         unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyEval_EvalCode(code.as_ptr(), g, g))? };
     }
-    let Some(code) = eval_part else { return Ok(None) };
+    let Some(code) = eval_part else {
+        return Ok(None);
+    };
     // SAFETY: as above.
-    let value = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyEval_EvalCode(code.as_ptr(), g, g))? };
+    let value =
+        unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyEval_EvalCode(code.as_ptr(), g, g))? };
     if value.is_none() {
         return Ok(None);
     }

@@ -42,7 +42,10 @@ pub enum InitError {
 
 /// Which python to emulate: `explicit` (`--python`), else `virtual_env` (`VIRTUAL_ENV`), else
 /// the build interpreter. Checks that it exists and that a venv's version matches.
-pub fn resolve_python(explicit: Option<&Path>, virtual_env: Option<&OsStr>) -> Result<PathBuf, InitError> {
+pub fn resolve_python(
+    explicit: Option<&Path>,
+    virtual_env: Option<&OsStr>,
+) -> Result<PathBuf, InitError> {
     let program = match (explicit, virtual_env.filter(|v| !v.is_empty())) {
         (Some(p), _) if p.is_dir() => p.join("bin/python"),
         (Some(p), _) => p.to_path_buf(),
@@ -63,7 +66,9 @@ fn check_venv_version(venv: &Path) -> Result<(), InitError> {
         return Ok(()); // not a venv
     };
     for line in cfg.lines() {
-        let Some((k, v)) = line.split_once('=') else { continue };
+        let Some((k, v)) = line.split_once('=') else {
+            continue;
+        };
         let k = k.trim();
         if k == "version" || k == "version_info" {
             let v = v.trim();
@@ -89,7 +94,9 @@ fn status_error(status: ffi::PyStatus) -> Option<String> {
         "unknown error".to_owned()
     } else {
         // SAFETY: CPython sets err_msg to a static C string.
-        unsafe { CStr::from_ptr(status.err_msg) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(status.err_msg) }
+            .to_string_lossy()
+            .into_owned()
     };
     Some(msg)
 }
@@ -98,8 +105,8 @@ fn status_error(status: ffi::PyStatus) -> Option<String> {
 /// handlers run there) emulating `program`, then releases the GIL so `Python::attach` works
 /// from any thread. Call once per process.
 pub fn initialize(program: &Path) -> Result<(), InitError> {
-    let program_c =
-        CString::new(program.as_os_str().as_bytes()).map_err(|_| InitError::Nul(program.to_path_buf()))?;
+    let program_c = CString::new(program.as_os_str().as_bytes())
+        .map_err(|_| InitError::Nul(program.to_path_buf()))?;
     // SAFETY: the PyConfig API is used as documented: init, set fields through the setters,
     // initialise, clear. Nothing else touches Python before this.
     unsafe {
@@ -115,7 +122,9 @@ pub fn initialize(program: &Path) -> Result<(), InitError> {
             (&mut config.stdio_errors, c"backslashreplace"),
         ];
         for (field, value) in sets {
-            if let Some(e) = status_error(ffi::PyConfig_SetBytesString(config, field, value.as_ptr())) {
+            if let Some(e) =
+                status_error(ffi::PyConfig_SetBytesString(config, field, value.as_ptr()))
+            {
                 ffi::PyConfig_Clear(config);
                 return Err(InitError::Python(e));
             }

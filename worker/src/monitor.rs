@@ -14,9 +14,8 @@
 //! ever sent while the cell it was meant for is still marked running, and [`Monitor::end`]
 //! reports whether one was sent so the executor can absorb a late one.
 
-use crate::capture::{file_size, punch_hole, DropWindow};
+use crate::capture::{file_size, kept_ranges, punch_hole};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -25,29 +24,22 @@ const TICK: Duration = Duration::from_millis(100);
 const RESEND: Duration = Duration::from_secs(1);
 const PAGE: u64 = 4096;
 
-/// One captured stream as the monitor sees it.
-#[derive(Debug)]
-pub struct WatchedStream {
-    /// The capture file.
-    pub memfd: Arc<OwnedFd>,
-    /// Where the monitor records what it dropped.
-    pub window: Arc<DropWindow>,
-}
-
 #[derive(Debug)]
 struct State {
     running: bool,
     deadline: Instant,
     /// When SIGINT was last sent for the running cell.
     fired_at: Option<Instant>,
-    /// Offsets where the running cell's output starts, per stream.
+    /// Per stream: where the running cell's output starts, and up to where its dropped
+    /// middle has been released.
     starts: Vec<u64>,
+    released: Vec<u64>,
 }
 
 #[derive(Debug)]
 struct Shared {
     state: Mutex<State>,
-    streams: Vec<WatchedStream>,
+    streams: Vec<Arc<OwnedFd>>,
     target: libc::pthread_t,
     max_output_bytes: u64,
 }
@@ -61,13 +53,14 @@ pub struct Monitor {
 
 impl Monitor {
     /// Starts the monitor for cells run on the calling thread.
-    pub fn start(streams: Vec<WatchedStream>, max_output_bytes: u64) -> std::io::Result<Monitor> {
+    pub fn start(streams: Vec<Arc<OwnedFd>>, max_output_bytes: u64) -> std::io::Result<Monitor> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 running: false,
                 deadline: Instant::now(),
                 fired_at: None,
                 starts: vec![0; streams.len()],
+                released: vec![0; streams.len()],
             }),
             streams,
             // SAFETY: pthread_self has no preconditions.
@@ -89,6 +82,7 @@ impl Monitor {
             st.deadline = Instant::now() + timeout;
             st.fired_at = None;
             st.starts.copy_from_slice(starts);
+            st.released.copy_from_slice(starts);
         }
         self.thread.thread().unpark();
     }
@@ -122,9 +116,14 @@ fn run(shared: &Shared) {
                         st.fired_at = Some(now);
                     }
                 }
-                limit_output(shared, &st.starts);
+                let st = &mut *st;
+                limit_output(shared, &st.starts, &mut st.released);
                 let until_deadline = st.deadline.saturating_duration_since(now);
-                Some(if until_deadline.is_zero() { TICK } else { TICK.min(until_deadline) })
+                Some(if until_deadline.is_zero() {
+                    TICK
+                } else {
+                    TICK.min(until_deadline)
+                })
             }
         };
         match wait {
@@ -134,25 +133,21 @@ fn run(shared: &Shared) {
     }
 }
 
-/// Keeps each stream's output for the running cell under the limit by releasing its middle.
-fn limit_output(shared: &Shared, starts: &[u64]) {
+/// Releases the memory of the part of each stream's output that will be dropped anyway.
+fn limit_output(shared: &Shared, starts: &[u64], released: &mut [u64]) {
     let max = shared.max_output_bytes;
-    for (s, &start) in shared.streams.iter().zip(starts) {
-        let fd = s.memfd.as_raw_fd();
+    for ((fd, &start), done) in shared.streams.iter().zip(starts).zip(released) {
+        let fd = fd.as_raw_fd();
         let Ok(size) = file_size(fd) else { continue };
         if size.saturating_sub(start) <= max {
             continue;
         }
-        let head_end = (start + max / 2).div_ceil(PAGE) * PAGE;
-        let tail_start = (size - max / 4) / PAGE * PAGE;
-        if tail_start <= head_end {
-            continue;
-        }
-        let prev_end = s.window.end.load(Ordering::Acquire);
-        let from = if prev_end > head_end { prev_end } else { head_end };
-        if punch_hole(fd, from, tail_start).is_ok() {
-            s.window.start.store(head_end, Ordering::Release);
-            s.window.end.store(tail_start, Ordering::Release);
+        let (head_end, tail_start) = kept_ranges(start, size, max);
+        // Whole pages strictly inside the dropped range only: the kept bytes stay intact.
+        let from = head_end.div_ceil(PAGE).max(done.div_ceil(PAGE)) * PAGE;
+        let to = tail_start / PAGE * PAGE;
+        if to > from && punch_hole(fd, from, to).is_ok() {
+            *done = to;
         }
     }
 }

@@ -3,6 +3,7 @@
 Loaded once as the module ``_flowrepl`` when the executor starts.
 """
 import io
+import os
 import sys
 
 
@@ -55,7 +56,7 @@ def _open_std(fd):
         io.FileIO(fd, "w", closefd=False),
         encoding="utf-8",
         errors="backslashreplace",
-        write_through=bool(sys.flags.unbuffered),
+        write_through=bool(os.environ.get("PYTHONUNBUFFERED")),
     )
 
 

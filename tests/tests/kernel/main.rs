@@ -1,0 +1,10 @@
+//! Integration tests: the real `flowrepl` binary over pipes, against real CPython.
+//! Each module covers one part of the core kernel issue.
+
+mod isolation;
+mod limits;
+mod protocol;
+mod python_env;
+mod results;
+mod task_log;
+mod timeouts;

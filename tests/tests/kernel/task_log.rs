@@ -1,0 +1,210 @@
+//! The per-task JSONL log.
+
+use flowrepl_tests::{read_log, Kernel};
+use serde_json::Value;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+#[test]
+fn one_record_per_call_with_every_field() {
+    let logs = tempfile::tempdir().unwrap();
+    let mut k = Kernel::options()
+        .log_dir(logs.path())
+        .env("FLOW_PLAN_ID", "plan-7")
+        .env("FLOW_TASK_ID", "task-42")
+        .env("FLOW_TASK_NAME", "Analyse sales")
+        .start();
+    let path = logs.path().join("plan-7/task-42.jsonl");
+    assert_eq!(k.ready["log_file"], path.to_str().unwrap());
+    k.ok("import json\nx = 1\nprint('hi')\nx");
+    let failed = k.execute("1/0");
+    k.ok("del x");
+    let recs = read_log(&path);
+    assert_eq!(recs.len(), 3);
+    let r = &recs[0];
+    assert_eq!(r.kind, "execution");
+    assert_eq!(r.version, 1);
+    assert_eq!((&*r.plan_id, &*r.task_id), ("plan-7", "task-42"));
+    assert_eq!(r.task_name.as_deref(), Some("Analyse sales"));
+    assert_eq!(r.session_id, k.ready["session_id"].as_str().unwrap());
+    assert_eq!(r.execution_count, 1);
+    assert_eq!(r.code, "import json\nx = 1\nprint('hi')\nx");
+    assert_eq!(r.stdout, "hi\n");
+    assert!(r.success);
+    assert_eq!(r.result.as_deref(), Some("1"));
+    assert_eq!(&*r.added_vars, ["json", "x"]);
+    assert!(r.added_imports.contains(&"json".to_owned()));
+    assert_eq!(r.mode, "in_process");
+    assert!(r.timestamp.ends_with('Z'));
+    assert!(r.elapsed_ms > 0.0);
+    let e = &recs[1];
+    assert!(!e.success);
+    assert_eq!(e.error_type.as_deref(), Some("ZeroDivisionError"));
+    assert_eq!(e.stderr, failed["stderr"].as_str().unwrap());
+    assert_eq!(&*recs[2].removed_vars, ["x"]);
+    // Raw lines carry exactly the documented fields.
+    let line = std::fs::read_to_string(&path).unwrap();
+    let first: Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    for f in [
+        "type",
+        "version",
+        "plan_id",
+        "task_id",
+        "task_name",
+        "session_id",
+        "execution_count",
+        "timestamp",
+        "elapsed_ms",
+        "code",
+        "stdout",
+        "stderr",
+        "success",
+        "error_type",
+        "added_vars",
+        "removed_vars",
+        "added_imports",
+        "mode",
+    ] {
+        assert!(first.get(f).is_some(), "missing {f}");
+    }
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+#[test]
+fn defaults_to_local_adhoc_under_dot_flowrepl() {
+    let mut k = Kernel::options()
+        .env("FLOWREPL_LOG_DIR", ".flowrepl/logs")
+        .start();
+    k.ok("x = 1");
+    let path = k.dir.path().join(".flowrepl/logs/local/adhoc.jsonl");
+    assert_eq!(read_log(&path).len(), 1);
+}
+
+#[test]
+fn hostile_ids_stay_inside_the_log_dir_and_do_not_collide() {
+    let logs = tempfile::tempdir().unwrap();
+    let ids = [
+        "../../escape",
+        "/etc/passwd",
+        "",
+        "a\u{0}b",
+        "작업",
+        &"x".repeat(10_000),
+        "..",
+        "%2E%2E",
+    ];
+    let mut files = std::collections::HashSet::new();
+    for id in ids {
+        let mut k = Kernel::options()
+            .log_dir(logs.path())
+            .env("FLOW_PLAN_ID", id.replace('\0', ""))
+            .env("FLOW_TASK_ID", id.replace('\0', ""))
+            .start();
+        k.ok("x = 1");
+        let f = k.log_file();
+        assert!(f.starts_with(logs.path()), "{id:?} -> {f:?}");
+        assert!(f
+            .canonicalize()
+            .unwrap()
+            .starts_with(logs.path().canonicalize().unwrap()));
+        let recs = read_log(&f);
+        assert_eq!(recs.len(), 1, "{id:?}");
+        assert_eq!(recs[0].task_id, id.replace('\0', ""));
+        assert!(files.insert(f), "{id:?} collided");
+    }
+    // Nothing was written outside the log dir's tree.
+    assert!(!logs.path().parent().unwrap().join("escape").exists());
+}
+
+fn blocked_log_dir(tmp: &Path) -> std::path::PathBuf {
+    // A regular file where a directory should be: every open fails, even for root.
+    let file = tmp.join("not-a-dir");
+    std::fs::write(&file, b"").unwrap();
+    file.join("logs")
+}
+
+#[test]
+fn an_unwritable_log_never_fails_the_cell_and_logging_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log_dir = blocked_log_dir(tmp.path());
+    let mut k = Kernel::options().log_dir(&log_dir).start();
+    assert!(
+        k.stderr().contains("task log unavailable"),
+        "{}",
+        k.stderr()
+    );
+    let r = k.ok("x = 1\nx");
+    assert_eq!(r["result"], "1");
+    let w = r["warnings"].as_array().unwrap();
+    assert_eq!(w.len(), 1);
+    assert!(
+        w[0].as_str()
+            .unwrap()
+            .starts_with("task log: cannot open task log"),
+        "{w:?}"
+    );
+    // Fix the cause: the next record is written.
+    std::fs::remove_file(tmp.path().join("not-a-dir")).unwrap();
+    let r = k.ok("y = 2");
+    assert_eq!(r["warnings"], serde_json::json!([]));
+    let recs = read_log(&log_dir.join("local/adhoc.jsonl"));
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].execution_count, 2);
+}
+
+#[test]
+fn a_full_disk_is_a_warning() {
+    let logs = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(logs.path().join("local")).unwrap();
+    std::os::unix::fs::symlink("/dev/full", logs.path().join("local/adhoc.jsonl")).unwrap();
+    let mut k = Kernel::options().log_dir(logs.path()).start();
+    let r = k.ok("x = 1");
+    assert!(
+        r["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("cannot write to task log"),
+        "{r}"
+    );
+    assert!(k.stderr().contains("task log record not written"));
+}
+
+#[test]
+fn concurrent_kernels_on_one_task_file_never_interleave() {
+    let logs = tempfile::tempdir().unwrap();
+    let code = "print('x' * 200_000)\nfor i in range(20):\n    print(i)";
+    let handles: Vec<_> = (0..3)
+        .map(|_| {
+            let dir = logs.path().to_path_buf();
+            std::thread::spawn(move || {
+                let mut k = Kernel::options().log_dir(&dir).start();
+                let mut batch = Vec::new();
+                for i in 0..60 {
+                    batch.extend_from_slice(
+                        serde_json::json!({"jsonrpc":"2.0","id":i,"method":"execute_code","params":{"code":code}}).to_string().as_bytes(),
+                    );
+                    batch.push(b'\n');
+                }
+                k.send_raw(&batch);
+                for _ in 0..60 {
+                    assert_eq!(k.recv()["result"]["success"], true);
+                }
+                k.ready["session_id"].as_str().unwrap().to_owned()
+            })
+        })
+        .collect();
+    let sessions: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let recs = read_log(&logs.path().join("local/adhoc.jsonl"));
+    assert_eq!(recs.len(), 180);
+    for s in &sessions {
+        let mine: Vec<u64> = recs
+            .iter()
+            .filter(|r| &*r.session_id == s)
+            .map(|r| r.execution_count)
+            .collect();
+        assert_eq!(mine, (1..=60).collect::<Vec<_>>());
+    }
+    assert!(recs.iter().all(|r| r.stdout.len()
+        == 200_001 + (0..20).map(|i: i32| i.to_string().len() + 1).sum::<usize>()));
+}
