@@ -106,6 +106,7 @@ pub fn serve(
             Call::Execute(params) => {
                 let result = session.execute(&params);
                 reply(out, id.as_ref(), &result)?;
+                session.write_record(&params, &result);
             }
             Call::Status => reply(out, id.as_ref(), &session.status())?,
             Call::Shutdown => {

@@ -9,9 +9,20 @@ use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 /// One kernel run.
+///
+/// A cell's record is written right *after* its reply is sent ([`Session::write_record`]),
+/// so the log never delays a result: a 1 MB record costs ~0.7 ms of `write(2)` and as much
+/// again of JSON escaping. Any later reply therefore means every earlier record is on disk
+/// (in the page cache). An unusable log location is found before the reply and reported in
+/// that cell's `warnings`; a write that fails afterwards (disk full) is reported on stderr at
+/// once and in the `warnings` of the next result.
 pub struct Session {
     executor: Executor,
     log: TaskLog,
+    /// The log could be opened for the cell being answered.
+    log_ready: bool,
+    /// Warnings about records that failed after their reply went out.
+    deferred_warnings: Vec<String>,
     identity: Identity,
     default_timeout_ms: u64,
     execution_count: u64,
@@ -29,6 +40,8 @@ impl Session {
         Session {
             executor,
             log,
+            log_ready: false,
+            deferred_warnings: Vec::new(),
             identity: config.identity.clone(),
             default_timeout_ms: config.default_timeout_ms,
             execution_count: 0,
@@ -36,8 +49,8 @@ impl Session {
         }
     }
 
-    /// Runs a cell, logs it, and returns its result. Never fails: errors of the cell are in
-    /// the result, failures of the log are in its `warnings`.
+    /// Runs a cell and returns its result; call [`Session::write_record`] after replying.
+    /// Never fails: errors of the cell are in the result, failures of the log in `warnings`.
     pub fn execute(&mut self, params: &ExecuteParams) -> ExecuteResult {
         self.execution_count += 1;
         let timestamp = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
@@ -68,13 +81,38 @@ impl Session {
                 phases_us: o.phases,
             },
         };
-        let record = record(&self.identity, self.mode, params, &result);
-        if let Err(e) = self.log.append(&record) {
-            let msg = chain(&e);
-            tracing::warn!(error = %msg, execution_count = self.execution_count, "task log record not written");
-            result.warnings.push(format!("task log: {msg}"));
-        }
+        result.warnings.append(&mut self.deferred_warnings);
+        self.log_ready = match self.log.open() {
+            Ok(()) => true,
+            Err(e) => {
+                let msg = chain(&e);
+                tracing::warn!(error = %msg, execution_count = self.execution_count, "task log record not written");
+                result.warnings.push(format!(
+                    "task log: {msg}; this cell's record is not written"
+                ));
+                false
+            }
+        };
         result
+    }
+
+    /// Appends the record of the cell just answered. Failures are reported on stderr now and
+    /// in the next result's `warnings`.
+    pub fn write_record(&mut self, params: &ExecuteParams, result: &ExecuteResult) {
+        if !self.log_ready {
+            return; // already reported in the result
+        }
+        if let Err(e) = self
+            .log
+            .append(&record(&self.identity, self.mode, params, result))
+        {
+            let msg = chain(&e);
+            tracing::warn!(error = %msg, execution_count = result.execution_count, "task log record not written");
+            self.deferred_warnings.push(format!(
+                "task log: the record of execution {} was not written: {msg}",
+                result.execution_count
+            ));
+        }
     }
 
     /// What `status` answers.

@@ -266,6 +266,13 @@ impl Kernel {
         r
     }
 
+    /// A barrier for the task log: records are written right after their reply, so once a
+    /// later request is answered every earlier record is in the file.
+    pub fn sync(&mut self) {
+        let r = self.call("status", Value::Null);
+        assert!(r.get("result").is_some(), "status failed: {r}");
+    }
+
     /// The task log file named in the ready notification.
     pub fn log_file(&self) -> PathBuf {
         let p = PathBuf::from(self.ready["log_file"].as_str().unwrap());

@@ -66,30 +66,62 @@ impl KeySnapshot {
         let mut pos: ffi::Py_ssize_t = 0;
         let mut key: *mut ffi::PyObject = std::ptr::null_mut();
         let mut value: *mut ffi::PyObject = std::ptr::null_mut();
-        self.next.clear();
-        self.next.reserve(dict.len());
+        // Becomes true at the first snapshot key found gone. Until then the walk only reads
+        // (an unchanged prefix) or appends (new keys after all old ones); from then on the
+        // new snapshot is built in `next`.
+        let mut rebuilding = false;
         // SAFETY: GIL held; PyDict_Next yields borrowed pointers and runs no Python code, so
-        // the dict cannot change during the walk. Ownership of each old key's reference moves
-        // to `next` (kept) or `removed` (released below); new keys get a fresh reference.
+        // the dict cannot change during the walk. Each old key's reference stays in `keys`,
+        // moves to `next` (kept) or to `removed` (released below); new keys get a fresh one.
         unsafe {
             while ffi::PyDict_Next(d, &mut pos, &mut key, &mut value) != 0 {
-                while i < self.keys.len() && self.keys[i] != key {
-                    self.removed.push(self.keys[i]);
+                if i < self.keys.len() && self.keys[i] == key {
+                    if rebuilding {
+                        self.next.push(key);
+                    }
                     i += 1;
+                    continue;
                 }
                 if i < self.keys.len() {
-                    self.next.push(self.keys[i]);
-                    i += 1;
-                } else {
-                    ffi::Py_INCREF(key);
-                    self.next.push(key);
-                    self.added.push(key);
+                    if !rebuilding {
+                        rebuilding = true;
+                        self.next.clear();
+                        self.next.extend_from_slice(&self.keys[..i]);
+                    }
+                    // Old keys before this one in the snapshot are gone (survivors keep
+                    // their order, and new keys come after all of them).
+                    while i < self.keys.len() && self.keys[i] != key {
+                        self.removed.push(self.keys[i]);
+                        i += 1;
+                    }
+                    if i < self.keys.len() {
+                        self.next.push(key);
+                        i += 1;
+                        continue;
+                    }
                 }
+                ffi::Py_INCREF(key);
+                self.added.push(key);
+                if rebuilding {
+                    self.next.push(key);
+                }
+            }
+        }
+        if i < self.keys.len() {
+            // Trailing snapshot keys are gone.
+            if !rebuilding {
+                rebuilding = true;
+                self.next.clear();
+                self.next.extend_from_slice(&self.keys[..i]);
             }
             self.removed.extend_from_slice(&self.keys[i..]);
         }
-        std::mem::swap(&mut self.keys, &mut self.next);
-        self.next.clear();
+        if rebuilding {
+            std::mem::swap(&mut self.keys, &mut self.next);
+            self.next.clear();
+        } else {
+            self.keys.extend_from_slice(&self.added);
+        }
         if self.added.is_empty() && self.removed.is_empty() {
             return;
         }

@@ -19,6 +19,7 @@ fn one_record_per_call_with_every_field() {
     k.ok("import json\nx = 1\nprint('hi')\nx");
     let failed = k.execute("1/0");
     k.ok("del x");
+    k.sync();
     let recs = read_log(&path);
     assert_eq!(recs.len(), 3);
     let r = &recs[0];
@@ -77,6 +78,7 @@ fn defaults_to_local_adhoc_under_dot_flowrepl() {
         .env("FLOWREPL_LOG_DIR", ".flowrepl/logs")
         .start();
     k.ok("x = 1");
+    k.sync();
     let path = k.dir.path().join(".flowrepl/logs/local/adhoc.jsonl");
     assert_eq!(read_log(&path).len(), 1);
 }
@@ -102,6 +104,7 @@ fn hostile_ids_stay_inside_the_log_dir_and_do_not_collide() {
             .env("FLOW_TASK_ID", id.replace('\0', ""))
             .start();
         k.ok("x = 1");
+        k.sync();
         let f = k.log_file();
         assert!(f.starts_with(logs.path()), "{id:?} -> {f:?}");
         assert!(f
@@ -148,6 +151,7 @@ fn an_unwritable_log_never_fails_the_cell_and_logging_resumes() {
     std::fs::remove_file(tmp.path().join("not-a-dir")).unwrap();
     let r = k.ok("y = 2");
     assert_eq!(r["warnings"], serde_json::json!([]));
+    k.sync();
     let recs = read_log(&log_dir.join("local/adhoc.jsonl"));
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].execution_count, 2);
@@ -159,13 +163,16 @@ fn a_full_disk_is_a_warning() {
     std::fs::create_dir_all(logs.path().join("local")).unwrap();
     std::os::unix::fs::symlink("/dev/full", logs.path().join("local/adhoc.jsonl")).unwrap();
     let mut k = Kernel::options().log_dir(logs.path()).start();
+    // Records are written after the reply, so a failed write is reported with the next
+    // result (and on stderr at once).
     let r = k.ok("x = 1");
+    assert_eq!(r["warnings"], serde_json::json!([]));
+    let r = k.ok("y = 2");
+    let w = r["warnings"][0].as_str().unwrap();
     assert!(
-        r["warnings"][0]
-            .as_str()
-            .unwrap()
-            .contains("cannot write to task log"),
-        "{r}"
+        w.contains("record of execution 1 was not written")
+            && w.contains("cannot write to task log"),
+        "{w}"
     );
     assert!(k.stderr().contains("task log record not written"));
 }
@@ -190,6 +197,7 @@ fn concurrent_kernels_on_one_task_file_never_interleave() {
                 for _ in 0..60 {
                     assert_eq!(k.recv()["result"]["success"], true);
                 }
+                k.sync();
                 k.ready["session_id"].as_str().unwrap().to_owned()
             })
         })
