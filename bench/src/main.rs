@@ -258,7 +258,23 @@ fn main() {
     // flowrepl.
     let mut k = Peer::spawn(kernel_cmd(&args.kernel, &logs), true);
     let k_rss_idle = k.rss_kb();
-    let k_small = stats(measure(&mut k, &small, 500, n_small, &ok_reply));
+    let phases = std::cell::RefCell::new(Vec::new());
+    let k_small = stats(measure(&mut k, &small, 500, n_small, &|p: &Peer| {
+        let v = p.reply();
+        assert_eq!(v["result"]["success"], true, "cell failed: {v}");
+        let d = &v["result"]["debug_info"];
+        let ph = &d["phases_us"];
+        let f = |k: &str| ph[k].as_f64().unwrap();
+        phases.borrow_mut().push([
+            f("compile"),
+            f("exec"),
+            f("capture"),
+            f("diff"),
+            d["elapsed_ms"].as_f64().unwrap() * 1000.0,
+        ]);
+    }));
+    let phases = phases.into_inner();
+    let phase_p50 = |i: usize| stats(phases.iter().map(|p| p[i]).collect()).p50;
     let k_big = stats(measure(&mut k, &big, 5, n_big, &ok_reply));
     let t = Instant::now();
     measure(&mut k, &small, 0, n_small, &no_check);
@@ -385,6 +401,14 @@ fn main() {
     println!(
         "{:<34} {:>11.1} {:>11.1} {:>11.1}",
         "x = 1 round trip mean", k_small.mean, pipe_small.mean, repl_small.mean
+    );
+    println!(
+        "x = 1 inside the executor, p50 µs: compile {:.0}, exec {:.0}, capture {:.0}, diff {:.0}; whole cell {:.0}",
+        phase_p50(0),
+        phase_p50(1),
+        phase_p50(2),
+        phase_p50(3),
+        phase_p50(4)
     );
 
     println!("\ntargets (core kernel issue):");

@@ -7,7 +7,7 @@
 use crate::line_reader::{Line, LineReader};
 use crate::session::Session;
 use flowrepl_protocol::jsonrpc::{ErrorResponse, Notification, Response};
-use flowrepl_protocol::{Call, ErrorCode, Id, Request, RpcError, READY_MARKER};
+use flowrepl_protocol::{Call, ErrorCode, ExecuteResult, Id, Request, RpcError, READY_MARKER};
 use serde::Serialize;
 use std::fs::File;
 use std::io::{self, Write};
@@ -31,6 +31,17 @@ impl ReplyWriter {
     pub fn send<T: Serialize>(&mut self, msg: &T) -> io::Result<()> {
         self.buf.clear();
         serde_json::to_writer(&mut self.buf, msg).map_err(io::Error::other)?;
+        self.flush_buf()
+    }
+
+    /// Writes an `execute_code` reply with the fast writer (stdout can be megabytes).
+    pub fn send_execute(&mut self, id: &Id, result: &ExecuteResult) -> io::Result<()> {
+        self.buf.clear();
+        flowrepl_protocol::json::write_execute_response(&mut self.buf, id, result);
+        self.flush_buf()
+    }
+
+    fn flush_buf(&mut self) -> io::Result<()> {
         self.buf.push(b'\n');
         let r = self.out.write_all(&self.buf);
         if self.buf.capacity() > (8 << 20) {
@@ -105,7 +116,9 @@ pub fn serve(
         match call {
             Call::Execute(params) => {
                 let result = session.execute(&params);
-                reply(out, id.as_ref(), &result)?;
+                if let Some(id) = &id {
+                    out.send_execute(id, &result)?;
+                }
                 session.write_record(&params, &result);
             }
             Call::Status => reply(out, id.as_ref(), &session.status())?,

@@ -6,6 +6,7 @@
 //! - [`call`]: the methods the kernel answers, as one enum ([`call::Call`]) with typed params.
 //! - [`execute`]: the result of `execute_code` ([`execute::ExecuteResult`]).
 //! - [`status`]: the answer to `status` and the params of the `ready` notification.
+//! - [`json`]: a fast writer for `execute_code` replies (same bytes as serde_json).
 //!
 //! # Wire format (front protocol)
 //! One JSON object per line, UTF-8, `\n`-terminated, on stdin (requests) and stdout (replies).
@@ -16,6 +17,7 @@
 
 pub mod call;
 pub mod execute;
+pub mod json;
 pub mod jsonrpc;
 pub mod status;
 

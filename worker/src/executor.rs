@@ -213,8 +213,14 @@ impl Executor {
         timeout: Duration,
     ) -> CellOutcome {
         let t0 = Instant::now();
-        // A SIGINT that arrived while idle must not interrupt this cell.
-        absorb_pending_signals();
+        // A SIGINT that arrived while idle must not interrupt this cell. (A signal not yet
+        // delivered cannot be pending: delivery happens on the way back from any syscall.)
+        // SAFETY: GIL held.
+        unsafe {
+            if ffi::PyErr_CheckSignals() != 0 {
+                ffi::PyErr_Clear();
+            }
+        }
         let mut out = CellOutcome {
             stdout: String::new(),
             stderr: String::new(),
@@ -403,9 +409,13 @@ impl Executor {
     }
 
     fn collect_output(&mut self, py: Python<'_>, out: &mut CellOutcome) {
-        if let Err(e) = self.support.flush_std.bind(py).call0() {
-            out.warnings
-                .push(format!("flushing sys.stdout/sys.stderr failed: {e}"));
+        if !flush_std_streams(py) {
+            // Closed, replaced by something without flush(), or None: the support code
+            // puts fresh streams on fds 1 and 2.
+            if let Err(e) = self.support.flush_std.bind(py).call0() {
+                out.warnings
+                    .push(format!("flushing sys.stdout/sys.stderr failed: {e}"));
+            }
         }
         // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
         unsafe { libc::fflush(std::ptr::null_mut()) };
@@ -556,6 +566,26 @@ fn run<'py>(
         return Ok(None);
     }
     Ok(Some(value.repr()?.to_string_lossy().into_owned()))
+}
+
+/// Flushes `sys.stdout` and `sys.stderr` through the C API (no Python frame on the hot path).
+/// False if either is missing or its `flush()` raised.
+fn flush_std_streams(py: Python<'_>) -> bool {
+    let mut ok = true;
+    for name in [c"stdout", c"stderr"] {
+        // SAFETY: GIL held; PySys_GetObject returns a borrowed reference or NULL.
+        let stream = unsafe { ffi::PySys_GetObject(name.as_ptr()) };
+        if stream.is_null() || stream == unsafe { ffi::Py_None() } {
+            ok = false;
+            continue;
+        }
+        // SAFETY: `stream` is alive (owned by sys) while we hold the GIL.
+        let stream = unsafe { Bound::from_borrowed_ptr(py, stream) };
+        if stream.call_method0(intern!(py, "flush")).is_err() {
+            ok = false;
+        }
+    }
+    ok
 }
 
 /// Lets a pending signal be delivered (any syscall does), runs Python's handlers, and drops
