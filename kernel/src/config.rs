@@ -52,6 +52,9 @@ pub enum ConfigError {
     /// Worker mode was asked for.
     #[error("worker mode (--worker / USE_SUBPROCESS_WORKER=1) is not available in this build; unset it to run cells in-process")]
     WorkerUnavailable,
+    /// The log directory cannot be made absolute (no working directory).
+    #[error("cannot resolve the log directory")]
+    LogDir(#[source] std::io::Error),
     /// The python could not be resolved.
     #[error(transparent)]
     Python(#[from] flowrepl_worker::InitError),
@@ -66,8 +69,10 @@ impl Config {
             return Err(ConfigError::WorkerUnavailable);
         }
         let identity = Identity::from_env();
+        // Absolute, so that a cell's os.chdir() cannot move where a reopened log goes.
+        let log_dir = std::path::absolute(&cli.log_dir).map_err(ConfigError::LogDir)?;
         let log_file =
-            flowrepl_task_logger::task_log_path(&cli.log_dir, &identity.plan_id, &identity.task_id);
+            flowrepl_task_logger::task_log_path(&log_dir, &identity.plan_id, &identity.task_id);
         let python = flowrepl_worker::resolve_python(
             cli.python.as_deref(),
             std::env::var_os("VIRTUAL_ENV").as_deref(),

@@ -26,6 +26,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const SUPPORT_PY: &str = include_str!("support.py");
+/// Cells larger than this are not kept for linecache (a 50 MB data literal has no place in a
+/// traceback, and would be held for the whole session).
+const MAX_REGISTERED_SOURCE: usize = 1 << 20;
 // Values from CPython's compile.h (not exported by pyo3-ffi).
 const PYCF_SOURCE_IS_UTF8: c_int = 0x0100;
 const PYCF_IGNORE_COOKIE: c_int = 0x0800;
@@ -275,7 +278,9 @@ impl Executor {
             .update(py, &modules, &mut out.added_imports, &mut gone);
         out.variable_count = self.var_snapshot.non_dunder_len();
         let t_diff = Instant::now();
-        self.pending_sources.push((name, code.to_owned()));
+        if code.len() <= MAX_REGISTERED_SOURCE {
+            self.pending_sources.push((name, code.to_owned()));
+        }
         match error {
             Some(e) => {
                 self.register_sources(py, true);

@@ -216,3 +216,18 @@ fn concurrent_kernels_on_one_task_file_never_interleave() {
     assert!(recs.iter().all(|r| r.stdout.len()
         == 200_001 + (0..20).map(|i: i32| i.to_string().len() + 1).sum::<usize>()));
 }
+
+#[test]
+fn the_log_path_is_absolute_so_chdir_in_a_cell_does_not_move_it() {
+    let mut k = Kernel::options()
+        .env("FLOWREPL_LOG_DIR", "rel/logs")
+        .start();
+    let path = k.dir.path().join("rel/logs/local/adhoc.jsonl");
+    assert_eq!(k.ready["log_file"], path.to_str().unwrap());
+    // A relative log dir is resolved once, at start: a cell moving the working directory
+    // does not move the log (which is reopened by path after any failure).
+    k.ok("import os, tempfile; os.chdir(tempfile.mkdtemp())");
+    k.ok("x = 1");
+    k.sync();
+    assert_eq!(read_log(&path).len(), 2);
+}
