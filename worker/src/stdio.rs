@@ -50,6 +50,23 @@ pub fn dup2(src: RawFd, dst: RawFd) -> io::Result<()> {
     }
 }
 
+/// Largest pipe buffer we ask for (Linux's default `pipe-max-size` for unprivileged users).
+const PIPE_BYTES: libc::c_int = 1 << 20;
+
+/// If `fd` is a pipe, asks for a 1 MiB buffer instead of 64 KiB, so that a 1 MB reply (or
+/// request) crosses in one write instead of sixteen writer/reader hand-offs. Best effort.
+fn grow_pipe(fd: RawFd) {
+    // SAFETY: F_GETPIPE_SZ/F_SETPIPE_SZ only act on pipes; on anything else they fail
+    // harmlessly with EBADF/EINVAL.
+    unsafe {
+        if libc::fcntl(fd, libc::F_GETPIPE_SZ) > 0
+            && libc::fcntl(fd, libc::F_GETPIPE_SZ) < PIPE_BYTES
+        {
+            let _ = libc::fcntl(fd, libc::F_SETPIPE_SZ, PIPE_BYTES);
+        }
+    }
+}
+
 /// Moves fds 0, 1, 2 to private descriptors and puts `/dev/null` on fd 0. Fds 1 and 2 keep
 /// pointing at the originals until [`crate::capture::Capture::install`] replaces them.
 pub fn take_protocol_stdio() -> io::Result<ProtocolStdio> {
@@ -59,6 +76,9 @@ pub fn take_protocol_stdio() -> io::Result<ProtocolStdio> {
     let null = File::open("/dev/null")?;
     use std::os::fd::AsRawFd;
     dup2(null.as_raw_fd(), 0)?;
+    for f in [&input, &output] {
+        grow_pipe(f.as_raw_fd());
+    }
     Ok(ProtocolStdio {
         input,
         output,
