@@ -354,15 +354,38 @@ impl Executor {
         split: &Split<'_>,
         name: &CStr,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let plain = self.compile_tail_as(py, split, name, split.tail_col > 0);
+        // Eval mode rejects a bare starred tuple (`*a, b`), which is a valid expression
+        // statement; in parentheses it means the same. (Not with `:=`, which parentheses
+        // would turn from a syntax error into an assignment.)
+        if plain.is_err()
+            && split.tail_col == 0
+            && split.tail.contains('*')
+            && !split.tail.contains(":=")
+        {
+            // SAFETY: GIL held; drops the first attempt's exception.
+            unsafe { ffi::PyErr_Clear() };
+            return self.compile_tail_as(py, split, name, true);
+        }
+        plain
+    }
+
+    fn compile_tail_as<'py>(
+        &mut self,
+        py: Python<'py>,
+        split: &Split<'_>,
+        name: &CStr,
+        parenthesized: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let buf = &mut self.source_buf;
         buf.clear();
-        if split.tail_col == 0 {
+        if !parenthesized {
             buf.resize(split.tail_line - 1, b'\n');
             buf.extend_from_slice(split.tail.as_bytes());
         } else {
             buf.push(b'(');
             let spaces = if split.tail_line == 1 {
-                split.tail_col - 1
+                split.tail_col.saturating_sub(1)
             } else {
                 split.tail_col
             };

@@ -236,3 +236,160 @@ fn big_outputs_arrive_whole_and_in_order() {
     let r = k.ok("print('b' * 50_000_000)");
     assert_eq!(r["stdout"].as_str().unwrap().len(), 50_000_001);
 }
+
+/// The final-expression detection (a text scan, no AST) agrees with Python's own parser on a
+/// corpus of awkward cells: a value is reported exactly when the last statement is an
+/// `ast.Expr` whose value is not None, and it is the value Python computes.
+#[test]
+fn final_expression_detection_agrees_with_pythons_ast() {
+    let corpus: &[&str] = &[
+        "1",
+        "x = 1",
+        "x = 1\nx",
+        "x = 1; x",
+        "x = 1;",
+        "x;",
+        "if True: 1",
+        "if True:\n    1\n1",
+        "for i in range(2): i\ni",
+        "def f(): return 1\nf()",
+        "@staticmethod\ndef g(): pass",
+        "class A: pass\nA.__name__",
+        "y = (1,\n  2)\ny",
+        "y = [\n1,\n2]\n[y,\n y]",
+        "a = b = 2\na",
+        "a, b = 1, 2\na, b",
+        "a += 1",
+        "a -= 1; a",
+        "c = 5\nc <<= 1\nc",
+        "c >>= 1",
+        "c",
+        "c: int = 3",
+        "c: int",
+        "d = {'k': 1}\nd['k']",
+        "d['k'] = 2",
+        "d['k'] == 2",
+        "s = 'a = b'\ns",
+        "s = \"x; y\"\ns",
+        "s = '''\nq = 1\n'''",
+        "s = '''\nq = 1\n'''\ns.strip()",
+        "t = r'\\'' + 'z'\nt",
+        "f'{1 + 1}'",
+        "f'{\"=\"}'",
+        "lambda: 0",
+        "(lambda q=1: q)()",
+        "(z := 4)",
+        "z",
+        "print('hi')",
+        "None",
+        "assert True",
+        "pass",
+        "import math; math.floor(2.5)",
+        "from math import floor\nfloor(3.5)",
+        "x = 1 \\\n  + 2\nx",
+        "x = [i for i in range(3)]\nx",
+        "try:\n    1/0\nexcept ZeroDivisionError:\n    'caught'",
+        "with open('/dev/null') as fh: fh.read()",
+        "while False: pass",
+        "del z",
+        "global gg\ngg = 1\ngg",
+        "  1 + 1",
+        "# only a comment",
+        "x = 1  # trailing comment",
+        "x  # comment",
+        "x\n# comment after\n",
+        "\n\n\nx\n\n",
+        "[1, 2][0]",
+        "{1: 2}",
+        "(1)",
+        "not x",
+        "-x",
+        "x if x else 0",
+        "*[1], 2",
+        "x,",
+        "match = 3\nmatch",
+        "match (x):\n    case 1: 'one'\n    case _: 'other'",
+        "type = 7\ntype",
+        "async def af(): pass\naf.__name__",
+        "await_ = 1\nawait_",
+        "yield_ = 2\nyield_",
+        "x = 1; y = 2; x + y",
+        "if x: y = 1; y",
+        "1; 2; 3",
+        "elifs = 4\nelifs",
+        "import_ = 5\nimport_",
+        "x = 1\r\nx",
+        "if x:\r\n    1\r\nx",
+        "\tx",
+        "x = 1 # c ; y",
+        "s = '#'; s",
+        "s = '\\\\'; s",
+        "b'\\x00'",
+        "'''a\"\"\"b'''",
+        "\"\"\"\n'''\n\"\"\"",
+        "x = (1 if True\n     else 2)\nx",
+        "def f(\n    a=1,\n):\n    return a\nf()",
+        "x = {\n 'a': 1, # comment with ) bracket\n}\nx",
+        "x = 1\n\x0cx",
+        "u'x'",
+        "rb'\\d'",
+        "Rb'x' + b'y'",
+        "x = [\n    1,  # ]\n]\nlen(x)",
+        "1 if x else (\n 2)",
+        "q = 1\n  # indented comment\nq",
+        "[*range(2), *range(2)]",
+        "x, *rest = 1, 2, 3\nrest",
+        "print(*[1, 2])",
+        "x = 3\nx ** 2",
+        "x = 3\nx * 2",
+        "'a' 'b'",
+        "('a'\n 'b')",
+        "...",
+        "x = 1\n\n\n",
+        "x = '''\n;\n''' ; x",
+        "f'{x!r}' ; f'{x}'",
+    ];
+    let mut k = Kernel::start();
+    k.ok("x = 1\nc = 2\nz = 0\nd = {'k': 1}\na = 1");
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus_file = tmp.path().join("corpus.json");
+    std::fs::write(&corpus_file, serde_json::to_vec(corpus).unwrap()).unwrap();
+    // Python's verdict for each cell: does it end in an expression statement?
+    let verdicts = std::process::Command::new(flowrepl_tests::base_python())
+        .arg("-c")
+        .arg("import ast, json, sys\nout = []\nfor c in json.load(open(sys.argv[1])):\n    try:\n        t = ast.parse(c)\n        out.append(bool(t.body) and isinstance(t.body[-1], ast.Expr))\n    except SyntaxError:\n        out.append(None)\nprint(json.dumps(out))")
+        .arg(&corpus_file)
+        .output()
+        .unwrap();
+    let verdicts: Vec<Option<bool>> = serde_json::from_slice(&verdicts.stdout).unwrap();
+    for (code, expr) in corpus.iter().zip(verdicts) {
+        let r = k.execute(code);
+        match expr {
+            None => assert_eq!(
+                r["debug_info"]["execution"], "syntax_error",
+                "{code:?}: {r}"
+            ),
+            Some(false) => assert_eq!(
+                r["result"],
+                Value::Null,
+                "{code:?} is not an expression: {r}"
+            ),
+            Some(true) if r["success"] == true => {
+                // The value must be what Python gives for the last expression.
+                if code.trim_end().ends_with(';') {
+                    continue;
+                }
+                let want = k.execute(&format!(
+                    "import ast as _ast\neval(compile(_ast.Expression(_ast.parse({code:?}).body[-1].value), '<t>', 'eval'))"
+                ));
+                // Object reprs carry addresses; compare what comes before them.
+                let strip = |v: &Value| {
+                    v.as_str()
+                        .map(|s| s.split(" at 0x").next().unwrap().to_owned())
+                };
+                assert_eq!(strip(&r["result"]), strip(&want["result"]), "{code:?}");
+            }
+            Some(true) => {}
+        }
+    }
+}
