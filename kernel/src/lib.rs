@@ -6,6 +6,7 @@
 //! - [`logging`]: diagnostics to the original stderr.
 //! - [`line_reader`]: bounded request lines.
 //! - [`server`]: the request loop and reply writer.
+//! - [`records`]: the task-log record writer thread.
 //! - [`session`]: executor + task log + counters; turns a cell's outcome into a result and a
 //!   record.
 //!
@@ -19,6 +20,7 @@ pub mod cli;
 pub mod config;
 pub mod line_reader;
 pub mod logging;
+pub mod records;
 pub mod server;
 pub mod session;
 
@@ -53,7 +55,13 @@ pub fn run(cli: cli::Cli) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let mut session = session::Session::new(executor, &config);
+    let mut session = match session::Session::new(executor, &config) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the record writer");
+            return ExitCode::from(1);
+        }
+    };
     tracing::info!(
         log_file = %config.log_file.display(),
         python = %config.python.display(),
@@ -68,11 +76,8 @@ pub fn run(cli: cli::Cli) -> ExitCode {
         config.max_request_bytes,
     ) {
         Ok(ended) => {
-            tracing::info!(
-                ?ended,
-                records = session.records_written(),
-                "flowrepl exiting"
-            );
+            let records = session.finish();
+            tracing::info!(?ended, records, "flowrepl exiting");
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -119,7 +119,7 @@ pub fn serve(
                 if let Some(id) = &id {
                     out.send_execute(id, &result)?;
                 }
-                session.write_record(&params, &result);
+                session.record(params, result);
             }
             Call::Status => reply(out, id.as_ref(), &session.status())?,
             Call::Shutdown => {

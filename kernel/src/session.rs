@@ -1,55 +1,43 @@
-//! A session: the executor, the task log, and the counters that tie them together.
+//! A session: the executor, the record writer, and the counters that tie them together.
 
 use crate::config::{Config, Identity};
+use crate::records::RecordWriter;
 use chrono::{SecondsFormat, Utc};
 use flowrepl_protocol::{DebugInfo, ExecuteParams, ExecuteResult, Mode, StatusInfo};
-use flowrepl_task_logger::{ExecutionRecord, TaskLog, FORMAT_VERSION, RECORD_TYPE_EXECUTION};
 use flowrepl_worker::Executor;
-use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
-/// One kernel run.
-///
-/// A cell's record is written right *after* its reply is sent ([`Session::write_record`]),
-/// so the log never delays a result: a 1 MB record costs ~0.7 ms of `write(2)` and as much
-/// again of JSON escaping. Any later reply therefore means every earlier record is on disk
-/// (in the page cache). An unusable log location is found before the reply and reported in
-/// that cell's `warnings`; a write that fails afterwards (disk full) is reported on stderr at
-/// once and in the `warnings` of the next result.
+/// One kernel run. A cell's record is written after its reply, on the record writer's thread
+/// (see [`crate::records`]).
 pub struct Session {
     executor: Executor,
-    log: TaskLog,
-    /// The log could be opened for the cell being answered.
-    log_ready: bool,
-    /// Warnings about records that failed after their reply went out.
-    deferred_warnings: Vec<String>,
+    records: RecordWriter,
     identity: Identity,
+    log_file: String,
     default_timeout_ms: u64,
     execution_count: u64,
     mode: Mode,
+    /// Whether the record of the cell being answered can be written.
+    record_this: bool,
 }
 
 impl Session {
-    /// A session around a started executor. Opens the log early so that an unusable log
-    /// location is reported at start (cells run regardless).
-    pub fn new(executor: Executor, config: &Config) -> Session {
-        let mut log = TaskLog::new(config.log_file.clone());
-        if let Err(e) = log.open() {
-            tracing::warn!(error = %chain(&e), "task log unavailable; cells will run and logging will be retried");
-        }
-        Session {
+    /// A session around a started executor.
+    pub fn new(executor: Executor, config: &Config) -> std::io::Result<Session> {
+        let mode = Mode::InProcess;
+        Ok(Session {
             executor,
-            log,
-            log_ready: false,
-            deferred_warnings: Vec::new(),
+            records: RecordWriter::start(config.log_file.clone(), config.identity.clone(), mode)?,
             identity: config.identity.clone(),
+            log_file: config.log_file.display().to_string(),
             default_timeout_ms: config.default_timeout_ms,
             execution_count: 0,
-            mode: Mode::InProcess,
-        }
+            mode,
+            record_this: false,
+        })
     }
 
-    /// Runs a cell and returns its result; call [`Session::write_record`] after replying.
+    /// Runs a cell and returns its result; hand it to [`Session::record`] after replying.
     /// Never fails: errors of the cell are in the result, failures of the log in `warnings`.
     pub fn execute(&mut self, params: &ExecuteParams) -> ExecuteResult {
         self.execution_count += 1;
@@ -81,42 +69,21 @@ impl Session {
                 phases_us: o.phases,
             },
         };
-        result.warnings.append(&mut self.deferred_warnings);
-        self.log_ready = match self.log.open() {
-            Ok(()) => true,
-            Err(e) => {
-                let msg = chain(&e);
-                tracing::warn!(error = %msg, execution_count = self.execution_count, "task log record not written");
-                result.warnings.push(format!(
-                    "task log: {msg}; this cell's record is not written"
-                ));
-                false
-            }
-        };
+        self.record_this = self.records.check(&mut result.warnings);
         result
     }
 
-    /// Appends the record of the cell just answered. Failures are reported on stderr now and
-    /// in the next result's `warnings`.
-    pub fn write_record(&mut self, params: &ExecuteParams, result: &ExecuteResult) {
-        if !self.log_ready {
-            return; // already reported in the result
-        }
-        if let Err(e) = self
-            .log
-            .append(&record(&self.identity, self.mode, params, result))
-        {
-            let msg = chain(&e);
-            tracing::warn!(error = %msg, execution_count = result.execution_count, "task log record not written");
-            self.deferred_warnings.push(format!(
-                "task log: the record of execution {} was not written: {msg}",
-                result.execution_count
-            ));
+    /// Queues the record of the cell just answered (see [`crate::records`]).
+    pub fn record(&mut self, params: ExecuteParams, result: ExecuteResult) {
+        if std::mem::take(&mut self.record_this) {
+            self.records.submit(params, result);
         }
     }
 
-    /// What `status` answers.
+    /// What `status` answers. Waits for pending records first, so that after the reply every
+    /// earlier record is in the file.
     pub fn status(&self) -> StatusInfo {
+        self.records.flush();
         let info = self.executor.info();
         StatusInfo {
             message: None,
@@ -131,58 +98,14 @@ impl Session {
             task_id: self.identity.task_id.clone(),
             task_name: self.identity.task_name.clone(),
             session_id: self.identity.session_id.clone(),
-            log_file: self.log.path().display().to_string(),
+            log_file: self.log_file.clone(),
             default_timeout_ms: self.default_timeout_ms,
         }
     }
 
-    /// Records written so far.
-    pub fn records_written(&self) -> u64 {
-        self.log.records_written()
+    /// Waits for pending records and returns how many were written.
+    pub fn finish(&self) -> u64 {
+        self.records.flush();
+        self.records.written()
     }
-}
-
-/// The log record of a result, borrowing everything.
-fn record<'a>(
-    id: &'a Identity,
-    mode: Mode,
-    params: &'a ExecuteParams,
-    r: &'a ExecuteResult,
-) -> ExecutionRecord<'a> {
-    ExecutionRecord {
-        kind: Cow::Borrowed(RECORD_TYPE_EXECUTION),
-        version: FORMAT_VERSION,
-        plan_id: Cow::Borrowed(&id.plan_id),
-        task_id: Cow::Borrowed(&id.task_id),
-        task_name: id.task_name.as_deref().map(Cow::Borrowed),
-        session_id: Cow::Borrowed(&id.session_id),
-        execution_count: r.execution_count,
-        timestamp: Cow::Borrowed(&r.timestamp),
-        elapsed_ms: r.elapsed_ms,
-        code: Cow::Borrowed(&params.code),
-        stdout: Cow::Borrowed(&r.stdout),
-        stderr: Cow::Borrowed(&r.stderr),
-        success: r.success,
-        error_type: r.error.as_ref().map(|e| Cow::Borrowed(e.kind.as_str())),
-        error_message: r.error.as_ref().map(|e| Cow::Borrowed(e.message.as_str())),
-        result: r.result.as_deref().map(Cow::Borrowed),
-        timed_out: r.timed_out,
-        added_vars: Cow::Borrowed(&r.added_vars),
-        removed_vars: Cow::Borrowed(&r.removed_vars),
-        added_imports: Cow::Borrowed(&r.added_imports),
-        mode: Cow::Borrowed(mode.as_str()),
-        warnings: Cow::Borrowed(&r.warnings),
-    }
-}
-
-/// An error and its sources, joined with `: `.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

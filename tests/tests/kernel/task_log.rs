@@ -163,10 +163,11 @@ fn a_full_disk_is_a_warning() {
     std::fs::create_dir_all(logs.path().join("local")).unwrap();
     std::os::unix::fs::symlink("/dev/full", logs.path().join("local/adhoc.jsonl")).unwrap();
     let mut k = Kernel::options().log_dir(logs.path()).start();
-    // Records are written after the reply, so a failed write is reported with the next
-    // result (and on stderr at once).
+    // Records are written after the reply (on the writer thread), so a failed write is
+    // reported with a later result, and on stderr at once. `sync` waits for the writer.
     let r = k.ok("x = 1");
     assert_eq!(r["warnings"], serde_json::json!([]));
+    k.sync();
     let r = k.ok("y = 2");
     let w = r["warnings"][0].as_str().unwrap();
     assert!(
