@@ -64,7 +64,7 @@ impl Shared {
 
 /// The record writer thread and its queue.
 pub struct RecordWriter {
-    tx: Option<mpsc::Sender<Job>>,
+    tx: Option<mpsc::Sender<Box<Job>>>,
     thread: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
     probe: TaskLog,
@@ -87,7 +87,7 @@ impl RecordWriter {
             tracing::warn!(error = %msg, "task log unavailable; cells will run and logging will be retried");
             shared.lock().broken = Some(msg);
         }
-        let (tx, rx) = mpsc::channel::<Job>();
+        let (tx, rx) = mpsc::channel::<Box<Job>>();
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("flowrepl-records".into())
@@ -147,8 +147,11 @@ impl RecordWriter {
                 return;
             }
         }
-        let sent = self.tx.as_ref().map(|tx| tx.send(Job { params, result }));
-        if !matches!(sent, Some(Ok(()))) {
+        let sent = match &self.tx {
+            Some(tx) => tx.send(Box::new(Job { params, result })).is_ok(),
+            None => false,
+        };
+        if !sent {
             // The writer thread is gone (it panicked): count the record as lost.
             let mut st = self.shared.lock();
             st.done += 1;
