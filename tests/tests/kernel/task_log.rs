@@ -232,3 +232,33 @@ fn the_log_path_is_absolute_so_chdir_in_a_cell_does_not_move_it() {
     k.sync();
     assert_eq!(read_log(&path).len(), 2);
 }
+
+#[test]
+fn large_and_small_records_stay_in_order() {
+    let logs = tempfile::tempdir().unwrap();
+    let mut k = Kernel::options().log_dir(logs.path()).start();
+    let mut batch = Vec::new();
+    for i in 0..40 {
+        // Every third cell's record is large enough for the writer thread.
+        let code = if i % 3 == 0 {
+            "print('z' * 300_000)"
+        } else {
+            "n = 1"
+        };
+        batch.extend_from_slice(
+            serde_json::json!({"jsonrpc":"2.0","id":i,"method":"execute_code","params":{"code":code}})
+                .to_string()
+                .as_bytes(),
+        );
+        batch.push(b'\n');
+    }
+    k.send_raw(&batch);
+    for _ in 0..40 {
+        assert_eq!(k.recv()["result"]["success"], true);
+    }
+    k.sync();
+    let recs = read_log(&logs.path().join("local/adhoc.jsonl"));
+    let counts: Vec<u64> = recs.iter().map(|r| r.execution_count).collect();
+    assert_eq!(counts, (1..=40).collect::<Vec<_>>());
+    assert!(recs.iter().step_by(3).all(|r| r.stdout.len() == 300_001));
+}
