@@ -15,7 +15,7 @@
 //! `jsonrpc` may be omitted (older clients); if present it must be `"2.0"`. Batches (JSON arrays)
 //! are not supported and get -32600.
 
-use serde::de::{Deserializer, Error as _};
+use serde::de::Deserializer;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -135,32 +135,12 @@ struct Envelope<'a> {
     jsonrpc: Option<Cow<'a, str>>,
     #[serde(default)]
     id: IdField,
+    /// Kept raw: a string is read from it below, anything else is an invalid request.
+    /// (An untagged enum here would make serde buffer the value.)
     #[serde(default, borrow)]
-    method: Option<MethodField<'a>>,
+    method: Option<&'a RawValue>,
     #[serde(default, borrow)]
     params: Option<&'a RawValue>,
-}
-
-/// `method` member: a string, or anything else (kept only to report it).
-enum MethodField<'a> {
-    Name(Cow<'a, str>),
-    NotAString,
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for MethodField<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Either<'a> {
-            Name(#[serde(borrow)] Cow<'a, str>),
-            Other(serde::de::IgnoredAny),
-        }
-        match Either::deserialize(d) {
-            Ok(Either::Name(n)) => Ok(MethodField::Name(n)),
-            Ok(Either::Other(_)) => Ok(MethodField::NotAString),
-            Err(e) => Err(D::Error::custom(e)),
-        }
-    }
 }
 
 impl<'a> Request<'a> {
@@ -213,9 +193,12 @@ impl<'a> Request<'a> {
                 .with_id(id));
             }
         }
-        let method = match env.method {
-            Some(MethodField::Name(m)) => m,
-            Some(MethodField::NotAString) => {
+        let method = match env
+            .method
+            .map(|m| serde_json::from_str::<Cow<'a, str>>(m.get()))
+        {
+            Some(Ok(m)) => m,
+            Some(Err(_)) => {
                 return Err(RpcError::new(
                     ErrorCode::InvalidRequest,
                     "invalid request: `method` must be a string",
