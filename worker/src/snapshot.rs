@@ -165,3 +165,104 @@ impl KeySnapshot {
         self.dunders = 0;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn python() {
+        static INIT: std::sync::Once = std::sync::Once::new();
+        INIT.call_once(|| {
+            crate::interpreter::initialize(std::path::Path::new(crate::interpreter::BUILD_PYTHON))
+                .expect("python starts")
+        });
+    }
+
+    /// A small deterministic PRNG (xorshift), so failures are reproducible.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    fn keys(d: &Bound<'_, PyDict>) -> BTreeSet<String> {
+        d.keys()
+            .iter()
+            .map(|k| k.extract::<String>().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn matches_a_set_diff_under_random_changes() {
+        python();
+        Python::attach(|py| {
+            let d = PyDict::new(py);
+            let mut snap = KeySnapshot::default();
+            let (mut a, mut r) = (Vec::new(), Vec::new());
+            snap.update(py, &d, &mut a, &mut r);
+            let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+            for round in 0..2_000 {
+                let before = keys(&d);
+                // A "cell": a few inserts, deletes, value updates and re-inserts.
+                for _ in 0..rng.below(6) {
+                    let name = format!("k{}", rng.below(40));
+                    match rng.below(4) {
+                        0 | 1 => d.set_item(&name, round).unwrap(),
+                        2 => {
+                            let _ = d.del_item(&name);
+                        }
+                        _ => {
+                            if d.contains(&name).unwrap() {
+                                d.del_item(&name).unwrap();
+                                d.set_item(&name, -1).unwrap(); // moves to the end
+                            }
+                        }
+                    }
+                }
+                if rng.below(50) == 0 {
+                    d.clear();
+                }
+                let after = keys(&d);
+                let (mut added, mut removed) = (Vec::new(), Vec::new());
+                snap.update(py, &d, &mut added, &mut removed);
+                let want_added: Vec<String> = after.difference(&before).cloned().collect();
+                let want_removed: Vec<String> = before.difference(&after).cloned().collect();
+                assert_eq!(added, want_added, "round {round}");
+                assert_eq!(removed, want_removed, "round {round}");
+                assert_eq!(snap.non_dunder_len(), after.len(), "round {round}");
+            }
+            snap.clear(py);
+        });
+    }
+
+    #[test]
+    fn counts_dunders_apart_and_reports_non_string_keys() {
+        python();
+        Python::attach(|py| {
+            let d = PyDict::new(py);
+            d.set_item("__name__", "m").unwrap();
+            d.set_item("x", 1).unwrap();
+            let mut snap = KeySnapshot::default();
+            let (mut a, mut r) = (Vec::new(), Vec::new());
+            snap.update(py, &d, &mut a, &mut r);
+            assert_eq!(a, ["__name__", "x"]);
+            assert_eq!(snap.non_dunder_len(), 1);
+            d.set_item(7, "int key").unwrap();
+            d.del_item("__name__").unwrap();
+            let (mut a, mut r) = (Vec::new(), Vec::new());
+            snap.update(py, &d, &mut a, &mut r);
+            assert_eq!(a, ["7"]);
+            assert_eq!(r, ["__name__"]);
+            assert_eq!(snap.non_dunder_len(), 2);
+            snap.clear(py);
+        });
+    }
+}
