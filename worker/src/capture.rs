@@ -29,15 +29,6 @@ pub fn kept_ranges(start: u64, size: u64, max: u64) -> (u64, u64) {
 const PUNCH_THRESHOLD: u64 = 1 << 20;
 const PAGE: u64 = 4096;
 
-/// Which stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamKind {
-    /// fd 1.
-    Stdout,
-    /// fd 2.
-    Stderr,
-}
-
 /// One captured stream.
 #[derive(Debug)]
 pub struct Stream {
@@ -229,13 +220,5 @@ impl Capture {
             stdout: Stream::install(c"flowrepl-stdout", 1)?,
             stderr: Stream::install(c"flowrepl-stderr", 2)?,
         })
-    }
-
-    /// The stream of `kind`.
-    pub fn stream(&mut self, kind: StreamKind) -> &mut Stream {
-        match kind {
-            StreamKind::Stdout => &mut self.stdout,
-            StreamKind::Stderr => &mut self.stderr,
-        }
     }
 }

@@ -196,11 +196,6 @@ impl Executor {
         &self.info
     }
 
-    /// Non-dunder names in the namespace.
-    pub fn variable_count(&self) -> usize {
-        self.var_snapshot.non_dunder_len()
-    }
-
     /// Runs one cell with a wall-clock `timeout`.
     pub fn execute(&mut self, code: &str, timeout: Duration) -> CellOutcome {
         self.cells += 1;

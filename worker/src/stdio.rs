@@ -59,9 +59,8 @@ fn grow_pipe(fd: RawFd) {
     // SAFETY: F_GETPIPE_SZ/F_SETPIPE_SZ only act on pipes; on anything else they fail
     // harmlessly with EBADF/EINVAL.
     unsafe {
-        if libc::fcntl(fd, libc::F_GETPIPE_SZ) > 0
-            && libc::fcntl(fd, libc::F_GETPIPE_SZ) < PIPE_BYTES
-        {
+        let size = libc::fcntl(fd, libc::F_GETPIPE_SZ);
+        if size > 0 && size < PIPE_BYTES {
             let _ = libc::fcntl(fd, libc::F_SETPIPE_SZ, PIPE_BYTES);
         }
     }
