@@ -6,6 +6,7 @@
 //! - [`logging`]: diagnostics to the original stderr.
 //! - [`line_reader`]: bounded request lines.
 //! - [`server`]: the request loop and reply writer.
+//! - [`front`]: stdin and stdout shared with the busy-time watcher (`status`, `interrupt`).
 //! - [`records`]: the task-log record writer thread.
 //! - [`session`]: executor + task log + counters; turns a cell's outcome into a result and a
 //!   record.
@@ -18,6 +19,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod front;
 pub mod line_reader;
 pub mod logging;
 pub mod records;
@@ -68,13 +70,15 @@ pub fn run(cli: cli::Cli) -> ExitCode {
         session_id = %config.identity.session_id,
         "flowrepl ready"
     );
-    let mut out = server::ReplyWriter::new(stdio.output);
-    match server::serve(
-        &mut session,
+    let front = std::sync::Arc::new(front::Front::new(
         stdio.input,
-        &mut out,
+        stdio.output,
         config.max_request_bytes,
-    ) {
+        session.status_template(),
+        session.interrupter(),
+        session.flusher(),
+    ));
+    match server::serve(&mut session, &front) {
         Ok(ended) => {
             let records = session.finish();
             tracing::info!(?ended, records, "flowrepl exiting");

@@ -3,12 +3,19 @@
 //! Lines up to `max` bytes are returned whole (a 50 MB cell is fine). A longer line is read
 //! to its end and discarded without being stored, and reported as [`Line::TooLong`], so the
 //! next line is read normally. A final line without `\n` still counts.
+//!
+//! The reader is incremental: [`LineReader::buffered_line`] hands out a complete line from
+//! what has already been read, without I/O, and [`LineReader::fill`] does one `read(2)`.
+//! A partial line stays buffered across calls, so two threads can take turns (the request
+//! thread blocks in [`LineReader::next_line`] while idle; the busy-time watcher takes lines
+//! only after `poll(2)` said data is there).
 
 use memchr::memchr;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, Read};
 
 /// Buffers larger than this are released after use.
 const KEEP_CAPACITY: usize = 8 << 20;
+const READ_CHUNK: usize = 64 << 10;
 
 /// One read.
 #[derive(Debug, PartialEq)]
@@ -24,11 +31,24 @@ pub enum Line<'a> {
     Eof,
 }
 
-/// A bounded line reader.
+/// A bounded, incremental line reader.
 #[derive(Debug)]
 pub struct LineReader<R> {
-    inner: BufReader<R>,
+    inner: R,
+    /// Bytes read but not yet consumed: `buf[start..end]`. `buf` is zeroed once, when it
+    /// grows, never per read.
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// The line being assembled across reads (only when it spans more than `buf`).
     line: Vec<u8>,
+    /// Length of the current line so far (including discarded bytes).
+    len: u64,
+    too_long: bool,
+    eof: bool,
+    /// The line last handed out lives in `line` (true) or at `buf[out..out_end]`.
+    out: (usize, usize),
+    out_in_line: bool,
     max: usize,
 }
 
@@ -36,58 +56,139 @@ impl<R: Read> LineReader<R> {
     /// Reads lines of at most `max` bytes from `inner`.
     pub fn new(inner: R, max: usize) -> Self {
         LineReader {
-            inner: BufReader::with_capacity(64 << 10, inner),
+            inner,
+            buf: vec![0; READ_CHUNK],
+            start: 0,
+            end: 0,
             line: Vec::new(),
+            len: 0,
+            too_long: false,
+            eof: false,
+            out: (0, 0),
+            out_in_line: false,
             max,
         }
     }
 
-    /// The next line.
+    /// The next line, reading (and blocking) as needed.
     pub fn next_line(&mut self) -> io::Result<Line<'_>> {
-        if self.line.capacity() > KEEP_CAPACITY {
-            self.line = Vec::new();
-        }
-        self.line.clear();
-        let mut len: u64 = 0;
-        let mut too_long = false;
         loop {
-            let available = match self.inner.fill_buf() {
-                Ok(b) => b,
+            if self.take_buffered()? {
+                return Ok(self.last());
+            }
+            if self.fill()? == 0 && self.eof {
+                return Ok(self.finish_at_eof());
+            }
+        }
+    }
+
+    /// A complete line from what is already buffered, without I/O; `None` if there is none
+    /// yet (and not at EOF).
+    pub fn buffered_line(&mut self) -> io::Result<Option<Line<'_>>> {
+        if self.take_buffered()? {
+            return Ok(Some(self.last()));
+        }
+        if self.eof {
+            return Ok(Some(self.finish_at_eof()));
+        }
+        Ok(None)
+    }
+
+    /// Whether unconsumed bytes are buffered (a request may be waiting without the fd being
+    /// readable).
+    pub fn has_buffered(&self) -> bool {
+        self.start < self.end
+    }
+
+    /// One `read(2)` into the buffer; returns the bytes read (0 at EOF).
+    pub fn fill(&mut self) -> io::Result<usize> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.buf.len() - self.end < READ_CHUNK / 2 {
+            self.buf.resize(self.buf.len() + READ_CHUNK, 0);
+        }
+        let n = loop {
+            match self.inner.read(&mut self.buf[self.end..]) {
+                Ok(n) => break n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
-            };
-            if available.is_empty() {
-                return Ok(if too_long {
-                    Line::TooLong { len }
-                } else if len > 0 {
-                    Line::Complete(&self.line)
-                } else {
-                    Line::Eof
-                });
             }
-            let (chunk, done) = match memchr(b'\n', available) {
-                Some(i) => (&available[..i], true),
-                None => (available, false),
-            };
-            len += chunk.len() as u64;
-            if !too_long {
-                if self.line.len() + chunk.len() > self.max {
-                    too_long = true;
-                    self.line = Vec::new();
-                } else {
-                    self.line.extend_from_slice(chunk);
-                }
+        };
+        self.end += n;
+        if n == 0 {
+            self.eof = true;
+        }
+        Ok(n)
+    }
+
+    /// Moves buffered bytes into the current line; true when a line is complete.
+    fn take_buffered(&mut self) -> io::Result<bool> {
+        if self.out_in_line {
+            // The previous line was handed out from `line`: start afresh.
+            self.out_in_line = false;
+            if self.line.capacity() > KEEP_CAPACITY {
+                self.line = Vec::new();
             }
-            let used = chunk.len() + usize::from(done);
-            self.inner.consume(used);
-            if done {
-                return Ok(if too_long {
-                    Line::TooLong { len }
-                } else {
-                    Line::Complete(&self.line)
-                });
+            self.line.clear();
+        }
+        let avail = &self.buf[self.start..self.end];
+        if avail.is_empty() {
+            return Ok(false);
+        }
+        let (chunk_len, done) = match memchr(b'\n', avail) {
+            Some(i) => (i, true),
+            None => (avail.len(), false),
+        };
+        self.len += chunk_len as u64;
+        let from = self.start;
+        self.start += chunk_len + usize::from(done);
+        if !self.too_long {
+            if self.line.len() + chunk_len > self.max {
+                self.too_long = true;
+                self.line = Vec::new();
+            } else if done && self.line.is_empty() {
+                // The whole line is in `buf`: hand it out from there, no copy.
+                self.out = (from, from + chunk_len);
+                return Ok(self.complete(false));
+            } else {
+                self.line
+                    .extend_from_slice(&self.buf[from..from + chunk_len]);
             }
         }
+        Ok(done && self.complete(true))
+    }
+
+    fn complete(&mut self, in_line: bool) -> bool {
+        self.out_in_line = in_line;
+        true
+    }
+
+    /// The line just completed.
+    fn last(&mut self) -> Line<'_> {
+        let len = std::mem::take(&mut self.len);
+        if std::mem::take(&mut self.too_long) {
+            self.out_in_line = true;
+            return Line::TooLong { len };
+        }
+        if self.out_in_line {
+            Line::Complete(&self.line)
+        } else {
+            Line::Complete(&self.buf[self.out.0..self.out.1])
+        }
+    }
+
+    fn finish_at_eof(&mut self) -> Line<'_> {
+        if self.len > 0 || self.too_long || !self.line.is_empty() {
+            self.out_in_line = true;
+            return self.last();
+        }
+        Line::Eof
     }
 }
 
@@ -105,6 +206,7 @@ mod tests {
         assert_eq!(r.next_line().unwrap(), Line::Complete(b"ccc"));
         assert_eq!(r.next_line().unwrap(), Line::Complete(b"last"));
         assert_eq!(r.next_line().unwrap(), Line::Eof);
+        assert_eq!(r.next_line().unwrap(), Line::Eof);
     }
 
     #[test]
@@ -121,5 +223,35 @@ mod tests {
         let mut r = LineReader::new(&input[..], 1000);
         assert_eq!(r.next_line().unwrap(), Line::TooLong { len: 200_000 });
         assert_eq!(r.next_line().unwrap(), Line::Complete(b"ok"));
+        assert_eq!(r.next_line().unwrap(), Line::Eof);
+    }
+
+    /// A reader that returns its input in small pieces, like a pipe written slowly.
+    struct Trickle<'a>(&'a [u8], usize);
+    impl Read for Trickle<'_> {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            let n = self.1.min(self.0.len()).min(out.len());
+            out[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn partial_lines_survive_between_calls() {
+        let input = b"{\"a\":1}\n{\"b\":2}\npartial-then-more\n";
+        let mut r = LineReader::new(Trickle(input, 3), 100);
+        let mut got = Vec::new();
+        loop {
+            match r.buffered_line().unwrap() {
+                Some(Line::Complete(l)) => got.push(String::from_utf8(l.to_vec()).unwrap()),
+                Some(Line::Eof) => break,
+                Some(other) => panic!("{other:?}"),
+                None => {
+                    r.fill().unwrap();
+                }
+            }
+        }
+        assert_eq!(got, ["{\"a\":1}", "{\"b\":2}", "partial-then-more"]);
     }
 }

@@ -162,19 +162,31 @@ impl RecordWriter {
 
     /// Waits until every queued record has been handled.
     pub fn flush(&self) {
-        let mut st = self.shared.lock();
-        while st.done < st.queued {
-            st = self
-                .shared
-                .drained
-                .wait(st)
-                .unwrap_or_else(|p| p.into_inner());
-        }
+        self.flusher().flush();
+    }
+
+    /// A handle that waits for pending records from another thread.
+    pub fn flusher(&self) -> Flusher {
+        Flusher(Arc::clone(&self.shared))
     }
 
     /// Records written so far.
     pub fn written(&self) -> u64 {
         self.shared.lock().written
+    }
+}
+
+/// Waits for pending records; usable from any thread.
+#[derive(Clone)]
+pub struct Flusher(Arc<Shared>);
+
+impl Flusher {
+    /// Waits until every record queued so far has been handled.
+    pub fn flush(&self) {
+        let mut st = self.0.lock();
+        while st.done < st.queued {
+            st = self.0.drained.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
     }
 }
 
@@ -244,6 +256,8 @@ fn record<'a>(
         error_message: r.error.as_ref().map(|e| Cow::Borrowed(e.message.as_str())),
         result: r.result.as_deref().map(Cow::Borrowed),
         timed_out: r.timed_out,
+        interrupted: r.interrupted,
+        stopped_by: r.stopped_by.map(|s| Cow::Borrowed(s.as_str())),
         added_vars: Cow::Borrowed(&r.added_vars),
         removed_vars: Cow::Borrowed(&r.removed_vars),
         added_imports: Cow::Borrowed(&r.added_imports),

@@ -1,16 +1,19 @@
-//! The JSON-RPC front: one request per line in, one reply per request out, in order.
+//! The JSON-RPC front: one request per line in, one reply per request out, in order
+//! (except `status` and `interrupt` sent while a cell runs, answered at once by the watcher;
+//! see [`crate::front`]).
 //!
-//! Everything runs on the thread that owns the executor (Python's main thread): read a line,
+//! The request thread is the one that owns the executor (Python's main thread): read a line,
 //! run it, write the reply. No runtime and no thread hop sits on the request path, which is
 //! what keeps a round trip close to a bare pipe ping-pong.
 
-use crate::line_reader::{Line, LineReader};
+use crate::front::{Front, Item};
 use crate::session::Session;
 use flowrepl_protocol::jsonrpc::{ErrorResponse, Notification, Response};
-use flowrepl_protocol::{Call, ErrorCode, ExecuteResult, Id, Request, RpcError, READY_MARKER};
+use flowrepl_protocol::{Call, ExecuteResult, Id, RpcError, READY_MARKER};
 use serde::Serialize;
 use std::fs::File;
 use std::io::{self, Write};
+use std::sync::Arc;
 
 /// Writes protocol lines to the private copy of the original stdout.
 pub struct ReplyWriter {
@@ -41,6 +44,11 @@ impl ReplyWriter {
         self.flush_buf()
     }
 
+    /// Writes an error reply.
+    pub fn error(&mut self, err: &RpcError) -> io::Result<()> {
+        self.send(&ErrorResponse::new(err))
+    }
+
     fn flush_buf(&mut self) -> io::Result<()> {
         self.buf.push(b'\n');
         let r = self.out.write_all(&self.buf);
@@ -48,10 +56,6 @@ impl ReplyWriter {
             self.buf = Vec::with_capacity(4096);
         }
         r
-    }
-
-    fn error(&mut self, err: &RpcError) -> io::Result<()> {
-        self.send(&ErrorResponse::new(err))
     }
 }
 
@@ -64,67 +68,50 @@ pub enum Ended {
     Eof,
 }
 
-/// Serves requests from `input` until `shutdown` or EOF.
-pub fn serve(
-    session: &mut Session,
-    input: File,
-    out: &mut ReplyWriter,
-    max_request_bytes: usize,
-) -> io::Result<Ended> {
-    let mut ready = session.status();
+/// Serves requests until `shutdown` or EOF.
+pub fn serve(session: &mut Session, front: &Arc<Front>) -> io::Result<Ended> {
+    let watcher = front.spawn_watcher()?;
+    let mut ready = front.status();
     ready.message = Some(READY_MARKER.to_owned());
-    out.send(&Notification {
+    front.writer().send(&Notification {
         jsonrpc: "2.0",
         method: "ready",
         params: &ready,
     })?;
-    let mut reader = LineReader::new(input, max_request_bytes);
     loop {
-        let line = match reader.next_line()? {
-            Line::Eof => return Ok(Ended::Eof),
-            Line::TooLong { len } => {
-                tracing::warn!(len, "request line over the limit discarded");
-                out.error(&RpcError::new(
-                    ErrorCode::RequestTooLarge,
-                    format!("request too large: {len} bytes (limit {max_request_bytes}; see FLOWREPL_MAX_REQUEST_BYTES)"),
-                ))?;
+        let (id, call) = match front.next_item()? {
+            Item::Eof => return Ok(Ended::Eof),
+            Item::Blank => continue,
+            Item::Bad(e) => {
+                front.writer().error(&e)?;
                 continue;
             }
-            Line::Complete(l) => l,
+            Item::Request { id, call } => (id, call),
         };
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let req = match Request::parse(line) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::debug!(error = %e, "bad request line");
-                out.error(&e)?;
-                continue;
-            }
-        };
-        let call = match Call::from_request(&req) {
+        let call = match call {
             Ok(c) => c,
             Err(e) => {
-                if req.id.is_some() {
-                    out.error(&e.with_id(req.id))?;
+                if id.is_some() {
+                    front.writer().error(&e.with_id(id))?;
                 }
                 continue;
             }
         };
-        let id = req.id;
         match call {
             Call::Execute(params) => {
+                front.begin_cell(watcher.thread());
                 let result = session.execute(&params);
+                front.end_cell();
                 if let Some(id) = &id {
-                    out.send_execute(id, &result)?;
+                    front.writer().send_execute(id, &result)?;
                 }
                 session.record(params, result);
             }
-            Call::Status => reply(out, id.as_ref(), &session.status())?,
+            Call::Status => reply(front, id.as_ref(), &front.status())?,
+            Call::Interrupt => reply(front, id.as_ref(), &front.interrupt())?,
             Call::Shutdown => {
                 reply(
-                    out,
+                    front,
                     id.as_ref(),
                     &serde_json::json!({"shutting_down": true}),
                 )?;
@@ -135,9 +122,9 @@ pub fn serve(
 }
 
 /// Answers a request; notifications (no id) get nothing.
-fn reply<T: Serialize>(out: &mut ReplyWriter, id: Option<&Id>, result: &T) -> io::Result<()> {
+fn reply<T: Serialize>(front: &Front, id: Option<&Id>, result: &T) -> io::Result<()> {
     match id {
-        Some(id) => out.send(&Response::new(id, result)),
+        Some(id) => front.writer().send(&Response::new(id, result)),
         None => Ok(()),
     }
 }

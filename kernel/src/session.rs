@@ -3,7 +3,7 @@
 use crate::config::{Config, Identity};
 use crate::records::RecordWriter;
 use chrono::{SecondsFormat, Utc};
-use flowrepl_protocol::{DebugInfo, ExecuteParams, ExecuteResult, Mode, StatusInfo};
+use flowrepl_protocol::{DebugInfo, ExecuteParams, ExecuteResult, Mode, StatusInfo, StoppedBy};
 use flowrepl_worker::Executor;
 use std::time::{Duration, Instant};
 
@@ -56,6 +56,8 @@ impl Session {
             elapsed_ms,
             mode: self.mode,
             timed_out: o.timed_out,
+            interrupted: o.interrupted,
+            stopped_by: (o.timed_out || o.interrupted).then_some(StoppedBy::Interrupt),
             added_vars: o.added_vars,
             removed_vars: o.removed_vars,
             added_imports: o.added_imports,
@@ -80,10 +82,9 @@ impl Session {
         }
     }
 
-    /// What `status` answers. Waits for pending records first, so that after the reply every
-    /// earlier record is in the file.
-    pub fn status(&self) -> StatusInfo {
-        self.records.flush();
+    /// The fixed part of the `status` answer ([`crate::front::Front::status`] adds the
+    /// counters).
+    pub fn status_template(&self) -> StatusInfo {
         let info = self.executor.info();
         StatusInfo {
             message: None,
@@ -94,6 +95,7 @@ impl Session {
             mode: self.mode,
             pid: std::process::id(),
             execution_count: self.execution_count,
+            busy: false,
             plan_id: self.identity.plan_id.clone(),
             task_id: self.identity.task_id.clone(),
             task_name: self.identity.task_name.clone(),
@@ -101,6 +103,16 @@ impl Session {
             log_file: self.log_file.clone(),
             default_timeout_ms: self.default_timeout_ms,
         }
+    }
+
+    /// Interrupts the running cell from another thread.
+    pub fn interrupter(&self) -> flowrepl_worker::Interrupter {
+        self.executor.interrupter()
+    }
+
+    /// Waits for pending records from another thread.
+    pub fn flusher(&self) -> crate::records::Flusher {
+        self.records.flusher()
     }
 
     /// Waits for pending records and returns how many were written.

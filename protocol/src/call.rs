@@ -4,7 +4,11 @@
 //! | --- | --- | --- |
 //! | `execute_code` (alias `execute`) | [`ExecuteParams`] | [`crate::ExecuteResult`] |
 //! | `status` (alias `ping`) | none | [`crate::StatusInfo`] |
+//! | `interrupt` | none | `{"interrupted": bool}`: true if a running cell was sent SIGINT |
 //! | `shutdown` | none | `{"shutting_down": true}`, then the kernel exits 0 |
+//!
+//! `status` and `interrupt` are answered at once even while a cell runs; everything else is
+//! answered in order.
 
 use crate::jsonrpc::{ErrorCode, Request, RpcError};
 use serde::{Deserialize, Serialize};
@@ -31,6 +35,8 @@ pub enum Call {
     Execute(ExecuteParams),
     /// `status` / `ping`: describe the kernel.
     Status,
+    /// `interrupt`: stop the running cell with `KeyboardInterrupt`.
+    Interrupt,
     /// `shutdown`: reply, flush, exit 0.
     Shutdown,
 }
@@ -70,10 +76,11 @@ impl Call {
             }
             "status" | "ping" => no_params(req, Call::Status),
             "shutdown" => no_params(req, Call::Shutdown),
+            "interrupt" => no_params(req, Call::Interrupt),
             other => Err(RpcError::new(
                 ErrorCode::MethodNotFound,
                 format!(
-                    "method not found: {other:?} (methods: execute_code, execute, status, ping, shutdown)"
+                    "method not found: {other:?} (methods: execute_code, execute, status, ping, interrupt, shutdown)"
                 ),
             )),
         }

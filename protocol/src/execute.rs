@@ -4,6 +4,7 @@
 //! ```json
 //! {"success": true, "stdout": "hi\n", "stderr": "", "result": "2", "error": null,
 //!  "execution_count": 3, "elapsed_ms": 0.041, "mode": "in_process", "timed_out": false,
+//!  "interrupted": false, "stopped_by": null,
 //!  "added_vars": ["y"], "removed_vars": [], "added_imports": [], "variable_count": 2,
 //!  "timestamp": "2026-11-22T02:14:11.123Z", "warnings": [],
 //!  "debug_info": {"execution": "success", "execution_mode": "in_process", "elapsed_ms": 0.041,
@@ -29,6 +30,26 @@ impl Mode {
         match self {
             Mode::InProcess => "in_process",
             Mode::Worker => "worker",
+        }
+    }
+}
+
+/// What stopped a cell that did not end by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoppedBy {
+    /// SIGINT: the cell got `KeyboardInterrupt` and the namespace was kept.
+    Interrupt,
+    /// SIGKILL to the worker's process group (worker mode): the namespace was lost.
+    Kill,
+}
+
+impl StoppedBy {
+    /// The name used on the wire and in the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoppedBy::Interrupt => "interrupt",
+            StoppedBy::Kill => "kill",
         }
     }
 }
@@ -108,6 +129,12 @@ pub struct ExecuteResult {
     pub mode: Mode,
     /// True when the cell was stopped because `timeout_ms` passed.
     pub timed_out: bool,
+    /// True when the cell was stopped by an `interrupt` request.
+    #[serde(default)]
+    pub interrupted: bool,
+    /// How a timed-out or interrupted cell was stopped; null otherwise.
+    #[serde(default)]
+    pub stopped_by: Option<StoppedBy>,
     /// Names bound in the namespace by this cell that were not there before, sorted.
     pub added_vars: Vec<String>,
     /// Names that were in the namespace before this cell and are gone after it, sorted.

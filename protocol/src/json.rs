@@ -154,10 +154,18 @@ pub fn write_execute_response(out: &mut Vec<u8>, id: &Id, r: &ExecuteResult) {
     write_f64(out, r.elapsed_ms);
     let _ = write!(
         out,
-        ",\"mode\":\"{}\",\"timed_out\":{},\"added_vars\":",
+        ",\"mode\":\"{}\",\"timed_out\":{},\"interrupted\":{},\"stopped_by\":",
         mode_str(r.mode),
-        r.timed_out
+        r.timed_out,
+        r.interrupted
     );
+    match r.stopped_by {
+        Some(s) => {
+            let _ = write!(out, "\"{}\"", s.as_str());
+        }
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"added_vars\":");
     write_list(out, &r.added_vars);
     out.extend_from_slice(b",\"removed_vars\":");
     write_list(out, &r.removed_vars);
@@ -254,6 +262,8 @@ mod tests {
             elapsed_ms: 0.123,
             mode: Mode::InProcess,
             timed_out: true,
+            interrupted: false,
+            stopped_by: Some(crate::StoppedBy::Interrupt),
             added_vars: vec!["a".into(), "작업".into()],
             removed_vars: vec![],
             added_imports: vec!["json".into(), "json.decoder".into()],
@@ -283,6 +293,7 @@ mod tests {
                 );
                 r.error = None;
                 r.result = None;
+                r.stopped_by = None;
                 r.elapsed_ms = 12345.0;
             }
         }

@@ -22,6 +22,8 @@ pub mod jsonrpc;
 pub mod status;
 
 pub use call::{Call, ExecuteParams};
-pub use execute::{DebugInfo, ExecError, ExecuteResult, ExecutionKind, Mode, PhaseTimings};
+pub use execute::{
+    DebugInfo, ExecError, ExecuteResult, ExecutionKind, Mode, PhaseTimings, StoppedBy,
+};
 pub use jsonrpc::{ErrorCode, Id, Request, RpcError};
 pub use status::{StatusInfo, READY_MARKER};

@@ -25,8 +25,11 @@ pub struct StatusInfo {
     pub mode: Mode,
     /// The kernel's process id.
     pub pid: u32,
-    /// How many `execute_code` calls the session has answered.
+    /// How many `execute_code` calls the session has started.
     pub execution_count: u64,
+    /// True while a cell runs (a `status` sent during a cell is answered at once).
+    #[serde(default)]
+    pub busy: bool,
     /// `FLOW_PLAN_ID`, or `local`.
     pub plan_id: String,
     /// `FLOW_TASK_ID`, or `adhoc`.

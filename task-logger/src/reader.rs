@@ -97,6 +97,8 @@ fn into_owned(r: ExecutionRecord<'_>) -> ExecutionRecord<'static> {
         error_message: r.error_message.map(own),
         result: r.result.map(own),
         timed_out: r.timed_out,
+        interrupted: r.interrupted,
+        stopped_by: r.stopped_by.map(own),
         added_vars: Owned(r.added_vars.into_owned()),
         removed_vars: Owned(r.removed_vars.into_owned()),
         added_imports: Owned(r.added_imports.into_owned()),

@@ -19,6 +19,8 @@
 //! | `error_type`, `error_message` | string or null | the exception, if any |
 //! | `result` | string or null | repr of the final expression's value |
 //! | `timed_out` | bool | stopped by the timeout |
+//! | `interrupted` | bool | stopped by an `interrupt` request |
+//! | `stopped_by` | string or null | `interrupt` (SIGINT, state kept) or `kill` (worker mode) |
 //! | `added_vars`, `removed_vars`, `added_imports` | array of strings | sorted names |
 //! | `mode` | string | `in_process` or `worker` |
 //! | `warnings` | array of strings | what went wrong around the cell without failing it |
@@ -77,6 +79,12 @@ pub struct ExecutionRecord<'a> {
     /// Whether the timeout stopped the cell.
     #[serde(default)]
     pub timed_out: bool,
+    /// Whether an interrupt request stopped the cell.
+    #[serde(default)]
+    pub interrupted: bool,
+    /// `interrupt` or `kill` when the cell was stopped.
+    #[serde(default)]
+    pub stopped_by: Option<Cow<'a, str>>,
     /// Names the cell added.
     pub added_vars: Cow<'a, [String]>,
     /// Names the cell removed.

@@ -175,6 +175,8 @@ pub(crate) mod tests_support {
             error_message: None,
             result: None,
             timed_out: false,
+            interrupted: false,
+            stopped_by: None,
             added_vars: Cow::Owned(vec!["x".into()]),
             removed_vars: Cow::Borrowed(&[]),
             added_imports: Cow::Borrowed(&[]),

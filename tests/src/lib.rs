@@ -283,6 +283,11 @@ impl Kernel {
         }
     }
 
+    /// Closes the kernel's stdin without waiting.
+    pub fn close_stdin(&mut self) {
+        drop(self.stdin.take());
+    }
+
     /// Closes stdin and waits (bounded) for the kernel to exit.
     pub fn close(&mut self) -> ExitStatus {
         drop(self.stdin.take());

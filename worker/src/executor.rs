@@ -83,6 +83,8 @@ pub struct CellOutcome {
     pub kind: ExecutionKind,
     /// Stopped by the timeout.
     pub timed_out: bool,
+    /// Stopped by an interrupt request.
+    pub interrupted: bool,
     /// Names bound by the cell (sorted).
     pub added_vars: Vec<String>,
     /// Names unbound by the cell (sorted).
@@ -191,6 +193,11 @@ impl Executor {
         })
     }
 
+    /// A handle other threads use to interrupt the running cell.
+    pub fn interrupter(&self) -> crate::monitor::Interrupter {
+        self.monitor.interrupter()
+    }
+
     /// The interpreter's identity.
     pub fn info(&self) -> &PythonInfo {
         &self.info
@@ -226,6 +233,7 @@ impl Executor {
             error: None,
             kind: ExecutionKind::Success,
             timed_out: false,
+            interrupted: false,
             added_vars: Vec::new(),
             removed_vars: Vec::new(),
             added_imports: Vec::new(),
@@ -247,8 +255,8 @@ impl Executor {
                 let starts = [self.capture.stdout.cursor(), self.capture.stderr.cursor()];
                 self.monitor.begin(timeout, &starts);
                 let r = run(py, exec_part, eval_part, &globals);
-                let fired = self.monitor.end();
-                if fired {
+                let stopped = self.monitor.end();
+                if stopped.any() {
                     // The SIGINT may still be on its way; take it here, not in the next cell.
                     absorb_pending_signals();
                 }
@@ -256,7 +264,10 @@ impl Executor {
                     Ok(v) => out.result = v,
                     Err(e) => {
                         out.kind = ExecutionKind::RuntimeError;
-                        out.timed_out = fired && e.is_instance_of::<PyKeyboardInterrupt>(py);
+                        if e.is_instance_of::<PyKeyboardInterrupt>(py) {
+                            out.timed_out = stopped.timeout;
+                            out.interrupted = stopped.interrupt && !stopped.timeout;
+                        }
                         error = Some(e);
                     }
                 }
@@ -285,6 +296,8 @@ impl Executor {
                         "cell timed out after {} ms and was interrupted (KeyboardInterrupt)",
                         timeout.as_millis()
                     );
+                } else if out.interrupted {
+                    err.message = "cell interrupted on request (KeyboardInterrupt)".to_owned();
                 }
                 if !out.stderr.is_empty() && !out.stderr.ends_with('\n') {
                     out.stderr.push('\n');

@@ -25,3 +25,4 @@ pub mod stdio;
 
 pub use executor::{CellOutcome, Executor, ExecutorConfig, ExecutorError, PythonInfo};
 pub use interpreter::{resolve_python, InitError};
+pub use monitor::Interrupter;

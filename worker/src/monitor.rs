@@ -37,8 +37,10 @@ const PAGE: u64 = 4096;
 struct State {
     running: bool,
     deadline: Instant,
-    /// When SIGINT was last sent for the running cell.
+    /// When SIGINT was last sent for the running cell because its timeout passed.
     fired_at: Option<Instant>,
+    /// SIGINT was sent to the running cell on request ([`Interrupter::interrupt`]).
+    interrupted: bool,
     /// Per stream: where the running cell's output starts, and up to where its dropped
     /// middle has been released.
     starts: Vec<u64>,
@@ -70,6 +72,7 @@ impl Monitor {
                 running: false,
                 deadline: Instant::now(),
                 fired_at: None,
+                interrupted: false,
                 starts: vec![0; streams.len()],
                 released: vec![0; streams.len()],
             }),
@@ -93,6 +96,7 @@ impl Monitor {
             st.running = true;
             st.deadline = Instant::now() + timeout;
             st.fired_at = None;
+            st.interrupted = false;
             st.starts.copy_from_slice(starts);
             st.released.copy_from_slice(starts);
         }
@@ -102,11 +106,59 @@ impl Monitor {
         }
     }
 
-    /// The cell ended; returns whether SIGINT was sent to it.
-    pub fn end(&self) -> bool {
+    /// The cell ended; says whether SIGINT was sent to it, and why.
+    pub fn end(&self) -> Stopped {
         let mut st = lock(&self.shared.state);
         st.running = false;
-        st.fired_at.take().is_some()
+        Stopped {
+            timeout: st.fired_at.take().is_some(),
+            interrupt: std::mem::take(&mut st.interrupted),
+        }
+    }
+
+    /// A handle other threads use to interrupt the running cell.
+    pub fn interrupter(&self) -> Interrupter {
+        Interrupter {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// Why SIGINT was sent to a cell (both can be true).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stopped {
+    /// Its timeout passed.
+    pub timeout: bool,
+    /// An interrupt was requested.
+    pub interrupt: bool,
+}
+
+impl Stopped {
+    /// Whether SIGINT was sent at all.
+    pub fn any(self) -> bool {
+        self.timeout || self.interrupt
+    }
+}
+
+/// Interrupts the running cell from any thread: SIGINT to the executing thread, so the cell
+/// gets `KeyboardInterrupt`. Sent under the same lock as the timeout's, so it can never hit
+/// a cell other than the one running when it was asked for.
+#[derive(Debug, Clone)]
+pub struct Interrupter {
+    shared: Arc<Shared>,
+}
+
+impl Interrupter {
+    /// Interrupts the running cell; false if no cell is running.
+    pub fn interrupt(&self) -> bool {
+        let mut st = lock(&self.shared.state);
+        if !st.running {
+            return false;
+        }
+        // SAFETY: `target` is the executing thread, alive for the process's life.
+        unsafe { libc::pthread_kill(self.shared.target, libc::SIGINT) };
+        st.interrupted = true;
+        true
     }
 }
 
@@ -182,7 +234,9 @@ fn limit_output(shared: &Shared, starts: &[u64], released: &mut [u64]) {
     }
 }
 
-fn block_sigint() {
+/// Blocks SIGINT on the calling thread, so that SIGINT aimed at the process is handled by
+/// Python on its main thread.
+pub fn block_sigint() {
     // SAFETY: plain libc calls on a local signal set.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();

@@ -1,0 +1,288 @@
+//! The protocol front shared by the request thread and the busy-time watcher.
+//!
+//! While idle, the request thread (Python's main thread) reads requests itself and answers
+//! them in order: no thread hop on the request path. While a cell runs it cannot read, so a
+//! **watcher** thread takes over stdin: it answers `status` and `interrupt` at once (the only
+//! requests answered out of order) and queues every other request, parsed, for the request
+//! thread to answer in order after the cell.
+//!
+//! The two never read at the same time: the watcher reads only while `busy` is set and it
+//! holds the reader lock, and it re-checks `busy` after taking the lock; the request thread
+//! clears `busy` before taking the lock and looks at the queue first. The reader keeps
+//! partial lines between the two ([`crate::line_reader`]).
+//!
+//! Like the monitor, the watcher is not woken per cell: it ticks every 50 ms and, after a
+//! second without cells, sleeps until the request thread wakes it at the next cell.
+
+use crate::line_reader::{Line, LineReader};
+use crate::records::Flusher;
+use crate::server::ReplyWriter;
+use flowrepl_protocol::jsonrpc::Response;
+use flowrepl_protocol::{Call, ErrorCode, Id, Request, RpcError, StatusInfo};
+use flowrepl_worker::Interrupter;
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::Duration;
+
+const TICK: Duration = Duration::from_millis(50);
+const IDLE_TICKS_BEFORE_DEEP_SLEEP: u32 = 20;
+
+/// One unit of input, parsed and owned.
+#[derive(Debug)]
+pub enum Item {
+    /// A request; `call` is the error to answer when it is malformed.
+    Request {
+        /// `None` for a notification.
+        id: Option<Id>,
+        /// What to do.
+        call: Result<Call, RpcError>,
+    },
+    /// A line that is not a request at all (answered with `id: null`).
+    Bad(RpcError),
+    /// A blank line: ignored.
+    Blank,
+    /// End of input.
+    Eof,
+}
+
+impl Item {
+    fn from_line(line: Line<'_>, max_request_bytes: usize) -> Item {
+        match line {
+            Line::Eof => Item::Eof,
+            Line::TooLong { len } => {
+                tracing::warn!(len, "request line over the limit discarded");
+                Item::Bad(RpcError::new(
+                    ErrorCode::RequestTooLarge,
+                    format!(
+                        "request too large: {len} bytes (limit {max_request_bytes}; see FLOWREPL_MAX_REQUEST_BYTES)"
+                    ),
+                ))
+            }
+            Line::Complete(l) if l.iter().all(u8::is_ascii_whitespace) => Item::Blank,
+            Line::Complete(l) => match Request::parse(l) {
+                Ok(req) => Item::Request {
+                    call: Call::from_request(&req),
+                    id: req.id,
+                },
+                Err(e) => {
+                    tracing::debug!(error = %e, "bad request line");
+                    Item::Bad(e)
+                }
+            },
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// State shared by the request thread and the watcher.
+pub struct Front {
+    reader: Mutex<LineReader<File>>,
+    input_fd: RawFd,
+    writer: Mutex<ReplyWriter>,
+    queue: Mutex<VecDeque<Item>>,
+    busy: AtomicBool,
+    deep_sleep: AtomicBool,
+    status: StatusInfo,
+    started_cells: AtomicU64,
+    interrupter: Interrupter,
+    flusher: Flusher,
+    max_request_bytes: usize,
+}
+
+impl Front {
+    /// A front over the protocol's input and output.
+    pub fn new(
+        input: File,
+        output: File,
+        max_request_bytes: usize,
+        status: StatusInfo,
+        interrupter: Interrupter,
+        flusher: Flusher,
+    ) -> Front {
+        Front {
+            input_fd: input.as_raw_fd(),
+            reader: Mutex::new(LineReader::new(input, max_request_bytes)),
+            writer: Mutex::new(ReplyWriter::new(output)),
+            queue: Mutex::new(VecDeque::new()),
+            busy: AtomicBool::new(false),
+            deep_sleep: AtomicBool::new(false),
+            status,
+            started_cells: AtomicU64::new(0),
+            interrupter,
+            flusher,
+            max_request_bytes,
+        }
+    }
+
+    /// The reply writer (held briefly per reply).
+    pub fn writer(&self) -> MutexGuard<'_, ReplyWriter> {
+        lock(&self.writer)
+    }
+
+    /// The next item for the request thread: queued ones first, else read (blocking).
+    pub fn next_item(&self) -> io::Result<Item> {
+        if let Some(item) = lock(&self.queue).pop_front() {
+            return Ok(item);
+        }
+        let mut reader = lock(&self.reader);
+        // The watcher may have queued something while we waited for the reader.
+        if let Some(item) = lock(&self.queue).pop_front() {
+            return Ok(item);
+        }
+        let line = reader.next_line()?;
+        Ok(Item::from_line(line, self.max_request_bytes))
+    }
+
+    /// A cell starts: the watcher takes over stdin.
+    pub fn begin_cell(&self, watcher: &thread::Thread) {
+        self.started_cells.fetch_add(1, Ordering::Relaxed);
+        self.busy.store(true, Ordering::SeqCst);
+        if self.deep_sleep.load(Ordering::SeqCst) {
+            watcher.unpark();
+        }
+    }
+
+    /// The cell ended: stdin is the request thread's again.
+    pub fn end_cell(&self) {
+        self.busy.store(false, Ordering::SeqCst);
+    }
+
+    /// The `status` answer; waits for pending log records first.
+    pub fn status(&self) -> StatusInfo {
+        self.flusher.flush();
+        let mut s = self.status.clone();
+        s.execution_count = self.started_cells.load(Ordering::Relaxed);
+        s.busy = self.busy.load(Ordering::SeqCst);
+        s
+    }
+
+    /// Answers `interrupt`: SIGINT to the running cell, if any.
+    pub fn interrupt(&self) -> InterruptReply {
+        let interrupted = self.interrupter.interrupt();
+        tracing::info!(interrupted, "interrupt requested");
+        InterruptReply { interrupted }
+    }
+
+    /// Starts the watcher thread.
+    pub fn spawn_watcher(self: &Arc<Self>) -> io::Result<thread::JoinHandle<()>> {
+        let front = Arc::clone(self);
+        thread::Builder::new()
+            .name("flowrepl-watcher".into())
+            .spawn(move || front.watch())
+    }
+
+    fn watch(&self) {
+        flowrepl_worker::monitor::block_sigint();
+        let mut idle_ticks = 0;
+        let mut eof = false;
+        loop {
+            if !self.busy.load(Ordering::SeqCst) {
+                if idle_ticks < IDLE_TICKS_BEFORE_DEEP_SLEEP {
+                    idle_ticks += 1;
+                    thread::park_timeout(TICK);
+                } else {
+                    self.deep_sleep.store(true, Ordering::SeqCst);
+                    if !self.busy.load(Ordering::SeqCst) {
+                        thread::park();
+                    }
+                    self.deep_sleep.store(false, Ordering::SeqCst);
+                    idle_ticks = 0;
+                }
+                continue;
+            }
+            idle_ticks = 0;
+            if eof {
+                thread::park_timeout(TICK);
+                continue;
+            }
+            // Requests already buffered (pipelined behind the running cell) come first.
+            self.take_lines(false, &mut eof);
+            if !eof && poll_readable(self.input_fd, TICK) {
+                self.take_lines(true, &mut eof);
+            }
+        }
+    }
+
+    /// Under the reader lock and only while busy: handles the complete lines buffered, after
+    /// one `read(2)` if `read` (the caller polled first, so it does not block).
+    fn take_lines(&self, read: bool, eof: &mut bool) {
+        let mut reader = lock(&self.reader);
+        if !self.busy.load(Ordering::SeqCst) {
+            return;
+        }
+        if read {
+            if let Err(e) = reader.fill() {
+                tracing::warn!(error = %e, "reading requests while busy failed");
+                *eof = true;
+                lock(&self.queue).push_back(Item::Eof);
+                return;
+            }
+        }
+        loop {
+            let item = match reader.buffered_line() {
+                Ok(Some(line)) => Item::from_line(line, self.max_request_bytes),
+                Ok(None) => break,
+                Err(_) => Item::Eof,
+            };
+            match item {
+                Item::Request {
+                    id,
+                    call: Ok(Call::Status),
+                } => {
+                    let status = self.status();
+                    self.reply(id.as_ref(), &status);
+                }
+                Item::Request {
+                    id,
+                    call: Ok(Call::Interrupt),
+                } => {
+                    let r = self.interrupt();
+                    self.reply(id.as_ref(), &r);
+                }
+                Item::Eof => {
+                    *eof = true;
+                    lock(&self.queue).push_back(Item::Eof);
+                    break;
+                }
+                Item::Blank => {}
+                other => lock(&self.queue).push_back(other),
+            }
+        }
+    }
+
+    fn reply<T: Serialize>(&self, id: Option<&Id>, result: &T) {
+        if let Some(id) = id {
+            if let Err(e) = self.writer().send(&Response::new(id, result)) {
+                tracing::warn!(error = %e, "writing a reply while busy failed");
+            }
+        }
+    }
+}
+
+/// The answer to `interrupt`.
+#[derive(Debug, Serialize)]
+pub struct InterruptReply {
+    /// A running cell was sent SIGINT.
+    pub interrupted: bool,
+}
+
+/// Waits up to `timeout` for `fd` to be readable (or at EOF).
+fn poll_readable(fd: RawFd, timeout: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) };
+    n > 0 && p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+}
