@@ -189,6 +189,8 @@ impl Executor {
             exec.rebaseline(py);
             // Output written while starting (site, .pth files) is not a cell's.
             exec.discard_output();
+            exec.monitor
+                .idle_from(&[exec.capture.stdout.cursor(), exec.capture.stderr.cursor()]);
             Ok(exec)
         })
     }
@@ -275,6 +277,8 @@ impl Executor {
         }
         let t_exec = Instant::now();
         self.collect_output(py, &mut out);
+        self.monitor
+            .idle_from(&[self.capture.stdout.cursor(), self.capture.stderr.cursor()]);
         let t_capture = Instant::now();
         let modules = self.modules.bind(py).clone();
         self.var_snapshot

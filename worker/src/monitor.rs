@@ -8,9 +8,12 @@
 //! - when a cell's output passes the per-stream limit, releases the middle of it (see
 //!   [`crate::capture`]), so a runaway `print` loop cannot exhaust memory.
 //!
+//! Between cells it keeps applying the output limit to what background threads and child
+//! processes write, ticking once a second after a second without cells.
+//!
 //! Starting a cell costs no syscall and wakes nothing: [`Monitor::begin`] only records the
 //! cell; the next tick sees it (and sleeps exactly until the deadline from then on). Only a
-//! timeout shorter than a tick, or a monitor in deep sleep (no cell for a second), gets an
+//! timeout shorter than a tick, or a monitor ticking slowly (no cell for a second), gets an
 //! explicit wake-up. Waking the thread on every cell cost ~8% of the kernel's CPU time on
 //! `x = 1` and a cross-CPU wake-up.
 //!
@@ -28,8 +31,11 @@ use std::time::{Duration, Instant};
 
 /// How often the monitor looks at a running cell.
 pub const TICK: Duration = Duration::from_millis(50);
-/// Idle ticks before the monitor sleeps until woken.
-const IDLE_TICKS_BEFORE_DEEP_SLEEP: u32 = 20;
+/// Idle ticks before the monitor slows down to [`SLOW_TICK`].
+const IDLE_TICKS_BEFORE_SLOW: u32 = 20;
+/// How often an idle monitor looks at output written between cells (by background threads
+/// or child processes), which the output limit bounds too.
+const SLOW_TICK: Duration = Duration::from_secs(1);
 const RESEND: Duration = Duration::from_secs(1);
 const PAGE: u64 = 4096;
 
@@ -53,8 +59,8 @@ struct Shared {
     streams: Vec<Arc<OwnedFd>>,
     target: libc::pthread_t,
     max_output_bytes: u64,
-    /// The monitor is parked without a timeout and must be woken to see a cell.
-    deep_sleep: AtomicBool,
+    /// The monitor ticks slowly and must be woken to see a cell in time.
+    slow: AtomicBool,
 }
 
 /// Handle to the monitor thread. Create it on the thread that executes cells.
@@ -80,7 +86,7 @@ impl Monitor {
             // SAFETY: pthread_self has no preconditions.
             target: unsafe { libc::pthread_self() },
             max_output_bytes,
-            deep_sleep: AtomicBool::new(false),
+            slow: AtomicBool::new(false),
         });
         let s = Arc::clone(&shared);
         let thread = thread::Builder::new()
@@ -101,7 +107,7 @@ impl Monitor {
             st.released.copy_from_slice(starts);
         }
         // SeqCst pairs with the monitor's store-then-recheck before it parks for good.
-        if timeout < TICK || self.shared.deep_sleep.load(Ordering::SeqCst) {
+        if timeout < TICK || self.shared.slow.load(Ordering::SeqCst) {
             self.thread.thread().unpark();
         }
     }
@@ -114,6 +120,14 @@ impl Monitor {
             timeout: st.fired_at.take().is_some(),
             interrupt: std::mem::take(&mut st.interrupted),
         }
+    }
+
+    /// After the cell's output was read: output from `cursors` on is unread (background
+    /// writers may add to it before the next cell), and the limit applies to it.
+    pub fn idle_from(&self, cursors: &[u64]) {
+        let mut st = lock(&self.shared.state);
+        st.starts.copy_from_slice(cursors);
+        st.released.copy_from_slice(cursors);
     }
 
     /// A handle other threads use to interrupt the running cell.
@@ -172,6 +186,10 @@ fn run(shared: &Shared) {
     loop {
         let wait = {
             let mut st = lock(&shared.state);
+            let st = &mut *st;
+            // Output past the limit is released whether a cell runs or not: a background
+            // `yes` started by a cell writes between cells too.
+            limit_output(shared, &st.starts, &mut st.released);
             if st.running {
                 idle_ticks = 0;
                 let now = Instant::now();
@@ -183,34 +201,28 @@ fn run(shared: &Shared) {
                         st.fired_at = Some(now);
                     }
                 }
-                let st = &mut *st;
-                limit_output(shared, &st.starts, &mut st.released);
                 let until_deadline = st.deadline.saturating_duration_since(now);
-                Some(if until_deadline.is_zero() {
+                if until_deadline.is_zero() {
                     TICK
                 } else {
                     TICK.min(until_deadline)
-                })
-            } else if idle_ticks < IDLE_TICKS_BEFORE_DEEP_SLEEP {
+                }
+            } else if idle_ticks < IDLE_TICKS_BEFORE_SLOW {
                 idle_ticks += 1;
-                Some(TICK)
+                TICK
             } else {
-                shared.deep_sleep.store(true, Ordering::SeqCst);
+                shared.slow.store(true, Ordering::SeqCst);
                 // A cell may have begun before the flag was visible: look once more.
                 if st.running {
-                    shared.deep_sleep.store(false, Ordering::SeqCst);
+                    shared.slow.store(false, Ordering::SeqCst);
                     continue;
                 }
-                None
+                SLOW_TICK
             }
         };
-        match wait {
-            Some(d) => thread::park_timeout(d),
-            None => {
-                thread::park();
-                shared.deep_sleep.store(false, Ordering::SeqCst);
-                idle_ticks = 0;
-            }
+        thread::park_timeout(wait);
+        if shared.slow.swap(false, Ordering::SeqCst) {
+            idle_ticks = 0;
         }
     }
 }
