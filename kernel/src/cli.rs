@@ -10,7 +10,7 @@ use std::path::PathBuf;
 #[derive(Debug, Parser)]
 #[command(name = "flowrepl", version, about)]
 pub struct Cli {
-    /// Directory of the per-task JSONL logs: <log-dir>/<plan_id>/<task_id>.jsonl.
+    /// Directory of the per-task JSONL logs: `<log-dir>/<plan_id>/<task_id>.jsonl`.
     #[arg(long, env = "FLOWREPL_LOG_DIR", default_value = ".flowrepl/logs")]
     pub log_dir: PathBuf,
 
