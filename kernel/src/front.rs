@@ -239,14 +239,14 @@ impl Front {
                     call: Ok(Call::Status),
                 } => {
                     let status = self.status();
-                    self.reply(id.as_ref(), &status);
+                    self.reply_while_busy(id.as_ref(), &status);
                 }
                 Item::Request {
                     id,
                     call: Ok(Call::Interrupt),
                 } => {
                     let r = self.interrupt();
-                    self.reply(id.as_ref(), &r);
+                    self.reply_while_busy(id.as_ref(), &r);
                 }
                 Item::Eof => {
                     *eof = true;
@@ -259,11 +259,18 @@ impl Front {
         }
     }
 
-    fn reply<T: Serialize>(&self, id: Option<&Id>, result: &T) {
-        if let Some(id) = id {
-            if let Err(e) = self.writer().send(&Response::new(id, result)) {
-                tracing::warn!(error = %e, "writing a reply while busy failed");
-            }
+    /// Answers a request; notifications (no id) get nothing.
+    pub fn reply<T: Serialize>(&self, id: Option<&Id>, result: &T) -> io::Result<()> {
+        match id {
+            Some(id) => self.writer().send(&Response::new(id, result)),
+            None => Ok(()),
+        }
+    }
+
+    /// Answers from the watcher, which has nobody to hand a write error to.
+    fn reply_while_busy<T: Serialize>(&self, id: Option<&Id>, result: &T) {
+        if let Err(e) = self.reply(id, result) {
+            tracing::warn!(error = %e, "writing a reply while busy failed");
         }
     }
 }

@@ -94,12 +94,6 @@ impl<R: Read> LineReader<R> {
         Ok(None)
     }
 
-    /// Whether unconsumed bytes are buffered (a request may be waiting without the fd being
-    /// readable).
-    pub fn has_buffered(&self) -> bool {
-        self.start < self.end
-    }
-
     /// One `read(2)` into the buffer; returns the bytes read (0 at EOF).
     pub fn fill(&mut self) -> io::Result<usize> {
         if self.start == self.end {
@@ -155,18 +149,17 @@ impl<R: Read> LineReader<R> {
             } else if done && self.line.is_empty() {
                 // The whole line is in `buf`: hand it out from there, no copy.
                 self.out = (from, from + chunk_len);
-                return Ok(self.complete(false));
+                self.out_in_line = false;
+                return Ok(true);
             } else {
                 self.line
                     .extend_from_slice(&self.buf[from..from + chunk_len]);
             }
         }
-        Ok(done && self.complete(true))
-    }
-
-    fn complete(&mut self, in_line: bool) -> bool {
-        self.out_in_line = in_line;
-        true
+        if done {
+            self.out_in_line = true;
+        }
+        Ok(done)
     }
 
     /// The line just completed.

@@ -267,7 +267,7 @@ fn record<'a>(
 }
 
 /// An error and its sources, joined with `: `.
-pub fn chain(e: &dyn std::error::Error) -> String {
+fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

@@ -8,7 +8,7 @@
 
 use crate::front::{Front, Item};
 use crate::session::Session;
-use flowrepl_protocol::jsonrpc::{ErrorResponse, Notification, Response};
+use flowrepl_protocol::jsonrpc::{ErrorResponse, Notification};
 use flowrepl_protocol::{Call, ExecuteResult, Id, RpcError, READY_MARKER};
 use serde::Serialize;
 use std::fs::File;
@@ -107,24 +107,12 @@ pub fn serve(session: &mut Session, front: &Arc<Front>) -> io::Result<Ended> {
                 }
                 session.record(params, result);
             }
-            Call::Status => reply(front, id.as_ref(), &front.status())?,
-            Call::Interrupt => reply(front, id.as_ref(), &front.interrupt())?,
+            Call::Status => front.reply(id.as_ref(), &front.status())?,
+            Call::Interrupt => front.reply(id.as_ref(), &front.interrupt())?,
             Call::Shutdown => {
-                reply(
-                    front,
-                    id.as_ref(),
-                    &serde_json::json!({"shutting_down": true}),
-                )?;
+                front.reply(id.as_ref(), &serde_json::json!({"shutting_down": true}))?;
                 return Ok(Ended::Shutdown);
             }
         }
-    }
-}
-
-/// Answers a request; notifications (no id) get nothing.
-fn reply<T: Serialize>(front: &Front, id: Option<&Id>, result: &T) -> io::Result<()> {
-    match id {
-        Some(id) => front.writer().send(&Response::new(id, result)),
-        None => Ok(()),
     }
 }

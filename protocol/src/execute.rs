@@ -66,6 +66,17 @@ pub enum ExecutionKind {
     RuntimeError,
 }
 
+impl ExecutionKind {
+    /// The name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutionKind::Success => "success",
+            ExecutionKind::SyntaxError => "syntax_error",
+            ExecutionKind::RuntimeError => "runtime_error",
+        }
+    }
+}
+
 /// The exception a cell raised.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecError {

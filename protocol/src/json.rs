@@ -7,7 +7,7 @@
 //! with it. Its output is the same JSON, byte for byte, as serde_json's for the same value;
 //! the tests below compare the two.
 
-use crate::execute::{ExecuteResult, ExecutionKind, Mode};
+use crate::execute::ExecuteResult;
 use crate::jsonrpc::Id;
 
 const LO: u64 = 0x0101_0101_0101_0101;
@@ -108,18 +108,6 @@ fn write_f64(out: &mut Vec<u8>, v: f64) {
     serde_json::to_writer(&mut *out, &v).expect("writing to a Vec cannot fail");
 }
 
-fn mode_str(m: Mode) -> &'static str {
-    m.as_str()
-}
-
-fn kind_str(k: ExecutionKind) -> &'static str {
-    match k {
-        ExecutionKind::Success => "success",
-        ExecutionKind::SyntaxError => "syntax_error",
-        ExecutionKind::RuntimeError => "runtime_error",
-    }
-}
-
 /// Appends `{"jsonrpc":"2.0","id":…,"result":{…}}` for an `execute_code` reply.
 pub fn write_execute_response(out: &mut Vec<u8>, id: &Id, r: &ExecuteResult) {
     use std::io::Write as _;
@@ -155,7 +143,7 @@ pub fn write_execute_response(out: &mut Vec<u8>, id: &Id, r: &ExecuteResult) {
     let _ = write!(
         out,
         ",\"mode\":\"{}\",\"timed_out\":{},\"interrupted\":{},\"stopped_by\":",
-        mode_str(r.mode),
+        r.mode.as_str(),
         r.timed_out,
         r.interrupted
     );
@@ -183,8 +171,8 @@ pub fn write_execute_response(out: &mut Vec<u8>, id: &Id, r: &ExecuteResult) {
     let _ = write!(
         out,
         ",\"debug_info\":{{\"execution\":\"{}\",\"execution_mode\":\"{}\",\"elapsed_ms\":",
-        kind_str(d.execution),
-        mode_str(d.execution_mode)
+        d.execution.as_str(),
+        d.execution_mode.as_str()
     );
     write_f64(out, d.elapsed_ms);
     let p = &d.phases_us;
@@ -198,7 +186,7 @@ pub fn write_execute_response(out: &mut Vec<u8>, id: &Id, r: &ExecuteResult) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::execute::{DebugInfo, ExecError, PhaseTimings};
+    use crate::execute::{DebugInfo, ExecError, ExecutionKind, Mode, PhaseTimings};
     use crate::jsonrpc::Response;
 
     fn same_as_serde(s: &str) {

@@ -222,12 +222,7 @@ impl Executor {
         let t0 = Instant::now();
         // A SIGINT that arrived while idle must not interrupt this cell. (A signal not yet
         // delivered cannot be pending: delivery happens on the way back from any syscall.)
-        // SAFETY: GIL held.
-        unsafe {
-            if ffi::PyErr_CheckSignals() != 0 {
-                ffi::PyErr_Clear();
-            }
-        }
+        clear_pending_signals();
         let mut out = CellOutcome {
             stdout: String::new(),
             stderr: String::new(),
@@ -628,16 +623,22 @@ fn flush_std_streams(py: Python<'_>) -> bool {
     ok
 }
 
-/// Lets a pending signal be delivered (any syscall does), runs Python's handlers, and drops
-/// the `KeyboardInterrupt` they raise.
-fn absorb_pending_signals() {
-    // SAFETY: getpid has no preconditions; the GIL is held for PyErr_*.
+/// Runs Python's handlers for signals already delivered and drops the `KeyboardInterrupt`
+/// they raise. Needs the GIL.
+fn clear_pending_signals() {
+    // SAFETY: the callers hold the GIL.
     unsafe {
-        libc::syscall(libc::SYS_getpid);
         if ffi::PyErr_CheckSignals() != 0 {
             ffi::PyErr_Clear();
         }
     }
+}
+
+/// Lets a SIGINT still in flight be delivered (any syscall does), then clears it.
+fn absorb_pending_signals() {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_getpid) };
+    clear_pending_signals();
 }
 
 impl Drop for Executor {
