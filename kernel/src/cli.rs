@@ -36,4 +36,29 @@ pub struct Cli {
     /// Run cells in a keep-alive worker subprocess (also USE_SUBPROCESS_WORKER=1).
     #[arg(long)]
     pub worker: bool,
+
+    /// Worker mode: after SIGINT (timeout or interrupt), how long a cell has to stop before
+    /// the worker's process group is killed, in milliseconds.
+    #[arg(long, env = "FLOWREPL_KILL_GRACE_MS", default_value_t = 2000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub kill_grace_ms: u64,
+
+    /// Worker mode: address-space limit of the worker (RLIMIT_AS), in MiB. A cell that
+    /// exceeds it gets MemoryLimitExceeded; the session survives.
+    #[arg(long, env = "FLOWREPL_MEMORY_MB", value_parser = clap::value_parser!(u64).range(64..))]
+    pub memory_mb: Option<u64>,
+
+    /// Worker mode: CPU seconds a cell may use (RLIMIT_CPU, re-armed per cell). Past it the
+    /// worker is ended (CpuLimitExceeded) and a fresh one started.
+    #[arg(long, env = "FLOWREPL_CPU_SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub cpu_seconds: Option<u64>,
+
+    /// Worker mode: processes the worker's user may have (RLIMIT_NPROC; counts all of that
+    /// user's processes, and Linux does not apply it to root).
+    #[arg(long, env = "FLOWREPL_MAX_PROCS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_procs: Option<u64>,
+
+    /// Worker mode: the `flowrepl-worker` executable (default: next to `flowrepl`).
+    #[arg(long, env = "FLOWREPL_WORKER_BIN", value_name = "PATH")]
+    pub worker_bin: Option<PathBuf>,
 }

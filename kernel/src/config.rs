@@ -44,14 +44,27 @@ pub struct Config {
     pub max_output_bytes: u64,
     /// The python to emulate.
     pub python: PathBuf,
+    /// Worker mode, when set.
+    pub worker: Option<WorkerConfig>,
+}
+
+/// Worker mode settings.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The `flowrepl-worker` executable.
+    pub exe: PathBuf,
+    /// Grace period between SIGINT and SIGKILL.
+    pub kill_grace: std::time::Duration,
+    /// Limits of the worker.
+    pub limits: crate::worker_proc::Limits,
 }
 
 /// Why the configuration is unusable.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// Worker mode was asked for.
-    #[error("worker mode (--worker / USE_SUBPROCESS_WORKER=1) is not available in this build; unset it to run cells in-process")]
-    WorkerUnavailable,
+    /// Worker mode was asked for but the worker executable is missing.
+    #[error("worker mode: {0} not found (build it with `cargo build --release`, or set FLOWREPL_WORKER_BIN)")]
+    WorkerMissing(String),
     /// The log directory cannot be made absolute (no working directory).
     #[error("cannot resolve the log directory")]
     LogDir(#[source] std::io::Error),
@@ -65,9 +78,6 @@ impl Config {
     pub fn resolve(cli: &Cli) -> Result<Config, ConfigError> {
         let worker_env = std::env::var("USE_SUBPROCESS_WORKER")
             .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
-        if cli.worker || worker_env {
-            return Err(ConfigError::WorkerUnavailable);
-        }
         let identity = Identity::from_env();
         // Absolute, so that a cell's os.chdir() cannot move where a reopened log goes.
         let log_dir = std::path::absolute(&cli.log_dir).map_err(ConfigError::LogDir)?;
@@ -77,8 +87,36 @@ impl Config {
             cli.python.as_deref(),
             std::env::var_os("VIRTUAL_ENV").as_deref(),
         )?;
+        let limits = crate::worker_proc::Limits {
+            memory_mb: cli.memory_mb,
+            cpu_seconds: cli.cpu_seconds,
+            max_procs: cli.max_procs,
+        };
+        let worker = if cli.worker || worker_env {
+            let exe = match &cli.worker_bin {
+                Some(p) => p.clone(),
+                None => std::env::current_exe()
+                    .ok()
+                    .and_then(|e| e.parent().map(|d| d.join("flowrepl-worker")))
+                    .unwrap_or_else(|| PathBuf::from("flowrepl-worker")),
+            };
+            if !exe.is_file() {
+                return Err(ConfigError::WorkerMissing(exe.display().to_string()));
+            }
+            Some(WorkerConfig {
+                exe,
+                kill_grace: std::time::Duration::from_millis(cli.kill_grace_ms),
+                limits,
+            })
+        } else {
+            if limits != Default::default() {
+                tracing::warn!("FLOWREPL_MEMORY_MB / FLOWREPL_CPU_SECONDS / FLOWREPL_MAX_PROCS apply to the worker only; they are ignored in-process");
+            }
+            None
+        };
         Ok(Config {
             identity,
+            worker,
             log_file,
             default_timeout_ms: cli.timeout_ms,
             max_request_bytes: cli.max_request_bytes,

@@ -17,9 +17,9 @@
 use crate::line_reader::{Line, LineReader};
 use crate::records::Flusher;
 use crate::server::ReplyWriter;
+use crate::session::CellControl;
 use flowrepl_protocol::jsonrpc::Response;
 use flowrepl_protocol::{Call, ErrorCode, Id, Request, RpcError, StatusInfo};
-use flowrepl_worker::Interrupter;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::fs::File;
@@ -93,7 +93,7 @@ pub struct Front {
     deep_sleep: AtomicBool,
     status: StatusInfo,
     started_cells: AtomicU64,
-    interrupter: Interrupter,
+    control: CellControl,
     flusher: Flusher,
     max_request_bytes: usize,
 }
@@ -105,7 +105,7 @@ impl Front {
         output: File,
         max_request_bytes: usize,
         status: StatusInfo,
-        interrupter: Interrupter,
+        control: CellControl,
         flusher: Flusher,
     ) -> Front {
         Front {
@@ -117,7 +117,7 @@ impl Front {
             deep_sleep: AtomicBool::new(false),
             status,
             started_cells: AtomicU64::new(0),
-            interrupter,
+            control,
             flusher,
             max_request_bytes,
         }
@@ -162,12 +162,13 @@ impl Front {
         let mut s = self.status.clone();
         s.execution_count = self.started_cells.load(Ordering::Relaxed);
         s.busy = self.busy.load(Ordering::SeqCst);
+        s.worker_pid = self.control.worker_pid();
         s
     }
 
     /// Answers `interrupt`: SIGINT to the running cell, if any.
     pub fn interrupt(&self) -> InterruptReply {
-        let interrupted = self.interrupter.interrupt();
+        let interrupted = self.control.interrupt();
         tracing::info!(interrupted, "interrupt requested");
         InterruptReply { interrupted }
     }

@@ -3,13 +3,14 @@
 //! # Layout
 //! - [`cli`]: flags and their environment variables.
 //! - [`config`]: flags + environment → [`config::Config`] (identity, log path, limits, python).
-//! - [`logging`]: diagnostics to the original stderr.
 //! - [`line_reader`]: bounded request lines.
 //! - [`server`]: the request loop and reply writer.
 //! - [`front`]: stdin and stdout shared with the busy-time watcher (`status`, `interrupt`).
 //! - [`records`]: the task-log record writer thread.
-//! - [`session`]: executor + task log + counters; turns a cell's outcome into a result and a
-//!   record.
+//! - [`session`]: engine (in-process executor or worker) + task log + counters; turns a
+//!   cell's outcome into a result and a record.
+//! - [`worker_client`]: worker mode: frames, output, the stop ladder, crash recovery.
+//! - [`worker_proc`]: spawning, guarding, killing and reaping the worker process.
 //!
 //! # Start-up order
 //! The real stdio is moved out of reach first (so nothing, not even a panic message, can write
@@ -21,10 +22,11 @@ pub mod cli;
 pub mod config;
 pub mod front;
 pub mod line_reader;
-pub mod logging;
 pub mod records;
 pub mod server;
 pub mod session;
+pub mod worker_client;
+pub mod worker_proc;
 
 use std::process::ExitCode;
 
@@ -39,7 +41,14 @@ pub fn run(cli: cli::Cli) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    logging::init(stdio.diagnostics);
+    let diagnostics = match stdio.diagnostics.try_clone() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("flowrepl: cannot set up stdio: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    flowrepl_worker::logging::init(stdio.diagnostics);
     let config = match config::Config::resolve(&cli) {
         Ok(c) => c,
         Err(e) => {
@@ -47,17 +56,14 @@ pub fn run(cli: cli::Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let executor = match flowrepl_worker::Executor::start(&flowrepl_worker::ExecutorConfig {
-        python: config.python.clone(),
-        max_output_bytes: config.max_output_bytes,
-    }) {
+    let engine = match start_engine(&config, diagnostics) {
         Ok(e) => e,
         Err(e) => {
             tracing::error!(error = %e, "cannot start Python");
             return ExitCode::from(1);
         }
     };
-    let mut session = match session::Session::new(executor, &config) {
+    let mut session = match session::Session::new(engine, &config) {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the record writer");
@@ -75,7 +81,7 @@ pub fn run(cli: cli::Cli) -> ExitCode {
         stdio.output,
         config.max_request_bytes,
         session.status_template(),
-        session.interrupter(),
+        session.control(),
         session.flusher(),
     ));
     match server::serve(&mut session, &front) {
@@ -87,6 +93,42 @@ pub fn run(cli: cli::Cli) -> ExitCode {
         Err(e) => {
             tracing::error!(error = %e, "protocol channel failed");
             ExitCode::from(1)
+        }
+    }
+}
+
+/// Starts embedded Python, or the worker (waiting until it is ready).
+fn start_engine(
+    config: &config::Config,
+    diagnostics: std::fs::File,
+) -> Result<session::Engine, Box<dyn std::error::Error>> {
+    match &config.worker {
+        None => {
+            // Fds 1 and 2 become the cells' capture files.
+            let executor = flowrepl_worker::Executor::start(&flowrepl_worker::ExecutorConfig {
+                python: config.python.clone(),
+                max_output_bytes: config.max_output_bytes,
+                sink: None,
+            })?;
+            Ok(session::Engine::InProcess(executor))
+        }
+        Some(w) => {
+            // No Python here: fds 1 and 2 go nowhere, so a stray write cannot reach stdout.
+            let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+            for fd in [1, 2] {
+                flowrepl_worker::stdio::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd)?;
+            }
+            let client = worker_client::WorkerClient::start(
+                worker_proc::SpawnConfig {
+                    exe: w.exe.clone(),
+                    python: config.python.clone(),
+                    max_output_bytes: config.max_output_bytes,
+                    limits: w.limits,
+                },
+                diagnostics,
+                w.kill_grace,
+            )?;
+            Ok(session::Engine::Worker(client))
         }
     }
 }

@@ -263,6 +263,10 @@ fn record<'a>(
         added_imports: Cow::Borrowed(&r.added_imports),
         mode: Cow::Borrowed(mode.as_str()),
         warnings: Cow::Borrowed(&r.warnings),
+        pid: Some(r.usage.pid),
+        cpu_ms: Some(r.usage.cpu_ms),
+        peak_rss_kb: Some(r.usage.peak_rss_kb),
+        state_lost: r.state_lost,
     }
 }
 

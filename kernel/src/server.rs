@@ -9,7 +9,7 @@
 use crate::front::{Front, Item};
 use crate::session::Session;
 use flowrepl_protocol::jsonrpc::{ErrorResponse, Notification};
-use flowrepl_protocol::{Call, ExecuteResult, Id, RpcError, READY_MARKER};
+use flowrepl_protocol::{Call, ErrorCode, ExecuteResult, Id, RpcError, READY_MARKER};
 use serde::Serialize;
 use std::fs::File;
 use std::io::{self, Write};
@@ -109,6 +109,18 @@ pub fn serve(session: &mut Session, front: &Arc<Front>) -> io::Result<Ended> {
             }
             Call::Status => front.reply(id.as_ref(), &front.status())?,
             Call::Interrupt => front.reply(id.as_ref(), &front.interrupt())?,
+            Call::Restart => match session.restart() {
+                Ok(r) => {
+                    tracing::info!(pid = r.pid, "restarted");
+                    front.reply(id.as_ref(), &r)?
+                }
+                Err(e) => {
+                    if let Some(id) = id {
+                        let err = RpcError::new(ErrorCode::InternalError, format!("restart failed: {e}"));
+                        front.writer().error(&err.with_id(Some(id)))?;
+                    }
+                }
+            },
             Call::Shutdown => {
                 front.reply(id.as_ref(), &serde_json::json!({"shutting_down": true}))?;
                 return Ok(Ended::Shutdown);

@@ -5,6 +5,7 @@
 //! | `execute_code` (alias `execute`) | [`ExecuteParams`] | [`crate::ExecuteResult`] |
 //! | `status` (alias `ping`) | none | [`crate::StatusInfo`] |
 //! | `interrupt` | none | `{"interrupted": bool}`: true if a running cell was sent SIGINT |
+//! | `restart` | none | `{"restarted": true, "pid": int, "state_lost": true}`: a fresh worker (worker mode) or a cleared namespace (in-process) |
 //! | `shutdown` | none | `{"shutting_down": true}`, then the kernel exits 0 |
 //!
 //! `status` and `interrupt` are answered at once even while a cell runs; everything else is
@@ -37,6 +38,9 @@ pub enum Call {
     Status,
     /// `interrupt`: stop the running cell with `KeyboardInterrupt`.
     Interrupt,
+    /// `restart`: drop all state. Worker mode: kill the worker's process group and start a
+    /// fresh worker. In-process: clear the `__main__` namespace (loaded modules stay).
+    Restart,
     /// `shutdown`: reply, flush, exit 0.
     Shutdown,
 }
@@ -77,10 +81,11 @@ impl Call {
             "status" | "ping" => no_params(req, Call::Status),
             "shutdown" => no_params(req, Call::Shutdown),
             "interrupt" => no_params(req, Call::Interrupt),
+            "restart" => no_params(req, Call::Restart),
             other => Err(RpcError::new(
                 ErrorCode::MethodNotFound,
                 format!(
-                    "method not found: {other:?} (methods: execute_code, execute, status, ping, interrupt, shutdown)"
+                    "method not found: {other:?} (methods: execute_code, execute, status, ping, interrupt, restart, shutdown)"
                 ),
             )),
         }

@@ -7,6 +7,7 @@
 //!  "interrupted": false, "stopped_by": null,
 //!  "added_vars": ["y"], "removed_vars": [], "added_imports": [], "variable_count": 2,
 //!  "timestamp": "2026-11-22T02:14:11.123Z", "warnings": [],
+//!  "usage": {"pid": 4242, "cpu_ms": 0.031, "peak_rss_kb": 15012}, "state_lost": false,
 //!  "debug_info": {"execution": "success", "execution_mode": "in_process", "elapsed_ms": 0.041,
 //!                 "phases_us": {"compile": 4, "exec": 1, "capture": 1, "diff": 2}}}
 //! ```
@@ -102,6 +103,19 @@ pub struct PhaseTimings {
     pub diff: u64,
 }
 
+/// What the process that ran a cell used during it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResourceUsage {
+    /// The process that ran the cell: the worker in worker mode, the kernel in-process.
+    pub pid: u32,
+    /// User + system CPU time of that process during the cell, in milliseconds (all its
+    /// threads; not its child processes).
+    pub cpu_ms: f64,
+    /// Peak resident set size during the cell, in KiB (the process's high-water mark is reset
+    /// when the cell starts). 0 when unknown.
+    pub peak_rss_kb: u64,
+}
+
 /// Compatibility block for clients of the original Python `json_repl_session`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DebugInfo {
@@ -159,6 +173,13 @@ pub struct ExecuteResult {
     /// Things the caller should know that did not fail the cell (log write failed, output
     /// was not UTF-8, …). Empty when all went well.
     pub warnings: Vec<String>,
+    /// The process that ran the cell, its CPU time and peak RSS during the cell.
+    #[serde(default)]
+    pub usage: ResourceUsage,
+    /// True when the worker died or was killed during this cell (or before it, with a
+    /// `restart`): every variable and import was lost and a fresh worker runs the next cell.
+    #[serde(default)]
+    pub state_lost: bool,
     /// Compatibility and timing details.
     pub debug_info: DebugInfo,
 }

@@ -167,6 +167,14 @@ pub fn write_execute_response(out: &mut Vec<u8>, id: &Id, r: &ExecuteResult) {
     write_str(out, &r.timestamp);
     out.extend_from_slice(b",\"warnings\":");
     write_list(out, &r.warnings);
+    let u = &r.usage;
+    let _ = write!(out, ",\"usage\":{{\"pid\":{},\"cpu_ms\":", u.pid);
+    write_f64(out, u.cpu_ms);
+    let _ = write!(
+        out,
+        ",\"peak_rss_kb\":{}}},\"state_lost\":{}",
+        u.peak_rss_kb, r.state_lost
+    );
     let d = &r.debug_info;
     let _ = write!(
         out,
@@ -258,6 +266,12 @@ mod tests {
             variable_count: 3,
             timestamp: "2026-11-22T02:14:11.123Z".into(),
             warnings: vec!["w".into()],
+            usage: crate::ResourceUsage {
+                pid: 4242,
+                cpu_ms: 0.031,
+                peak_rss_kb: 15012,
+            },
+            state_lost: true,
             debug_info: DebugInfo {
                 execution: ExecutionKind::RuntimeError,
                 execution_mode: Mode::InProcess,

@@ -6,6 +6,7 @@
 //! - [`call`]: the methods the kernel answers, as one enum ([`call::Call`]) with typed params.
 //! - [`execute`]: the result of `execute_code` ([`execute::ExecuteResult`]).
 //! - [`status`]: the answer to `status` and the params of the `ready` notification.
+//! - [`frame`]: the length-prefixed kernel ↔ worker pipe protocol (worker mode).
 //! - [`json`]: a fast writer for `execute_code` replies (same bytes as serde_json).
 //!
 //! # Wire format (front protocol)
@@ -17,13 +18,15 @@
 
 pub mod call;
 pub mod execute;
+pub mod frame;
 pub mod json;
 pub mod jsonrpc;
 pub mod status;
 
 pub use call::{Call, ExecuteParams};
 pub use execute::{
-    DebugInfo, ExecError, ExecuteResult, ExecutionKind, Mode, PhaseTimings, StoppedBy,
+    DebugInfo, ExecError, ExecuteResult, ExecutionKind, Mode, PhaseTimings, ResourceUsage,
+    StoppedBy,
 };
 pub use jsonrpc::{ErrorCode, Id, Request, RpcError};
 pub use status::{StatusInfo, READY_MARKER};

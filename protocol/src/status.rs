@@ -25,6 +25,10 @@ pub struct StatusInfo {
     pub mode: Mode,
     /// The kernel's process id.
     pub pid: u32,
+    /// Worker mode: the current worker's process id. Absent in-process, and while no worker
+    /// runs (between a crash and the respawn).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_pid: Option<u32>,
     /// How many `execute_code` calls the session has started.
     pub execution_count: u64,
     /// True while a cell runs (a `status` sent during a cell is answered at once).

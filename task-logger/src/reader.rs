@@ -104,6 +104,10 @@ fn into_owned(r: ExecutionRecord<'_>) -> ExecutionRecord<'static> {
         added_imports: Owned(r.added_imports.into_owned()),
         mode: own(r.mode),
         warnings: Owned(r.warnings.into_owned()),
+        pid: r.pid,
+        cpu_ms: r.cpu_ms,
+        peak_rss_kb: r.peak_rss_kb,
+        state_lost: r.state_lost,
     }
 }
 

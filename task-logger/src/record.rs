@@ -24,6 +24,10 @@
 //! | `added_vars`, `removed_vars`, `added_imports` | array of strings | sorted names |
 //! | `mode` | string | `in_process` or `worker` |
 //! | `warnings` | array of strings | what went wrong around the cell without failing it |
+//! | `pid` | int | the process that ran the cell (the worker in worker mode, else the kernel) |
+//! | `cpu_ms` | float | CPU time (user + system) of that process during the cell |
+//! | `peak_rss_kb` | int | its peak resident memory during the cell, KiB |
+//! | `state_lost` | bool | the worker died or was killed in this cell: every variable and import was lost |
 //!
 //! Compatibility rule: fields are only ever added within a version; a reader must ignore
 //! fields it does not know. Removing or changing the meaning of a field bumps `version`.
@@ -96,4 +100,16 @@ pub struct ExecutionRecord<'a> {
     /// Warnings about the cell.
     #[serde(default)]
     pub warnings: Cow<'a, [String]>,
+    /// The process that ran the cell (absent in records written before it was added).
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// CPU time of that process during the cell, ms.
+    #[serde(default)]
+    pub cpu_ms: Option<f64>,
+    /// Its peak RSS during the cell, KiB.
+    #[serde(default)]
+    pub peak_rss_kb: Option<u64>,
+    /// The worker died or was killed during the cell.
+    #[serde(default)]
+    pub state_lost: bool,
 }

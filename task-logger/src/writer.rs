@@ -182,6 +182,10 @@ pub(crate) mod tests_support {
             added_imports: Cow::Borrowed(&[]),
             mode: "in_process".into(),
             warnings: Cow::Borrowed(&[]),
+            pid: Some(1),
+            cpu_ms: Some(0.5),
+            peak_rss_kb: Some(1024),
+            state_lost: false,
         }
     }
 }

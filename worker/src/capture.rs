@@ -25,6 +25,26 @@ pub fn kept_ranges(start: u64, size: u64, max: u64) -> (u64, u64) {
     (start + max / 2, size - max / 4)
 }
 
+/// The line put where the output limit dropped `dropped` bytes.
+pub fn drop_marker(dropped: u64, max: u64) -> String {
+    format!("\n[flowrepl: {dropped} bytes of output dropped here: the cell wrote more than {max} bytes]\n")
+}
+
+/// `pread` into `buf` at `offset`, retried on EINTR; the number of bytes read.
+pub fn pread_into(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    loop {
+        // SAFETY: pread writes at most `buf.len()` bytes into `buf`.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), offset as libc::off_t) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
 /// Release consumed bytes once this many have accumulated.
 const PUNCH_THRESHOLD: u64 = 1 << 20;
 const PAGE: u64 = 4096;
@@ -137,6 +157,21 @@ impl Stream {
         file_size(self.memfd.as_raw_fd())
     }
 
+    /// For streaming ([`crate::sink`]): the final size of the cell's output, with the same
+    /// fd check as [`Stream::collect`]; the caller sends up to it, then calls
+    /// [`Stream::advance`]. Also says whether the fd had to be restored.
+    pub fn settle(&mut self) -> io::Result<(u64, bool)> {
+        let mut restored = false;
+        let size = self.size_checked(&mut restored)?;
+        Ok((size, restored))
+    }
+
+    /// Output up to `to` was consumed (streamed).
+    pub fn advance(&mut self, to: u64) {
+        self.cursor = to;
+        self.punched = self.punched.max(to / PAGE * PAGE);
+    }
+
     /// Appends everything written since the last call to `out`. When that is more than `max`
     /// bytes, only the first `max / 2` and the last `max / 4` are kept, with a marker between.
     /// (The monitor releases memory only strictly inside the dropped range, so both kept parts
@@ -148,13 +183,7 @@ impl Stream {
             let (head_end, tail_start) = kept_ranges(self.cursor, size, max);
             self.read_range(self.cursor, head_end, out)?;
             c.dropped = tail_start - head_end;
-            out.extend_from_slice(
-                format!(
-                    "\n[flowrepl: {} bytes of output dropped here: the cell wrote more than {max} bytes]\n",
-                    c.dropped
-                )
-                .as_bytes(),
-            );
+            out.extend_from_slice(drop_marker(c.dropped, max).as_bytes());
             self.read_range(tail_start, size, out)?;
         } else {
             self.read_range(self.cursor, size, out)?;

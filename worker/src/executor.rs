@@ -15,14 +15,18 @@ use crate::capture::{Capture, Collected};
 use crate::cell::{split_last_expression, Split};
 use crate::interpreter::{self, InitError};
 use crate::monitor::Monitor;
+use crate::sink::{OutputSink, Streamer};
 use crate::snapshot::KeySnapshot;
-use flowrepl_protocol::{ExecError, ExecutionKind, PhaseTimings};
+use crate::usage::UsageMeter;
+use flowrepl_protocol::frame::OutputStream;
+use flowrepl_protocol::{ExecError, ExecutionKind, PhaseTimings, ResourceUsage};
 use pyo3::exceptions::{PyKeyboardInterrupt, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::{ffi, intern};
 use std::ffi::{c_int, CStr, CString};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SUPPORT_PY: &str = include_str!("support.py");
@@ -34,12 +38,25 @@ const PYCF_SOURCE_IS_UTF8: c_int = 0x0100;
 const PYCF_IGNORE_COOKIE: c_int = 0x0800;
 
 /// How to start the executor.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ExecutorConfig {
     /// The python to emulate ([`interpreter::resolve_python`]).
     pub python: PathBuf,
     /// Per stream and cell, output beyond this is dropped from the middle.
     pub max_output_bytes: u64,
+    /// Worker mode: stream output here while cells run, instead of returning it in
+    /// [`CellOutcome::stdout`]/[`CellOutcome::stderr`] (which then stay empty).
+    pub sink: Option<Arc<dyn OutputSink>>,
+}
+
+impl std::fmt::Debug for ExecutorConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecutorConfig")
+            .field("python", &self.python)
+            .field("max_output_bytes", &self.max_output_bytes)
+            .field("sink", &self.sink.is_some())
+            .finish()
+    }
 }
 
 /// Why the executor could not start.
@@ -97,12 +114,15 @@ pub struct CellOutcome {
     pub phases: PhaseTimings,
     /// Things worth telling that did not fail the cell.
     pub warnings: Vec<String>,
+    /// CPU time and peak RSS of this process during the cell.
+    pub usage: ResourceUsage,
 }
 
 struct Support {
     flush_std: Py<PyAny>,
     register_sources: Py<PyAny>,
     format_exception: Py<PyAny>,
+    reset_namespace: Py<PyAny>,
 }
 
 /// The embedded-Python executor. Lives on the thread that created it (Python's main thread).
@@ -112,6 +132,8 @@ pub struct Executor {
     support: Support,
     capture: Capture,
     monitor: Monitor,
+    streamer: Option<Arc<Streamer>>,
+    usage: UsageMeter,
     var_snapshot: KeySnapshot,
     module_snapshot: KeySnapshot,
     /// NUL-terminated source handed to the compiler; reused.
@@ -131,9 +153,17 @@ impl Executor {
     pub fn start(config: &ExecutorConfig) -> Result<Executor, ExecutorError> {
         let capture = Capture::install()?;
         interpreter::initialize(&config.python)?;
+        let streamer = config.sink.clone().map(|sink| {
+            Arc::new(Streamer::new(
+                sink,
+                [capture.stdout.memfd(), capture.stderr.memfd()],
+                config.max_output_bytes,
+            ))
+        });
         let monitor = Monitor::start(
             vec![capture.stdout.memfd(), capture.stderr.memfd()],
             config.max_output_bytes,
+            streamer.clone(),
         )?;
         Python::attach(|py| {
             let support_err = |e: PyErr| ExecutorError::Support(e.to_string());
@@ -169,6 +199,7 @@ impl Executor {
                 flush_std: get("flush_std")?,
                 register_sources: get("register_sources")?,
                 format_exception: get("format_exception")?,
+                reset_namespace: get("reset_namespace")?,
             };
             let mut exec = Executor {
                 globals: globals.unbind(),
@@ -176,6 +207,8 @@ impl Executor {
                 support,
                 capture,
                 monitor,
+                streamer,
+                usage: UsageMeter::new(),
                 var_snapshot: KeySnapshot::default(),
                 module_snapshot: KeySnapshot::default(),
                 source_buf: Vec::with_capacity(4096),
@@ -205,6 +238,21 @@ impl Executor {
         &self.info
     }
 
+    /// Empties the `__main__` namespace (`restart` in-process); loaded modules stay.
+    pub fn reset_namespace(&mut self) -> Result<(), String> {
+        Python::attach(|py| {
+            let globals = self.globals.bind(py).clone();
+            let r = self.support.reset_namespace.bind(py).call1((globals,));
+            self.rebaseline(py);
+            r.map(drop).map_err(|e| e.to_string())
+        })
+    }
+
+    /// CPU time of this process so far, in milliseconds.
+    pub fn cpu_total_ms(&self) -> f64 {
+        self.usage.cpu_total_ms()
+    }
+
     /// Runs one cell with a wall-clock `timeout`.
     pub fn execute(&mut self, code: &str, timeout: Duration) -> CellOutcome {
         self.cells += 1;
@@ -223,6 +271,10 @@ impl Executor {
         // A SIGINT that arrived while idle must not interrupt this cell. (A signal not yet
         // delivered cannot be pending: delivery happens on the way back from any syscall.)
         clear_pending_signals();
+        let mark = self.usage.begin();
+        if let Some(s) = &self.streamer {
+            s.begin([self.capture.stdout.cursor(), self.capture.stderr.cursor()]);
+        }
         let mut out = CellOutcome {
             stdout: String::new(),
             stderr: String::new(),
@@ -237,6 +289,7 @@ impl Executor {
             variable_count: 0,
             phases: PhaseTimings::default(),
             warnings: Vec::new(),
+            usage: ResourceUsage::default(),
         };
         let name_c = CString::new(name.as_str()).expect("cell names have no NUL");
         let compiled = self.compile(py, code, &name_c);
@@ -298,16 +351,22 @@ impl Executor {
                 } else if out.interrupted {
                     err.message = "cell interrupted on request (KeyboardInterrupt)".to_owned();
                 }
-                if !out.stderr.is_empty() && !out.stderr.ends_with('\n') {
-                    out.stderr.push('\n');
+                match &self.streamer {
+                    Some(s) => s.send_text(OutputStream::Stderr, &err.traceback),
+                    None => {
+                        if !out.stderr.is_empty() && !out.stderr.ends_with('\n') {
+                            out.stderr.push('\n');
+                        }
+                        out.stderr.push_str(&err.traceback);
+                    }
                 }
-                out.stderr.push_str(&err.traceback);
                 out.error = Some(err);
                 // Formatting may import traceback/linecache: not the cell's imports.
                 self.rebaseline_modules(py);
             }
             None => self.register_sources(py, false),
         }
+        out.usage = self.usage.end(mark);
         let us = |a: Instant, b: Instant| b.duration_since(a).as_micros() as u64;
         out.phases = PhaseTimings {
             compile: us(t0, t_compiled),
@@ -454,6 +513,9 @@ impl Executor {
         }
         // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
         unsafe { libc::fflush(std::ptr::null_mut()) };
+        if let Some(streamer) = self.streamer.clone() {
+            return self.stream_output(&streamer, out);
+        }
         for (stream, target, label) in [
             (&mut self.capture.stdout, &mut out.stdout, "stdout"),
             (&mut self.capture.stderr, &mut out.stderr, "stderr"),
@@ -490,6 +552,41 @@ impl Executor {
                 }
             };
         }
+    }
+
+    /// Worker mode: sends the rest of the cell's output to the sink.
+    fn stream_output(&mut self, streamer: &Streamer, out: &mut CellOutcome) {
+        let mut sizes = [0; 2];
+        let streams = [&mut self.capture.stdout, &mut self.capture.stderr];
+        for (i, (stream, label)) in streams.into_iter().zip(["stdout", "stderr"]).enumerate() {
+            match stream.settle() {
+                Ok((size, restored)) => {
+                    sizes[i] = size;
+                    if restored {
+                        out.warnings.push(format!(
+                            "the cell closed or redirected fd {}; it was pointed back at the {label} capture",
+                            i + 1
+                        ));
+                    }
+                }
+                Err(e) => {
+                    sizes[i] = stream.cursor();
+                    out.warnings
+                        .push(format!("reading captured {label} failed: {e}"));
+                }
+            }
+        }
+        let finished = streamer.finish(sizes);
+        for (f, label) in finished.iter().zip(["stdout", "stderr"]) {
+            if f.dropped > 0 {
+                out.warnings.push(format!(
+                    "{label}: {} bytes were dropped from the middle (output limit per cell)",
+                    f.dropped
+                ));
+            }
+        }
+        self.capture.stdout.advance(sizes[0]);
+        self.capture.stderr.advance(sizes[1]);
     }
 
     fn describe(&self, py: Python<'_>, err: PyErr) -> ExecError {

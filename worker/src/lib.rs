@@ -1,4 +1,4 @@
-//! The Python executor of flowrepl, and (later) the `flowrepl-worker` binary around it.
+//! The Python executor of flowrepl, and the `flowrepl-worker` binary around it.
 //!
 //! # Layout
 //! - [`stdio`]: moves the real stdin/stdout/stderr out of user code's reach.
@@ -8,7 +8,11 @@
 //! - [`snapshot`]: diffs namespace and `sys.modules` keys with one ordered walk.
 //! - [`monitor`]: the one helper thread: timeouts (SIGINT to the executing thread) and the
 //!   output limit.
+//! - [`sink`]: worker mode: output streamed in chunks while a cell runs.
+//! - [`usage`]: CPU time and peak RSS per cell.
 //! - [`executor`]: [`Executor`], which ties these together for one cell at a time.
+//! - [`serve`]: the `flowrepl-worker` process: frames in, cells run, frames out.
+//! - [`logging`]: diagnostics to the original stderr (kernel and worker).
 //!
 //! # Threads
 //! The thread that calls [`Executor::start`] becomes Python's main thread and must run every
@@ -19,9 +23,13 @@ pub mod capture;
 pub mod cell;
 pub mod executor;
 pub mod interpreter;
+pub mod logging;
 pub mod monitor;
+pub mod serve;
+pub mod sink;
 pub mod snapshot;
 pub mod stdio;
+pub mod usage;
 
 pub use executor::{CellOutcome, Executor, ExecutorConfig, ExecutorError, PythonInfo};
 pub use interpreter::{resolve_python, InitError};

@@ -23,6 +23,7 @@
 //! reports whether one was sent so the executor can absorb a late one.
 
 use crate::capture::{file_size, kept_ranges, punch_hole};
+use crate::sink::Streamer;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -61,6 +62,8 @@ struct Shared {
     max_output_bytes: u64,
     /// The monitor ticks slowly and must be woken to see a cell in time.
     slow: AtomicBool,
+    /// Worker mode: output is streamed on every tick while a cell runs.
+    streamer: Option<Arc<Streamer>>,
 }
 
 /// Handle to the monitor thread. Create it on the thread that executes cells.
@@ -72,7 +75,11 @@ pub struct Monitor {
 
 impl Monitor {
     /// Starts the monitor for cells run on the calling thread.
-    pub fn start(streams: Vec<Arc<OwnedFd>>, max_output_bytes: u64) -> std::io::Result<Monitor> {
+    pub fn start(
+        streams: Vec<Arc<OwnedFd>>,
+        max_output_bytes: u64,
+        streamer: Option<Arc<Streamer>>,
+    ) -> std::io::Result<Monitor> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 running: false,
@@ -87,6 +94,7 @@ impl Monitor {
             target: unsafe { libc::pthread_self() },
             max_output_bytes,
             slow: AtomicBool::new(false),
+            streamer,
         });
         let s = Arc::clone(&shared);
         let thread = thread::Builder::new()
@@ -184,6 +192,7 @@ fn run(shared: &Shared) {
     block_sigint();
     let mut idle_ticks = 0;
     loop {
+        let mut running = false;
         let wait = {
             let mut st = lock(&shared.state);
             let st = &mut *st;
@@ -191,6 +200,7 @@ fn run(shared: &Shared) {
             // `yes` started by a cell writes between cells too.
             limit_output(shared, &st.starts, &mut st.released);
             if st.running {
+                running = true;
                 idle_ticks = 0;
                 let now = Instant::now();
                 if now >= st.deadline {
@@ -220,6 +230,10 @@ fn run(shared: &Shared) {
                 SLOW_TICK
             }
         };
+        // Outside the state lock: sending may wait for the kernel to read.
+        if let (true, Some(streamer)) = (running, &shared.streamer) {
+            streamer.pump();
+        }
         thread::park_timeout(wait);
         if shared.slow.swap(false, Ordering::SeqCst) {
             idle_ticks = 0;

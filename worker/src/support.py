@@ -69,6 +69,15 @@ def setup():
     return __main__.__dict__
 
 
+def reset_namespace(ns):
+    """`restart` in-process: empty __main__ as a fresh interpreter has it (modules stay loaded)."""
+    keep = {k: ns[k] for k in ("__name__", "__doc__", "__package__", "__loader__", "__spec__",
+                               "__builtins__") if k in ns}
+    ns.clear()
+    ns.update(keep)
+    ns["__annotations__"] = {}
+
+
 def flush_std():
     """Flush sys.stdout/sys.stderr after a cell; replace them if the cell closed or broke them."""
     for name, fd in (("stdout", 1), ("stderr", 2)):

@@ -1,0 +1,297 @@
+//! The worker process: spawning it, its guard, killing its process group, reaping.
+//!
+//! A worker is started directly from the `flowrepl-worker` executable (no shell): its own
+//! process group (so that one `kill(-pgid, SIGKILL)` also ends every process a cell started),
+//! `PR_SET_PDEATHSIG(SIGKILL)` (it dies if the kernel dies), rlimits from the configuration,
+//! core dumps off. Its stdin and stdout are the frame pipes; its stderr is the kernel's
+//! diagnostics stream.
+//!
+//! The death signal only reaches the worker itself. So that the processes a cell started die
+//! too when the kernel is killed with SIGKILL, each worker gets a **guard**: a tiny forked
+//! child of the kernel that joins the worker's process group, blocks every signal, and waits
+//! for its own death signal (the kernel's death); then it kills the whole group, itself
+//! included. On every normal path the kernel kills the group itself and reaps both.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// Resource limits applied to the worker only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// RLIMIT_AS in MiB.
+    pub memory_mb: Option<u64>,
+    /// RLIMIT_CPU per cell, in seconds (re-armed by the worker before each cell).
+    pub cpu_seconds: Option<u64>,
+    /// RLIMIT_NPROC.
+    pub max_procs: Option<u64>,
+}
+
+/// How to start a worker.
+#[derive(Debug, Clone)]
+pub struct SpawnConfig {
+    /// The `flowrepl-worker` executable.
+    pub exe: PathBuf,
+    /// `--python` for the worker.
+    pub python: PathBuf,
+    /// Output limit per stream and cell.
+    pub max_output_bytes: u64,
+    /// Limits.
+    pub limits: Limits,
+}
+
+/// A running worker.
+#[derive(Debug)]
+pub struct WorkerProcess {
+    /// Its pid, also its process group id.
+    pub pid: libc::pid_t,
+    /// Frames to the worker.
+    pub to_worker: File,
+    /// Frames from the worker.
+    pub from_worker: File,
+    guard: Option<libc::pid_t>,
+    reaped: bool,
+}
+
+/// How a worker ended, with what it used (from `wait4`).
+#[derive(Debug, Clone, Copy)]
+pub struct Ended {
+    /// Its exit code, if it exited.
+    pub code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// Its CPU time over its whole life, in milliseconds.
+    pub cpu_total_ms: f64,
+    /// Its peak RSS in KiB (since the last cell began).
+    pub peak_rss_kb: u64,
+}
+
+impl Ended {
+    /// "exited with code 3" / "was killed by signal 11 (SIGSEGV)".
+    pub fn describe(&self) -> String {
+        match (self.code, self.signal) {
+            (_, Some(sig)) => format!("was killed by signal {sig} ({})", signal_name(sig)),
+            (Some(code), None) => format!("exited with code {code}"),
+            (None, None) => "ended".to_owned(),
+        }
+    }
+}
+
+/// The usual name of a signal number.
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => "signal",
+    }
+}
+
+fn set_limit(resource: libc::__rlimit_resource_t, value: u64) -> bool {
+    let lim = libc::rlimit {
+        rlim_cur: value,
+        rlim_max: value,
+    };
+    // SAFETY: plain syscall on a local struct (async-signal-safe).
+    unsafe { libc::setrlimit(resource, &lim) == 0 }
+}
+
+fn lower_soft_limit(resource: libc::__rlimit_resource_t, value: u64) -> bool {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a local struct (async-signal-safe).
+    unsafe {
+        if libc::getrlimit(resource, &mut lim) != 0 {
+            return false;
+        }
+        lim.rlim_cur = value.min(lim.rlim_max);
+        libc::setrlimit(resource, &lim) == 0
+    }
+}
+
+impl WorkerProcess {
+    /// Starts a worker and its guard. Does not wait for it to be ready.
+    pub fn spawn(config: &SpawnConfig, diagnostics: &File) -> io::Result<WorkerProcess> {
+        let mut cmd = Command::new(&config.exe);
+        cmd.arg("--python")
+            .arg(&config.python)
+            .arg("--max-output-bytes")
+            .arg(config.max_output_bytes.to_string());
+        if let Some(s) = config.limits.cpu_seconds {
+            cmd.arg("--cpu-seconds").arg(s.to_string());
+        }
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(diagnostics.try_clone()?)
+            .process_group(0);
+        let limits = config.limits;
+        // SAFETY: getpid has no preconditions.
+        let kernel = unsafe { libc::getpid() };
+        // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+        // syscalls (prctl, getppid, setrlimit/getrlimit).
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::getppid() != kernel {
+                    // The kernel died before the death signal was armed.
+                    libc::_exit(0);
+                }
+                set_limit(libc::RLIMIT_CORE, 0);
+                if let Some(mb) = limits.memory_mb {
+                    if !set_limit(libc::RLIMIT_AS, mb.saturating_mul(1 << 20)) {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                if let Some(n) = limits.max_procs {
+                    if !lower_soft_limit(libc::RLIMIT_NPROC, n) {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        let pid = child.id() as libc::pid_t;
+        let to_worker = File::from(std::os::fd::OwnedFd::from(
+            child.stdin.take().expect("piped stdin"),
+        ));
+        let from_worker = File::from(std::os::fd::OwnedFd::from(
+            child.stdout.take().expect("piped stdout"),
+        ));
+        // The std handle is dropped without waiting: we reap with wait4 ourselves.
+        drop(child);
+        let guard = spawn_guard(pid, kernel);
+        Ok(WorkerProcess {
+            pid,
+            to_worker,
+            from_worker,
+            guard,
+            reaped: false,
+        })
+    }
+
+    /// Sends `sig` to the worker alone.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain syscall; the pid is our unreaped child, so it cannot be reused.
+        unsafe { libc::kill(self.pid, sig) };
+    }
+
+    /// SIGKILL to the worker's whole process group (the worker, its guard, what cells started).
+    pub fn kill_group(&self) {
+        // SAFETY: plain syscall; the group leader is our unreaped child.
+        unsafe { libc::kill(-self.pid, libc::SIGKILL) };
+    }
+
+    /// Kills the group if needed and reaps the worker and its guard. Idempotent.
+    pub fn kill_and_reap(&mut self) -> Option<Ended> {
+        if self.reaped {
+            return None;
+        }
+        self.kill_group();
+        let ended = self.reap();
+        Some(ended)
+    }
+
+    /// Waits for the worker (which must be dead or dying), then kills its group and reaps
+    /// the guard.
+    pub fn reap(&mut self) -> Ended {
+        let mut status = 0;
+        let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        let r = loop {
+            // SAFETY: wait4 on our own child; fills `status` and `ru`.
+            let r = unsafe { libc::wait4(self.pid, &mut status, 0, ru.as_mut_ptr()) };
+            if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            break r;
+        };
+        self.reaped = true;
+        // The worker is gone; whatever its cells started goes with it.
+        self.kill_group();
+        if let Some(g) = self.guard.take() {
+            // SAFETY: our own child, killed above (it is in the group).
+            unsafe { libc::waitpid(g, std::ptr::null_mut(), 0) };
+        }
+        if r != self.pid {
+            return Ended {
+                code: None,
+                signal: None,
+                cpu_total_ms: 0.0,
+                peak_rss_kb: 0,
+            };
+        }
+        // SAFETY: initialised by the successful wait4.
+        let ru = unsafe { ru.assume_init() };
+        let tv = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
+        let st = std::process::ExitStatus::from_raw(status);
+        Ended {
+            code: st.code(),
+            signal: st.signal(),
+            cpu_total_ms: tv(ru.ru_utime) + tv(ru.ru_stime),
+            peak_rss_kb: ru.ru_maxrss.max(0) as u64,
+        }
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        self.kill_and_reap();
+    }
+}
+
+/// Forks the guard of worker `pid` (see the module docs). Best effort: without it, only the
+/// worker itself dies with the kernel.
+fn spawn_guard(pid: libc::pid_t, kernel: libc::pid_t) -> Option<libc::pid_t> {
+    // SAFETY: the child makes only async-signal-safe syscalls and ends with _exit or a
+    // signal; it never returns into Rust code of this multi-threaded process.
+    let g = unsafe { libc::fork() };
+    if g < 0 {
+        tracing::warn!(error = %io::Error::last_os_error(), "cannot start the worker's guard");
+        return None;
+    }
+    if g > 0 {
+        return Some(g);
+    }
+    // SAFETY: child side, see above.
+    unsafe {
+        // Hold no descriptor of the kernel's: its pipes must reach EOF when their owners end.
+        if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) != 0 {
+            for fd in 0..4096 {
+                libc::close(fd);
+            }
+        }
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+        if libc::setpgid(0, pid) != 0 {
+            libc::_exit(0); // the worker is already gone
+        }
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1 as libc::c_ulong);
+        if libc::getppid() == kernel {
+            let mut wait: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut wait);
+            libc::sigaddset(&mut wait, libc::SIGUSR1);
+            while libc::sigwaitinfo(&wait, std::ptr::null_mut()) < 0 {}
+        }
+        libc::kill(-pid, libc::SIGKILL);
+        libc::_exit(0)
+    }
+}

@@ -1,0 +1,281 @@
+//! The `flowrepl-worker` process: the executor behind the frame protocol
+//! ([`flowrepl_protocol::frame`]).
+//!
+//! The kernel starts it with a pipe on stdin (frames in) and a pipe on stdout (frames out);
+//! both are moved to private descriptors at once, and fds 1 and 2 become the cells' capture
+//! files, as in the kernel's in-process mode. The loop: read an Execute frame, run the cell
+//! on this (Python's main) thread while the monitor streams its output as Output frames,
+//! send the rest and a Done frame, repeat. Shutdown or EOF ends it.
+//!
+//! SIGINT is blocked on this thread except while a cell runs, so the kernel's interrupt
+//! cannot land while a frame is being written; one that arrives between cells stays pending
+//! and is discarded when the next cell starts.
+
+use crate::executor::{CellOutcome, Executor, ExecutorConfig};
+use crate::sink::OutputSink;
+use flowrepl_protocol::frame::{self, CellReport, Frame, OutputStream, WorkerHello};
+use std::fs::File;
+use std::io::{self, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Output frames are written once this much is buffered (one pipe's worth).
+const FLUSH_AT: usize = 1 << 20;
+/// A `repr` that does not fit in a frame is cut to this.
+const MAX_RESULT_ON_OVERFLOW: usize = 1 << 20;
+
+/// Command line of `flowrepl-worker` (set by the kernel; not meant for people).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerArgs {
+    /// `--python PATH`: the interpreter or venv to emulate.
+    pub python: PathBuf,
+    /// `--max-output-bytes N`.
+    pub max_output_bytes: u64,
+    /// `--cpu-seconds N`: CPU limit per cell (RLIMIT_CPU, re-armed before each cell).
+    pub cpu_seconds: Option<u64>,
+}
+
+impl WorkerArgs {
+    /// Parses `--python P [--max-output-bytes N] [--cpu-seconds N]`.
+    pub fn parse(mut args: impl Iterator<Item = std::ffi::OsString>) -> Result<WorkerArgs, String> {
+        let mut python = None;
+        let mut max_output_bytes = 256 << 20;
+        let mut cpu_seconds = None;
+        while let Some(flag) = args.next() {
+            let mut value = || {
+                args.next()
+                    .ok_or_else(|| format!("{} needs a value", flag.to_string_lossy()))
+            };
+            let number = |v: std::ffi::OsString| {
+                v.to_str()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| format!("not a number: {}", v.to_string_lossy()))
+            };
+            match flag.to_str() {
+                Some("--python") => python = Some(PathBuf::from(value()?)),
+                Some("--max-output-bytes") => max_output_bytes = number(value()?)?,
+                Some("--cpu-seconds") => cpu_seconds = Some(number(value()?)?),
+                _ => return Err(format!("unknown argument {}", flag.to_string_lossy())),
+            }
+        }
+        Ok(WorkerArgs {
+            python: python.ok_or("--python is required")?,
+            max_output_bytes,
+            cpu_seconds,
+        })
+    }
+}
+
+/// The pipe to the kernel, shared by the executing thread and the monitor.
+struct Channel {
+    out: Mutex<(File, Vec<u8>)>,
+    cell: AtomicU64,
+}
+
+impl Channel {
+    fn with<R>(&self, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+        let mut g = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let r = f(&mut g.1);
+        if g.1.len() >= FLUSH_AT {
+            write_or_exit(&mut g);
+        }
+        r
+    }
+
+    fn send(&self) {
+        let mut g = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        write_or_exit(&mut g);
+    }
+}
+
+/// The kernel is gone (it would have killed us): nothing left to do.
+fn write_or_exit(g: &mut (File, Vec<u8>)) {
+    if g.1.is_empty() {
+        return;
+    }
+    if let Err(e) = g.0.write_all(&g.1) {
+        tracing::error!(error = %e, "the kernel's pipe is closed; exiting");
+        // SAFETY: _exit ends the process at once, from any thread.
+        unsafe { libc::_exit(0) };
+    }
+    g.1.clear();
+    if g.1.capacity() > 4 * FLUSH_AT {
+        g.1 = Vec::with_capacity(FLUSH_AT);
+    }
+}
+
+impl OutputSink for Channel {
+    fn chunk(&self, stream: OutputStream, bytes: &[u8]) {
+        let id = self.cell.load(Ordering::Relaxed);
+        self.with(|buf| frame::encode_output(buf, id, stream, bytes));
+    }
+
+    fn flush(&self) {
+        self.send();
+    }
+}
+
+fn sigint_mask(how: libc::c_int) {
+    // SAFETY: plain libc calls on a local signal set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+    }
+}
+
+/// Re-arms RLIMIT_CPU so that this cell may use `seconds` more CPU seconds (the limit counts
+/// the whole process life). Past it the kernel sends SIGXCPU, which ends the worker.
+fn arm_cpu_limit(seconds: u64, used_ms: f64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_CPU, &mut lim) != 0 {
+            return;
+        }
+        let want = (used_ms / 1000.0).ceil() as u64 + seconds;
+        lim.rlim_cur = want.min(lim.rlim_max);
+        libc::setrlimit(libc::RLIMIT_CPU, &lim);
+    }
+}
+
+fn report(o: CellOutcome, cpu_total_ms: f64) -> CellReport {
+    CellReport {
+        result: o.result,
+        error: o.error,
+        kind: o.kind,
+        timed_out: o.timed_out,
+        added_vars: o.added_vars,
+        removed_vars: o.removed_vars,
+        added_imports: o.added_imports,
+        variable_count: o.variable_count,
+        phases: o.phases,
+        warnings: o.warnings,
+        usage: o.usage,
+        cpu_total_ms,
+    }
+}
+
+/// Runs the worker until Shutdown or EOF. Exit codes: 0 at the end, 1 if Python cannot start
+/// or the channel breaks, 2 for bad arguments.
+pub fn run(args: WorkerArgs) -> ExitCode {
+    let stdio = match crate::stdio::take_protocol_stdio() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("flowrepl-worker: cannot set up stdio: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    crate::logging::init(stdio.diagnostics);
+    // Before any thread starts, so that every thread we start inherits it.
+    sigint_mask(libc::SIG_BLOCK);
+    let channel = Arc::new(Channel {
+        out: Mutex::new((stdio.output, Vec::with_capacity(FLUSH_AT))),
+        cell: AtomicU64::new(0),
+    });
+    let config = ExecutorConfig {
+        python: args.python.clone(),
+        max_output_bytes: args.max_output_bytes,
+        sink: Some(channel.clone()),
+    };
+    let mut executor = match Executor::start(&config) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(error = %e, "worker cannot start Python");
+            return ExitCode::from(1);
+        }
+    };
+    let info = executor.info().clone();
+    channel.with(|buf| {
+        frame::encode_ready(
+            buf,
+            &WorkerHello {
+                pid: std::process::id(),
+                python_version: info.version,
+                python_executable: info.executable,
+                python_prefix: info.prefix,
+            },
+        )
+    });
+    channel.send();
+    match serve(&mut executor, &channel, stdio.input, &args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "worker channel failed");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn serve(
+    executor: &mut Executor,
+    channel: &Channel,
+    input: File,
+    args: &WorkerArgs,
+) -> io::Result<()> {
+    let mut input = BufReader::with_capacity(64 << 10, input);
+    let mut body = Vec::new();
+    loop {
+        let mut header = [0u8; frame::HEADER_BYTES];
+        match input.read_exact(&mut header) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let len = frame::frame_len(header).map_err(io::Error::other)?;
+        body.clear();
+        body.resize(len, 0);
+        input.read_exact(&mut body)?;
+        match frame::decode(&body).map_err(io::Error::other)? {
+            Frame::Execute {
+                id,
+                timeout_ms,
+                code,
+            } => {
+                channel.cell.store(id, Ordering::Relaxed);
+                if let Some(s) = args.cpu_seconds {
+                    arm_cpu_limit(s, executor.cpu_total_ms());
+                }
+                sigint_mask(libc::SIG_UNBLOCK);
+                let outcome = executor.execute(code, Duration::from_millis(timeout_ms));
+                sigint_mask(libc::SIG_BLOCK);
+                let mut rep = report(outcome, executor.cpu_total_ms());
+                channel.with(|buf| {
+                    if frame::encode_done(buf, id, &rep).is_err() {
+                        if let Some(r) = &mut rep.result {
+                            let mut cut = MAX_RESULT_ON_OVERFLOW;
+                            while !r.is_char_boundary(cut) {
+                                cut -= 1;
+                            }
+                            r.truncate(cut);
+                            r.push_str("…");
+                        }
+                        rep.warnings.push(format!(
+                            "the result's repr was cut to {MAX_RESULT_ON_OVERFLOW} bytes: it did not fit in a frame"
+                        ));
+                        frame::encode_done(buf, id, &rep).map_err(io::Error::other)
+                    } else {
+                        Ok(())
+                    }
+                })?;
+                channel.send();
+                if body.capacity() > (4 << 20) {
+                    body = Vec::new();
+                }
+            }
+            Frame::Shutdown => return Ok(()),
+            other => {
+                return Err(io::Error::other(format!(
+                    "unexpected frame from the kernel: {other:?}"
+                )))
+            }
+        }
+    }
+}
