@@ -116,7 +116,8 @@ pub fn serve(session: &mut Session, front: &Arc<Front>) -> io::Result<Ended> {
                 }
                 Err(e) => {
                     if let Some(id) = id {
-                        let err = RpcError::new(ErrorCode::InternalError, format!("restart failed: {e}"));
+                        let err =
+                            RpcError::new(ErrorCode::InternalError, format!("restart failed: {e}"));
                         front.writer().error(&err.with_id(Some(id)))?;
                     }
                 }

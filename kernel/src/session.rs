@@ -227,7 +227,9 @@ impl Session {
                     restarted: true,
                     pid,
                     state_lost: true,
-                    message: "a fresh worker process was started; every variable and import was dropped".into(),
+                    message:
+                        "a fresh worker process was started; every variable and import was dropped"
+                            .into(),
                 })
             }
         }

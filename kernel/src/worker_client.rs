@@ -345,12 +345,9 @@ impl WorkerClient {
             report: None,
         };
         self.send_buf.clear();
-        if let Err(e) = frame::encode_execute(
-            &mut self.send_buf,
-            c.id,
-            timeout.as_millis() as u64,
-            code,
-        ) {
+        if let Err(e) =
+            frame::encode_execute(&mut self.send_buf, c.id, timeout.as_millis() as u64, code)
+        {
             return failed_run("CellTooLarge", e.to_string(), warnings);
         }
         let started = Instant::now();
@@ -378,8 +375,11 @@ impl WorkerClient {
                     None
                 };
                 if let Some(reason) = reason {
-                    tracing::warn!(reason, grace_ms = self.grace.as_millis() as u64,
-                        "cell did not stop after SIGINT; killing the worker's process group");
+                    tracing::warn!(
+                        reason,
+                        grace_ms = self.grace.as_millis() as u64,
+                        "cell did not stop after SIGINT; killing the worker's process group"
+                    );
                     if let Some(p) = &self.proc {
                         p.kill_group();
                     }
@@ -492,7 +492,9 @@ impl WorkerClient {
                     );
                     e.kind = "MemoryLimitExceeded".to_owned();
                 }
-            } else if e.kind == "BlockingIOError" && e.message.contains("Resource temporarily unavailable") {
+            } else if e.kind == "BlockingIOError"
+                && e.message.contains("Resource temporarily unavailable")
+            {
                 if let Some(n) = limits.max_procs {
                     e.message = format!(
                         "the cell could not start a process: the worker's limit is {n} processes (FLOWREPL_MAX_PROCS); Python raised BlockingIOError: {}",

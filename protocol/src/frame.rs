@@ -290,7 +290,8 @@ pub fn decode(payload: &[u8]) -> Result<Frame<'_>, FrameError> {
         }
         kind::DONE => {
             let (id, rest) = split_u64(kind, body)?;
-            let report = serde_json::from_slice(rest).map_err(|e| malformed(kind, e.to_string()))?;
+            let report =
+                serde_json::from_slice(rest).map_err(|e| malformed(kind, e.to_string()))?;
             Ok(Frame::Done {
                 id,
                 report: Box::new(report),
@@ -449,7 +450,26 @@ mod tests {
             Err(FrameError::Malformed { .. })
         ));
         assert!(matches!(
-            decode(&[kind::EXECUTE, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0xff]),
+            decode(&[
+                kind::EXECUTE,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                1,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                1,
+                0xff
+            ]),
             Err(FrameError::Malformed { .. })
         ));
     }

@@ -42,6 +42,10 @@ pub fn flowrepl_bin() -> &'static Path {
                 "flowrepl",
                 "--bin",
                 "flowrepl",
+                "-p",
+                "flowrepl-worker",
+                "--bin",
+                "flowrepl-worker",
                 "--profile",
                 &profile,
             ])
@@ -51,6 +55,10 @@ pub fn flowrepl_bin() -> &'static Path {
         assert!(status.success(), "building flowrepl failed");
         let bin = profile_dir.join("flowrepl");
         assert!(bin.exists(), "{bin:?} missing after build");
+        assert!(
+            profile_dir.join("flowrepl-worker").exists(),
+            "flowrepl-worker missing after build"
+        );
         bin
     })
 }
@@ -82,6 +90,18 @@ impl KernelOptions {
     pub fn arg(mut self, a: impl Into<String>) -> Self {
         self.args.push(a.into());
         self
+    }
+    /// Runs cells in a worker subprocess (`USE_SUBPROCESS_WORKER=1`).
+    pub fn worker(self) -> Self {
+        self.env("USE_SUBPROCESS_WORKER", "1")
+    }
+    /// `worker()` when `mode` is `"worker"`, else unchanged (`"in_process"`).
+    pub fn mode(self, mode: &str) -> Self {
+        match mode {
+            "worker" => self.worker(),
+            "in_process" => self,
+            other => panic!("unknown mode {other}"),
+        }
     }
     /// Uses this log directory instead of a fresh temporary one.
     pub fn log_dir(mut self, dir: &Path) -> Self {
@@ -337,4 +357,62 @@ pub fn read_log(path: &Path) -> Vec<flowrepl_task_logger::ExecutionRecord<'stati
         out.skipped
     );
     out.records
+}
+
+/// Both execution modes, for tests that must hold in each.
+pub const MODES: [&str; 2] = ["in_process", "worker"];
+
+/// Whether process `pid` exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // The state follows the parenthesised command name.
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            state != Some("Z") && state != Some("X")
+        }
+        Err(_) => false,
+    }
+}
+
+/// Waits up to `timeout` for `cond`.
+pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Zombie children of `parent` (processes it has not reaped).
+pub fn zombie_children(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let mut rest = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+        let state = rest.next();
+        let ppid = rest.next().and_then(|p| p.parse::<u32>().ok());
+        if state == Some("Z") && ppid == Some(parent) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Sends `sig` to `pid`.
+pub fn kill(pid: u32, sig: i32) {
+    // SAFETY: plain syscall.
+    unsafe { libc::kill(pid as i32, sig) };
 }

@@ -34,7 +34,14 @@ pub fn drop_marker(dropped: u64, max: u64) -> String {
 pub fn pread_into(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     loop {
         // SAFETY: pread writes at most `buf.len()` bytes into `buf`.
-        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), offset as libc::off_t) };
+        let n = unsafe {
+            libc::pread(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                offset as libc::off_t,
+            )
+        };
         if n >= 0 {
             return Ok(n as usize);
         }

@@ -1,6 +1,7 @@
 //! Integration tests: the real `flowrepl` binary over pipes, against real CPython.
 //! Each module covers one part of the core kernel issue.
 
+mod faults;
 mod interrupt;
 mod isolation;
 mod limits;
@@ -9,3 +10,4 @@ mod python_env;
 mod results;
 mod task_log;
 mod timeouts;
+mod worker;

@@ -1,0 +1,355 @@
+//! The fault suite: each fault, then a normal call that must succeed, then the task log and
+//! leftover processes. Faults that only worker mode survives run in worker mode; the stop
+//! ladder's first step runs in both.
+
+use flowrepl_tests::{alive, kill, read_log, wait_for, zombie_children, Kernel, MODES};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+fn worker_pid(k: &mut Kernel) -> u32 {
+    k.call("status", Value::Null)["result"]["worker_pid"]
+        .as_u64()
+        .expect("worker_pid") as u32
+}
+
+/// After a fault: the next call works on a fresh worker, state is gone, the log says so,
+/// the dead worker is reaped and gone.
+fn check_recovered(k: &mut Kernel, old_worker: u32, error_type: &str) {
+    let r = k.ok("'fresh'");
+    assert_eq!(r["result"], "'fresh'");
+    let new_worker = worker_pid(k);
+    assert_ne!(new_worker, old_worker);
+    assert_eq!(r["usage"]["pid"], new_worker);
+    let lost = k.execute("x");
+    assert_eq!(
+        lost["error"]["type"], "NameError",
+        "state should be gone: {lost:#}"
+    );
+    assert!(!alive(old_worker), "old worker {old_worker} still alive");
+    assert!(
+        zombie_children(k.pid()).is_empty(),
+        "zombies: {:?}",
+        zombie_children(k.pid())
+    );
+    k.sync();
+    let log = read_log(&k.log_file());
+    let rec = log
+        .iter()
+        .find(|r| r.error_type.as_deref() == Some(error_type))
+        .unwrap_or_else(|| panic!("no {error_type} record in {log:#?}"));
+    assert!(rec.state_lost);
+    assert!(!rec.success);
+    assert_eq!(rec.pid, Some(old_worker));
+}
+
+/// Runs `code` (which kills the worker) after setting `x`; checks the result.
+fn crash(code: &str) -> (Kernel, Value, u32, Duration) {
+    let mut k = Kernel::options().worker().start();
+    k.ok("x = 1");
+    let w = worker_pid(&mut k);
+    let t = Instant::now();
+    let r = k.execute(code);
+    let took = t.elapsed();
+    assert_eq!(r["success"], false);
+    assert_eq!(r["state_lost"], true, "{r:#}");
+    assert!(
+        took < Duration::from_secs(1) + Duration::from_millis(200),
+        "death reported after {took:?}"
+    );
+    (k, r, w, took)
+}
+
+#[test]
+fn os_exit_reports_worker_died_with_the_code() {
+    // Output reaches the kernel every monitor tick (50 ms); what a cell writes in the last
+    // tick before an abrupt death is lost with the worker (documented), so wait one tick.
+    let (mut k, r, w, _) =
+        crash("print('before', flush=True)\nimport os, time\ntime.sleep(0.2)\nos._exit(3)");
+    assert_eq!(r["error"]["type"], "WorkerDied");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("exited with code 3"),
+        "{r:#}"
+    );
+    assert_eq!(r["stdout"], "before\n", "output before the death is kept");
+    assert!(r["warnings"][0].as_str().unwrap().contains("lost"));
+    check_recovered(&mut k, w, "WorkerDied");
+}
+
+#[test]
+fn segfault_reports_the_signal() {
+    let (mut k, r, w, _) = crash("import ctypes\nctypes.string_at(0)");
+    assert_eq!(r["error"]["type"], "WorkerDied");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("signal 11 (SIGSEGV)"), "{msg}");
+    check_recovered(&mut k, w, "WorkerDied");
+}
+
+#[test]
+fn sigkill_from_outside_during_a_cell() {
+    let mut k = Kernel::options().worker().start();
+    k.ok("x = 1");
+    let w = worker_pid(&mut k);
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        kill(w, libc::SIGKILL);
+        Instant::now()
+    });
+    let r = k.execute("import time\ntime.sleep(30)");
+    let reply_at = Instant::now();
+    let killed_at = killer.join().unwrap();
+    assert!(reply_at.duration_since(killed_at) < Duration::from_secs(1));
+    assert_eq!(r["error"]["type"], "WorkerDied");
+    assert!(r["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("signal 9 (SIGKILL)"));
+    check_recovered(&mut k, w, "WorkerDied");
+}
+
+#[test]
+fn worker_killed_while_idle_is_replaced_before_the_next_cell() {
+    let mut k = Kernel::options().worker().start();
+    k.ok("x = 1");
+    let w = worker_pid(&mut k);
+    kill(w, libc::SIGKILL);
+    // Reaped by the kernel only when it notices, so "not alive" includes the zombie state;
+    // its other threads (holding the pipe) may take a moment longer to exit.
+    assert!(wait_for(Duration::from_secs(5), || !alive(w)));
+    std::thread::sleep(Duration::from_millis(200));
+    let r = k.ok("y = 2\n'ran'");
+    assert_eq!(r["result"], "'ran'");
+    assert_eq!(r["state_lost"], true);
+    assert!(
+        r["warnings"][0].as_str().unwrap().contains("while idle"),
+        "{r:#}"
+    );
+    assert_ne!(r["usage"]["pid"], w);
+    assert_eq!(k.execute("x")["error"]["type"], "NameError");
+}
+
+#[test]
+fn timeout_interrupts_and_keeps_state_in_both_modes() {
+    for mode in MODES {
+        let mut k = Kernel::options().mode(mode).start();
+        k.ok("x = 1");
+        let t = Instant::now();
+        let r = k.execute_params(json!({"code": "import time\ntime.sleep(30)", "timeout_ms": 300}));
+        assert!(t.elapsed() < Duration::from_secs(3), "{mode}");
+        assert_eq!(r["timed_out"], true, "{mode}: {r:#}");
+        assert_eq!(r["stopped_by"], "interrupt", "{mode}");
+        assert_eq!(r["state_lost"], false, "{mode}");
+        assert_eq!(k.ok("x")["result"], "1", "{mode}");
+    }
+}
+
+const IGNORES_SIGINT_AND_STARTS_A_CHILD: &str = "import signal, subprocess, time\n\
+signal.signal(signal.SIGINT, signal.SIG_IGN)\n\
+p = subprocess.Popen(['sleep', '300'])\n\
+print(p.pid, flush=True)\n\
+time.sleep(300)";
+
+fn child_pid(r: &Value) -> u32 {
+    r["stdout"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .parse()
+        .expect("child pid printed")
+}
+
+#[test]
+fn timeout_kills_a_cell_that_ignores_sigint_and_its_children() {
+    let mut k = Kernel::options()
+        .worker()
+        .env("FLOWREPL_KILL_GRACE_MS", "500")
+        .start();
+    k.ok("x = 1");
+    let w = worker_pid(&mut k);
+    let t = Instant::now();
+    let r = k.execute_params(json!({"code": IGNORES_SIGINT_AND_STARTS_A_CHILD, "timeout_ms": 500}));
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert_eq!(r["timed_out"], true, "{r:#}");
+    assert_eq!(r["stopped_by"], "kill");
+    assert_eq!(r["state_lost"], true);
+    assert_eq!(r["error"]["type"], "WorkerKilled");
+    let child = child_pid(&r);
+    assert!(
+        wait_for(Duration::from_secs(2), || !alive(child)),
+        "the cell's child survived"
+    );
+    check_recovered(&mut k, w, "WorkerKilled");
+}
+
+#[test]
+fn interrupt_request_escalates_to_kill_after_the_grace_period() {
+    let mut k = Kernel::options()
+        .worker()
+        .env("FLOWREPL_KILL_GRACE_MS", "400")
+        .start();
+    let w = worker_pid(&mut k);
+    k.send_raw(
+        format!(
+            "{}\n",
+            json!({"jsonrpc": "2.0", "id": "cell", "method": "execute_code",
+                   "params": {"code": "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)"}})
+        )
+        .as_bytes(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    k.send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":\"int\",\"method\":\"interrupt\"}\n");
+    let ack = k.recv();
+    assert_eq!(ack["id"], "int");
+    assert_eq!(ack["result"]["interrupted"], true);
+    let r = k.recv();
+    assert_eq!(r["id"], "cell");
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    let r = &r["result"];
+    assert_eq!(r["interrupted"], true, "{r:#}");
+    assert_eq!(r["timed_out"], false);
+    assert_eq!(r["stopped_by"], "kill");
+    check_recovered(&mut k, w, "WorkerKilled");
+}
+
+#[test]
+fn interrupt_request_in_worker_mode_keeps_state() {
+    let mut k = Kernel::options().worker().start();
+    k.ok("x = 5");
+    k.send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":\"c\",\"method\":\"execute_code\",\"params\":{\"code\":\"import time\\ntime.sleep(60)\"}}\n");
+    std::thread::sleep(Duration::from_millis(300));
+    let st = k.call("status", Value::Null);
+    assert_eq!(st["result"]["busy"], true);
+    k.send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":\"i\",\"method\":\"interrupt\"}\n");
+    assert_eq!(k.recv()["result"]["interrupted"], true);
+    let r = k.recv()["result"].clone();
+    assert_eq!(r["interrupted"], true, "{r:#}");
+    assert_eq!(r["stopped_by"], "interrupt");
+    assert_eq!(r["error"]["type"], "KeyboardInterrupt");
+    assert_eq!(r["state_lost"], false);
+    assert_eq!(k.ok("x")["result"], "5");
+    // An interrupt with nothing running reaches nothing, and does not hit the next cell.
+    assert_eq!(
+        k.call("interrupt", Value::Null)["result"]["interrupted"],
+        false
+    );
+    assert_eq!(k.ok("x + 1")["result"], "6");
+}
+
+#[test]
+fn restart_drops_state_in_both_modes() {
+    for mode in MODES {
+        let mut k = Kernel::options().mode(mode).start();
+        k.ok("x = 1");
+        let before = k.call("status", Value::Null)["result"]["worker_pid"].clone();
+        let r = k.call("restart", Value::Null)["result"].clone();
+        assert_eq!(r["restarted"], true, "{mode}: {r}");
+        assert_eq!(r["state_lost"], true);
+        assert_eq!(k.execute("x")["error"]["type"], "NameError", "{mode}");
+        assert_eq!(k.ok("__name__")["result"], "'__main__'", "{mode}");
+        if mode == "worker" {
+            let after = worker_pid(&mut k);
+            assert_ne!(json!(after), before);
+            assert_eq!(r["pid"], after);
+            assert!(wait_for(Duration::from_secs(2), || !alive(
+                before.as_u64().unwrap() as u32
+            )));
+        }
+    }
+}
+
+#[test]
+fn kernel_sigkill_takes_the_worker_and_its_children_along() {
+    let mut k = Kernel::options().worker().start();
+    let w = worker_pid(&mut k);
+    let r = k.ok("import subprocess\np = subprocess.Popen(['sleep', '300'])\nprint(p.pid)");
+    let child = child_pid(&r);
+    assert!(alive(child));
+    kill(k.pid(), libc::SIGKILL);
+    assert!(
+        wait_for(Duration::from_secs(3), || !alive(w)),
+        "worker outlived the kernel"
+    );
+    assert!(
+        wait_for(Duration::from_secs(3), || !alive(child)),
+        "the cell's child outlived the kernel"
+    );
+}
+
+#[test]
+fn kernel_eof_ends_worker_and_children_without_zombies() {
+    let mut k = Kernel::options().worker().start();
+    let w = worker_pid(&mut k);
+    let r = k.ok("import subprocess\np = subprocess.Popen(['sleep', '300'])\nprint(p.pid)");
+    let child = child_pid(&r);
+    let st = k.close();
+    assert!(st.success());
+    assert!(wait_for(Duration::from_secs(3), || !alive(w)));
+    assert!(wait_for(Duration::from_secs(3), || !alive(child)));
+}
+
+#[test]
+fn memory_limit_gives_a_typed_error_and_the_session_survives() {
+    let mut k = Kernel::options()
+        .worker()
+        .env("FLOWREPL_MEMORY_MB", "1024")
+        .start();
+    k.ok("x = 1");
+    let r = k.execute("b = bytearray(3 * 1024 ** 3)");
+    assert_eq!(r["error"]["type"], "MemoryLimitExceeded", "{r:#}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("1024 MB") && msg.contains("peak RSS"), "{msg}");
+    assert_eq!(r["state_lost"], false);
+    assert_eq!(k.ok("x")["result"], "1");
+    k.sync();
+    let log = read_log(&k.log_file());
+    assert_eq!(log[1].error_type.as_deref(), Some("MemoryLimitExceeded"));
+}
+
+#[test]
+fn cpu_limit_ends_the_worker_with_a_typed_error() {
+    let mut k = Kernel::options()
+        .worker()
+        .env("FLOWREPL_CPU_SECONDS", "1")
+        .start();
+    k.ok("x = 1");
+    let w = worker_pid(&mut k);
+    let t = Instant::now();
+    let r = k.execute("while True: pass");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(r["error"]["type"], "CpuLimitExceeded", "{r:#}");
+    assert!(r["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("1 s per cell"));
+    let used = r["usage"]["cpu_ms"].as_f64().unwrap();
+    assert!(used >= 900.0, "cpu_ms {used}");
+    check_recovered(&mut k, w, "CpuLimitExceeded");
+    // Each cell gets its own budget: two cells of 0.6 s each are fine.
+    let spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass";
+    k.ok(spin);
+    k.ok(spin);
+}
+
+#[test]
+fn process_limit_is_applied_to_the_worker_only() {
+    let mut k = Kernel::options()
+        .worker()
+        .env("FLOWREPL_MAX_PROCS", "4000")
+        .start();
+    let r = k.ok("import resource\nresource.getrlimit(resource.RLIMIT_NPROC)[0]");
+    assert_eq!(r["result"], "4000");
+    let mut k = Kernel::options().worker().start();
+    let r = k.ok("import resource\nresource.getrlimit(resource.RLIMIT_NPROC)[0] == 4000");
+    assert_eq!(r["result"], "False");
+}
