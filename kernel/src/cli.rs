@@ -37,8 +37,9 @@ pub struct Cli {
     #[arg(long)]
     pub worker: bool,
 
-    /// Worker mode: after SIGINT (timeout or interrupt), how long a cell has to stop before
-    /// the worker's process group is killed, in milliseconds.
+    /// After SIGINT (timeout or interrupt), how long a cell has to stop, in milliseconds.
+    /// Then worker mode kills the worker's process group; in-process mode (which cannot kill
+    /// the cell) answers the request with `CellNotStopped`.
     #[arg(long, env = "FLOWREPL_KILL_GRACE_MS", default_value_t = 2000,
           value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub kill_grace_ms: u64,

@@ -46,6 +46,9 @@ pub struct Config {
     pub python: PathBuf,
     /// Worker mode, when set.
     pub worker: Option<WorkerConfig>,
+    /// After SIGINT, how long a cell has to stop: then worker mode kills the worker, and
+    /// in-process mode answers `CellNotStopped`.
+    pub kill_grace: std::time::Duration,
 }
 
 /// Worker mode settings.
@@ -53,8 +56,6 @@ pub struct Config {
 pub struct WorkerConfig {
     /// The `flowrepl-worker` executable.
     pub exe: PathBuf,
-    /// Grace period between SIGINT and SIGKILL.
-    pub kill_grace: std::time::Duration,
     /// Limits of the worker.
     pub limits: crate::worker_proc::Limits,
 }
@@ -103,11 +104,7 @@ impl Config {
             if !exe.is_file() {
                 return Err(ConfigError::WorkerMissing(exe.display().to_string()));
             }
-            Some(WorkerConfig {
-                exe,
-                kill_grace: std::time::Duration::from_millis(cli.kill_grace_ms),
-                limits,
-            })
+            Some(WorkerConfig { exe, limits })
         } else {
             if limits != Default::default() {
                 tracing::warn!("FLOWREPL_MEMORY_MB / FLOWREPL_CPU_SECONDS / FLOWREPL_MAX_PROCS apply to the worker only; they are ignored in-process");
@@ -117,6 +114,7 @@ impl Config {
         Ok(Config {
             identity,
             worker,
+            kill_grace: std::time::Duration::from_millis(cli.kill_grace_ms),
             log_file,
             default_timeout_ms: cli.timeout_ms,
             max_request_bytes: cli.max_request_bytes,

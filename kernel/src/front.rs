@@ -11,6 +11,12 @@
 //! clears `busy` before taking the lock and looks at the queue first. The reader keeps
 //! partial lines between the two ([`crate::line_reader`]).
 //!
+//! In-process, a cell that does not stop within the grace period after SIGINT (it ignores
+//! SIGINT, or blocks in a C call that never checks for signals) cannot be killed without
+//! killing the kernel. The watcher then answers its request itself with `CellNotStopped`,
+//! so the client is not left hanging; the kernel keeps answering `status` (busy) and
+//! `interrupt`, queues everything else, and logs the cell's real result if it ever ends.
+//!
 //! Like the monitor, the watcher is not woken per cell: it ticks every 50 ms and, after a
 //! second without cells, sleeps until the request thread wakes it at the next cell.
 
@@ -19,7 +25,10 @@ use crate::records::Flusher;
 use crate::server::ReplyWriter;
 use crate::session::CellControl;
 use flowrepl_protocol::jsonrpc::Response;
-use flowrepl_protocol::{Call, ErrorCode, Id, Request, RpcError, StatusInfo};
+use flowrepl_protocol::{
+    Call, DebugInfo, ErrorCode, ExecError, ExecuteResult, ExecutionKind, Id, Request, RpcError,
+    StatusInfo,
+};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::fs::File;
@@ -96,6 +105,11 @@ pub struct Front {
     control: CellControl,
     flusher: Flusher,
     max_request_bytes: usize,
+    kill_grace: Duration,
+    /// The running cell's request id, until it is answered.
+    cell_id: Mutex<Option<Id>>,
+    /// The running cell was answered with `CellNotStopped`.
+    answered_early: AtomicBool,
 }
 
 impl Front {
@@ -107,6 +121,7 @@ impl Front {
         status: StatusInfo,
         control: CellControl,
         flusher: Flusher,
+        kill_grace: Duration,
     ) -> Front {
         Front {
             input_fd: input.as_raw_fd(),
@@ -120,6 +135,9 @@ impl Front {
             control,
             flusher,
             max_request_bytes,
+            kill_grace,
+            cell_id: Mutex::new(None),
+            answered_early: AtomicBool::new(false),
         }
     }
 
@@ -143,17 +161,82 @@ impl Front {
     }
 
     /// A cell starts: the watcher takes over stdin.
-    pub fn begin_cell(&self, watcher: &thread::Thread) {
+    pub fn begin_cell(&self, watcher: &thread::Thread, id: Option<&Id>) {
         self.started_cells.fetch_add(1, Ordering::Relaxed);
+        *lock(&self.cell_id) = id.cloned();
         self.busy.store(true, Ordering::SeqCst);
         if self.deep_sleep.load(Ordering::SeqCst) {
             watcher.unpark();
         }
     }
 
-    /// The cell ended: stdin is the request thread's again.
-    pub fn end_cell(&self) {
+    /// The cell ended: stdin is the request thread's again. True if the watcher already
+    /// answered it (`CellNotStopped`): then only its record remains to be written.
+    pub fn end_cell(&self) -> bool {
         self.busy.store(false, Ordering::SeqCst);
+        // Under the id lock, so the watcher cannot be half-way through its answer.
+        let mut id = lock(&self.cell_id);
+        *id = None;
+        self.answered_early.swap(false, Ordering::SeqCst)
+    }
+
+    /// In-process: answers a cell that ignored SIGINT for the grace period.
+    fn check_stuck(&self) {
+        let Some(since) = self.control.sigint_since() else {
+            return;
+        };
+        let waited = since.elapsed();
+        if waited < self.kill_grace || self.answered_early.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut id = lock(&self.cell_id);
+        if !self.busy.load(Ordering::SeqCst) {
+            return;
+        }
+        self.answered_early.store(true, Ordering::SeqCst);
+        let Some(id) = id.take() else { return };
+        tracing::error!(
+            waited_ms = waited.as_millis() as u64,
+            "the cell does not respond to SIGINT; answering CellNotStopped"
+        );
+        let message = format!(
+            "the cell did not stop within {} ms of SIGINT: it ignores SIGINT or is blocked in a call that never checks for signals. In-process mode cannot kill it without killing the kernel, so it may still be running: `status` says busy, other requests wait until it ends, and its real result goes to the task log. Run with USE_SUBPROCESS_WORKER=1 to make such cells killable.",
+            self.kill_grace.as_millis()
+        );
+        let result = ExecuteResult {
+            success: false,
+            stdout: String::new(),
+            stderr: format!("CellNotStopped: {message}\n"),
+            result: None,
+            error: Some(ExecError {
+                kind: "CellNotStopped".into(),
+                traceback: format!("CellNotStopped: {message}\n"),
+                message,
+            }),
+            execution_count: self.started_cells.load(Ordering::Relaxed),
+            elapsed_ms: 0.0,
+            mode: self.status.mode,
+            timed_out: false,
+            interrupted: false,
+            stopped_by: None,
+            added_vars: Vec::new(),
+            removed_vars: Vec::new(),
+            added_imports: Vec::new(),
+            variable_count: 0,
+            timestamp: String::new(),
+            warnings: Vec::new(),
+            usage: Default::default(),
+            state_lost: false,
+            debug_info: DebugInfo {
+                execution: ExecutionKind::RuntimeError,
+                execution_mode: self.status.mode,
+                elapsed_ms: 0.0,
+                phases_us: Default::default(),
+            },
+        };
+        if let Err(e) = self.writer().send_execute(&id, &result) {
+            tracing::warn!(error = %e, "writing CellNotStopped failed");
+        }
     }
 
     /// The `status` answer; waits for pending log records first.
@@ -201,6 +284,7 @@ impl Front {
                 continue;
             }
             idle_ticks = 0;
+            self.check_stuck();
             if eof {
                 thread::park_timeout(TICK);
                 continue;

@@ -83,6 +83,7 @@ pub fn run(cli: cli::Cli) -> ExitCode {
         session.status_template(),
         session.control(),
         session.flusher(),
+        config.kill_grace,
     ));
     match server::serve(&mut session, &front) {
         Ok(ended) => {
@@ -126,7 +127,7 @@ fn start_engine(
                     limits: w.limits,
                 },
                 diagnostics,
-                w.kill_grace,
+                config.kill_grace,
             )?;
             Ok(session::Engine::Worker(client))
         }

@@ -99,10 +99,14 @@ pub fn serve(session: &mut Session, front: &Arc<Front>) -> io::Result<Ended> {
         };
         match call {
             Call::Execute(params) => {
-                front.begin_cell(watcher.thread());
-                let result = session.execute(&params);
-                front.end_cell();
-                if let Some(id) = &id {
+                front.begin_cell(watcher.thread(), id.as_ref());
+                let mut result = session.execute(&params);
+                let answered = front.end_cell();
+                if answered {
+                    result.warnings.push(
+                        "the request was answered with CellNotStopped before the cell ended; this is the cell's real result".into(),
+                    );
+                } else if let Some(id) = &id {
                     front.writer().send_execute(id, &result)?;
                 }
                 session.record(params, result);

@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Where cells run.
+// One per process, never moved after start: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Engine {
     /// Embedded CPython on the request thread.
     InProcess(Executor),
@@ -45,6 +47,15 @@ impl CellControl {
         match self {
             CellControl::InProcess(i) => i.interrupt(),
             CellControl::Worker(w) => w.interrupt(),
+        }
+    }
+
+    /// In-process: when the running cell was first sent SIGINT, if it was. (Worker mode
+    /// escalates to SIGKILL instead, in the worker client.)
+    pub fn sigint_since(&self) -> Option<Instant> {
+        match self {
+            CellControl::InProcess(i) => i.sigint_since(),
+            CellControl::Worker(_) => None,
         }
     }
 

@@ -48,6 +48,8 @@ struct State {
     fired_at: Option<Instant>,
     /// SIGINT was sent to the running cell on request ([`Interrupter::interrupt`]).
     interrupted: bool,
+    /// When the first SIGINT (timeout or request) was sent to the running cell.
+    first_sent: Option<Instant>,
     /// Per stream: where the running cell's output starts, and up to where its dropped
     /// middle has been released.
     starts: Vec<u64>,
@@ -86,6 +88,7 @@ impl Monitor {
                 deadline: Instant::now(),
                 fired_at: None,
                 interrupted: false,
+                first_sent: None,
                 starts: vec![0; streams.len()],
                 released: vec![0; streams.len()],
             }),
@@ -111,6 +114,7 @@ impl Monitor {
             st.deadline = Instant::now() + timeout;
             st.fired_at = None;
             st.interrupted = false;
+            st.first_sent = None;
             st.starts.copy_from_slice(starts);
             st.released.copy_from_slice(starts);
         }
@@ -180,7 +184,19 @@ impl Interrupter {
         // SAFETY: `target` is the executing thread, alive for the process's life.
         unsafe { libc::pthread_kill(self.shared.target, libc::SIGINT) };
         st.interrupted = true;
+        st.first_sent.get_or_insert_with(Instant::now);
         true
+    }
+
+    /// While a cell runs that has been sent SIGINT (timeout or request): when the first one
+    /// was sent. A cell still running long after is not responding to signals.
+    pub fn sigint_since(&self) -> Option<Instant> {
+        let st = lock(&self.shared.state);
+        if st.running {
+            st.first_sent
+        } else {
+            None
+        }
     }
 }
 
@@ -209,6 +225,7 @@ fn run(shared: &Shared) {
                         // SAFETY: `target` is the executing thread, alive for the process's life.
                         unsafe { libc::pthread_kill(shared.target, libc::SIGINT) };
                         st.fired_at = Some(now);
+                        st.first_sent.get_or_insert(now);
                     }
                 }
                 let until_deadline = st.deadline.saturating_duration_since(now);

@@ -255,7 +255,7 @@ fn serve(
                                 cut -= 1;
                             }
                             r.truncate(cut);
-                            r.push_str("…");
+                            r.push('…');
                         }
                         rep.warnings.push(format!(
                             "the result's repr was cut to {MAX_RESULT_ON_OVERFLOW} bytes: it did not fit in a frame"

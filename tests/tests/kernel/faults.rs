@@ -353,3 +353,44 @@ fn process_limit_is_applied_to_the_worker_only() {
     let r = k.ok("import resource\nresource.getrlimit(resource.RLIMIT_NPROC)[0] == 4000");
     assert_eq!(r["result"], "False");
 }
+
+#[test]
+fn in_process_cell_that_ignores_sigint_is_answered_after_the_grace_period() {
+    let mut k = Kernel::options()
+        .env("FLOWREPL_KILL_GRACE_MS", "500")
+        .start();
+    k.ok("x = 1");
+    let code = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(2.5)\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n'done'";
+    let t = Instant::now();
+    k.send_raw(
+        format!(
+            "{}\n",
+            json!({"jsonrpc": "2.0", "id": "stuck", "method": "execute_code",
+                   "params": {"code": code, "timeout_ms": 200}})
+        )
+        .as_bytes(),
+    );
+    let r = k.recv();
+    let took = t.elapsed();
+    assert_eq!(r["id"], "stuck");
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_millis(2000),
+        "{took:?}"
+    );
+    assert_eq!(r["result"]["error"]["type"], "CellNotStopped", "{r:#}");
+    // The kernel still answers status while the cell runs on.
+    let st = k.call("status", Value::Null);
+    assert_eq!(st["result"]["busy"], true);
+    // Queued behind the cell: answered once it ends, and the session is intact.
+    assert_eq!(k.ok("x + 1")["result"], "2");
+    assert!(t.elapsed() >= Duration::from_millis(2500));
+    k.sync();
+    let log = read_log(&k.log_file());
+    assert_eq!(log.len(), 3);
+    assert_eq!(
+        log[1].result.as_deref(),
+        Some("'done'"),
+        "the real result is logged"
+    );
+    assert!(log[1].warnings.iter().any(|w| w.contains("CellNotStopped")));
+}
