@@ -72,14 +72,7 @@ impl Peer {
     }
 
     fn rss_kb(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        rss_of(self.child.id())
     }
 }
 
@@ -308,7 +301,6 @@ fn main() {
             .parse()
             .expect("diff_cycle.py output")
     };
-    let _ = std::fs::remove_dir_all(&logs);
 
     let start_k = stats(starts.0);
     let start_repl = stats(starts.1);
@@ -455,4 +447,146 @@ fn main() {
         false,
     );
     target("sequential execs/s", k_rate, 3000.0, true);
+
+    worker_section(
+        &args,
+        &python,
+        &logs,
+        n_small,
+        n_big,
+        &pipe_small,
+        &repl_big,
+    );
+    let _ = std::fs::remove_dir_all(&logs);
+}
+
+fn print_target(name: &str, value: f64, limit: f64) {
+    println!(
+        "  [{}] {name}: {value:.2} <= {limit}",
+        if value <= limit { "PASS" } else { "MISS" }
+    );
+}
+
+/// VmRSS of a process, in KiB (0 if it is gone).
+fn rss_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Worker mode (issue 3): the same cells through the kernel and a `flowrepl-worker`.
+fn worker_section(
+    args: &Args,
+    python: &str,
+    logs: &Path,
+    n_small: usize,
+    n_big: usize,
+    pipe_small: &Stats,
+    repl_big: &Stats,
+) {
+    let small = request("x = 1");
+    let big = request("print('a' * 1_000_000)");
+    let crash = request("import os; os._exit(1)");
+    let mut cmd = kernel_cmd(&args.kernel, logs);
+    cmd.env("USE_SUBPROCESS_WORKER", "1");
+    let mut k = Peer::spawn(cmd, true);
+    let ready: Value = serde_json::from_slice(&k.line).unwrap();
+    let worker_pid = ready["params"]["worker_pid"].as_u64().unwrap() as u32;
+    std::thread::sleep(Duration::from_millis(200));
+    let rss_idle = k.rss_kb() + rss_of(worker_pid);
+    let w_small = stats(measure(&mut k, &small, 500, n_small, &ok_reply));
+    let w_big = stats(measure(&mut k, &big, 5, n_big, &ok_reply));
+    let n_crash = if args.quick { 5 } else { 15 };
+    let mut recover = Vec::new();
+    for _ in 0..n_crash {
+        let t = Instant::now();
+        k.round_trip(&crash);
+        assert_eq!(k.reply()["result"]["error"]["type"], "WorkerDied");
+        k.round_trip(&small);
+        ok_reply(&k);
+        recover.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    drop(k);
+    let recover = stats(recover);
+    let mut py_start = Vec::new();
+    for _ in 0..n_crash {
+        let t = Instant::now();
+        let st = Command::new(python).args(["-c", "pass"]).status().unwrap();
+        assert!(st.success());
+        py_start.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let py_start = stats(py_start);
+    let bare = {
+        let mut c = Command::new(python);
+        c.args([
+            "-c",
+            "import sys; print('ready', flush=True); sys.stdin.read()",
+        ]);
+        let mut p = Peer::spawn(c, false);
+        p.read_line();
+        std::thread::sleep(Duration::from_millis(100));
+        p.rss_kb()
+    };
+
+    println!("\nworker mode (USE_SUBPROCESS_WORKER=1; µs unless noted)\n");
+    println!(
+        "{:<34} {:>11} {:>11} {:>11} {:>9}",
+        "", "flowrepl", "anchor", "", "ratio"
+    );
+    let row = |name: &str, v: f64, anchor: f64, what: &str| {
+        println!(
+            "{name:<34} {v:>11.1} {anchor:>11.1} {what:>11} {:>8.2}x",
+            v / anchor
+        );
+    };
+    row(
+        "x = 1 round trip p50",
+        w_small.p50,
+        pipe_small.p50,
+        "raw pipe",
+    );
+    row(
+        "x = 1 round trip p99",
+        w_small.p99,
+        pipe_small.p99,
+        "raw pipe",
+    );
+    row(
+        "1 MB print round trip p50",
+        w_big.p50,
+        repl_big.p50,
+        "plain REPL",
+    );
+    row(
+        "crash -> next good reply p50",
+        recover.p50,
+        py_start.p50,
+        "python -c",
+    );
+    row(
+        "RSS idle, kernel + worker (MB)",
+        rss_idle as f64 / 1024.0,
+        bare as f64 / 1024.0,
+        "bare python",
+    );
+    println!("\ntargets (worker mode issue):");
+    print_target(
+        "worker x = 1 p50 / raw pipe p50",
+        w_small.p50 / pipe_small.p50,
+        2.5,
+    );
+    print_target(
+        "worker 1 MB print p50 / plain REPL p50",
+        w_big.p50 / repl_big.p50,
+        0.7,
+    );
+    print_target(
+        "crash -> next good reply p50 / python -c pass p50",
+        recover.p50 / py_start.p50,
+        5.0,
+    );
 }
