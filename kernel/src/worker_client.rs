@@ -329,9 +329,11 @@ impl WorkerClient {
             state_lost = true;
         }
         if let Err(e) = self.ensure_ready() {
-            let mut run = failed_run(
+            let mut run = error_run(
                 "WorkerUnavailable",
                 format!("the cell did not run: {e}"),
+                String::new(),
+                String::new(),
                 warnings,
             );
             run.state_lost = true;
@@ -348,7 +350,13 @@ impl WorkerClient {
         if let Err(e) =
             frame::encode_execute(&mut self.send_buf, c.id, timeout.as_millis() as u64, code)
         {
-            return failed_run("CellTooLarge", e.to_string(), warnings);
+            return error_run(
+                "CellTooLarge",
+                e.to_string(),
+                String::new(),
+                String::new(),
+                warnings,
+            );
         }
         let started = Instant::now();
         {
@@ -407,7 +415,7 @@ impl WorkerClient {
         };
         let elapsed = started.elapsed();
         let stdout = decode_output(c.stdout, "stdout", &mut warnings);
-        let mut stderr = decode_output(c.stderr, "stderr", &mut warnings);
+        let stderr = decode_output(c.stderr, "stderr", &mut warnings);
         match c.report {
             Some(report) => {
                 self.last_cpu_total_ms = report.cpu_total_ms;
@@ -434,35 +442,13 @@ impl WorkerClient {
                 if let Err(e) = self.spawn_worker() {
                     warnings.push(format!("a new worker could not be started: {e}"));
                 }
-                let traceback = format!("{kind}: {message}\n");
-                if !stderr.is_empty() && !stderr.ends_with('\n') {
-                    stderr.push('\n');
-                }
-                stderr.push_str(&traceback);
-                CellRun {
-                    outcome: CellOutcome {
-                        stdout,
-                        stderr,
-                        result: None,
-                        error: Some(ExecError {
-                            kind: kind.to_owned(),
-                            message,
-                            traceback,
-                        }),
-                        kind: ExecutionKind::RuntimeError,
-                        timed_out,
-                        interrupted,
-                        added_vars: Vec::new(),
-                        removed_vars: Vec::new(),
-                        added_imports: Vec::new(),
-                        variable_count: 0,
-                        phases: Default::default(),
-                        warnings,
-                        usage: usage.unwrap_or_default(),
-                    },
-                    stopped_by,
-                    state_lost: true,
-                }
+                let mut run = error_run(kind, message, stdout, stderr, warnings);
+                run.outcome.timed_out = timed_out;
+                run.outcome.interrupted = interrupted;
+                run.outcome.usage = usage.unwrap_or_default();
+                run.stopped_by = stopped_by;
+                run.state_lost = true;
+                run
             }
         }
     }
@@ -621,29 +607,32 @@ fn decode_output(bytes: Vec<u8>, label: &str, warnings: &mut Vec<String>) -> Str
     }
 }
 
-/// A cell that did not run.
-fn failed_run(kind: &str, message: String, warnings: Vec<String>) -> CellRun {
+/// A cell that failed outside Python (it did not run, or its worker died): `kind: message`
+/// is its error, also appended to `stderr` as its traceback.
+fn error_run(
+    kind: &str,
+    message: String,
+    stdout: String,
+    mut stderr: String,
+    warnings: Vec<String>,
+) -> CellRun {
     let traceback = format!("{kind}: {message}\n");
+    if !stderr.is_empty() && !stderr.ends_with('\n') {
+        stderr.push('\n');
+    }
+    stderr.push_str(&traceback);
     CellRun {
         outcome: CellOutcome {
-            stdout: String::new(),
-            stderr: traceback.clone(),
-            result: None,
+            stdout,
+            stderr,
             error: Some(ExecError {
                 kind: kind.to_owned(),
                 message,
                 traceback,
             }),
             kind: ExecutionKind::RuntimeError,
-            timed_out: false,
-            interrupted: false,
-            added_vars: Vec::new(),
-            removed_vars: Vec::new(),
-            added_imports: Vec::new(),
-            variable_count: 0,
-            phases: Default::default(),
             warnings,
-            usage: ResourceUsage::default(),
+            ..CellOutcome::empty()
         },
         stopped_by: None,
         state_lost: false,

@@ -118,6 +118,28 @@ pub struct CellOutcome {
     pub usage: ResourceUsage,
 }
 
+impl CellOutcome {
+    /// A successful cell that did and printed nothing (the start of every outcome).
+    pub fn empty() -> CellOutcome {
+        CellOutcome {
+            stdout: String::new(),
+            stderr: String::new(),
+            result: None,
+            error: None,
+            kind: ExecutionKind::Success,
+            timed_out: false,
+            interrupted: false,
+            added_vars: Vec::new(),
+            removed_vars: Vec::new(),
+            added_imports: Vec::new(),
+            variable_count: 0,
+            phases: PhaseTimings::default(),
+            warnings: Vec::new(),
+            usage: ResourceUsage::default(),
+        }
+    }
+}
+
 struct Support {
     flush_std: Py<PyAny>,
     register_sources: Py<PyAny>,
@@ -275,22 +297,7 @@ impl Executor {
         if let Some(s) = &self.streamer {
             s.begin([self.capture.stdout.cursor(), self.capture.stderr.cursor()]);
         }
-        let mut out = CellOutcome {
-            stdout: String::new(),
-            stderr: String::new(),
-            result: None,
-            error: None,
-            kind: ExecutionKind::Success,
-            timed_out: false,
-            interrupted: false,
-            added_vars: Vec::new(),
-            removed_vars: Vec::new(),
-            added_imports: Vec::new(),
-            variable_count: 0,
-            phases: PhaseTimings::default(),
-            warnings: Vec::new(),
-            usage: ResourceUsage::default(),
-        };
+        let mut out = CellOutcome::empty();
         let name_c = CString::new(name.as_str()).expect("cell names have no NUL");
         let compiled = self.compile(py, code, &name_c);
         let t_compiled = Instant::now();
