@@ -19,7 +19,7 @@
 //! error) with the exit code or signal, and the output received until then.
 
 use crate::session::CellRun;
-use crate::worker_proc::{Ended, Limits, SpawnConfig, WorkerProcess};
+use crate::worker_proc::{Ended, SpawnConfig, WorkerProcess};
 use flowrepl_protocol::frame::{self, CellReport, Frame, FrameBuffer, OutputStream, WorkerHello};
 use flowrepl_protocol::{ExecError, ExecutionKind, ResourceUsage, StoppedBy};
 use flowrepl_worker::CellOutcome;
@@ -155,11 +155,6 @@ impl WorkerClient {
     /// What the worker said about its interpreter.
     pub fn hello(&self) -> Option<&WorkerHello> {
         self.hello.as_ref()
-    }
-
-    /// The configured limits.
-    pub fn limits(&self) -> Limits {
-        self.spawn.limits
     }
 
     fn spawn_worker(&mut self) -> Result<(), WorkerError> {
@@ -580,11 +575,6 @@ impl WorkerClient {
         self.drop_worker();
         self.ensure_ready()?;
         Ok(self.control.worker_pid().unwrap_or(0))
-    }
-
-    /// CPU time the worker reported after its last cell.
-    pub fn last_cpu_total_ms(&self) -> f64 {
-        self.last_cpu_total_ms
     }
 }
 

@@ -178,9 +178,4 @@ impl Streamer {
             st.last[i] = Some(b);
         }
     }
-
-    /// Sends what was buffered.
-    pub fn flush(&self) {
-        self.sink.flush();
-    }
 }
