@@ -10,56 +10,101 @@ use std::path::PathBuf;
 #[derive(Debug, Parser)]
 #[command(name = "flowrepl", version, about)]
 pub struct Cli {
+    /// What to serve (default: the JSON-RPC kernel).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Directory of the per-task JSONL logs: `<log-dir>/<plan_id>/<task_id>.jsonl`.
-    #[arg(long, env = "FLOWREPL_LOG_DIR", default_value = ".flowrepl/logs")]
+    #[arg(
+        global = true,
+        long,
+        env = "FLOWREPL_LOG_DIR",
+        default_value = ".flowrepl/logs"
+    )]
     pub log_dir: PathBuf,
 
     /// Python to emulate: an interpreter or a venv directory (default: $VIRTUAL_ENV, else the
     /// interpreter flowrepl was built against). Must be the same major.minor version.
-    #[arg(long, value_name = "PATH")]
+    #[arg(global = true, long, value_name = "PATH")]
     pub python: Option<PathBuf>,
 
     /// Default cell timeout in milliseconds, when a request gives no timeout_ms.
-    #[arg(long, env = "FLOWREPL_TIMEOUT_MS", default_value_t = 300_000,
+    #[arg(global = true, long, env = "FLOWREPL_TIMEOUT_MS", default_value_t = 300_000,
           value_parser = clap::value_parser!(u64).range(1..=flowrepl_protocol::call::MAX_TIMEOUT_MS))]
     pub timeout_ms: u64,
 
     /// Longest request line accepted, in bytes; longer lines get error -32001.
-    #[arg(long, env = "FLOWREPL_MAX_REQUEST_BYTES", default_value_t = 256 << 20)]
+    #[arg(global = true, long, env = "FLOWREPL_MAX_REQUEST_BYTES", default_value_t = 256 << 20)]
     pub max_request_bytes: usize,
 
     /// Output kept per stream and cell, in bytes; beyond it the middle is dropped.
-    #[arg(long, env = "FLOWREPL_MAX_OUTPUT_BYTES", default_value_t = 256 << 20,
+    #[arg(global = true, long, env = "FLOWREPL_MAX_OUTPUT_BYTES", default_value_t = 256 << 20,
           value_parser = clap::value_parser!(u64).range(4096..))]
     pub max_output_bytes: u64,
 
     /// Run cells in a keep-alive worker subprocess (also USE_SUBPROCESS_WORKER=1).
-    #[arg(long)]
+    #[arg(global = true, long)]
     pub worker: bool,
 
     /// After SIGINT (timeout or interrupt), how long a cell has to stop, in milliseconds.
     /// Then worker mode kills the worker's process group; in-process mode (which cannot kill
     /// the cell) answers the request with `CellNotStopped`.
-    #[arg(long, env = "FLOWREPL_KILL_GRACE_MS", default_value_t = 2000,
+    #[arg(global = true, long, env = "FLOWREPL_KILL_GRACE_MS", default_value_t = 2000,
           value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub kill_grace_ms: u64,
 
     /// Worker mode: address-space limit of the worker (RLIMIT_AS), in MiB. A cell that
     /// exceeds it gets MemoryLimitExceeded; the session survives.
-    #[arg(long, env = "FLOWREPL_MEMORY_MB", value_parser = clap::value_parser!(u64).range(64..))]
+    #[arg(global = true, long, env = "FLOWREPL_MEMORY_MB", value_parser = clap::value_parser!(u64).range(64..))]
     pub memory_mb: Option<u64>,
 
     /// Worker mode: CPU seconds a cell may use (RLIMIT_CPU, re-armed per cell). Past it the
     /// worker is ended (CpuLimitExceeded) and a fresh one started.
-    #[arg(long, env = "FLOWREPL_CPU_SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(global = true, long, env = "FLOWREPL_CPU_SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub cpu_seconds: Option<u64>,
 
     /// Worker mode: processes the worker's user may have (RLIMIT_NPROC; counts all of that
     /// user's processes, and Linux does not apply it to root).
-    #[arg(long, env = "FLOWREPL_MAX_PROCS", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(global = true, long, env = "FLOWREPL_MAX_PROCS", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_procs: Option<u64>,
 
     /// Worker mode: the `flowrepl-worker` executable (default: next to `flowrepl`).
-    #[arg(long, env = "FLOWREPL_WORKER_BIN", value_name = "PATH")]
+    #[arg(global = true, long, env = "FLOWREPL_WORKER_BIN", value_name = "PATH")]
     pub worker_bin: Option<PathBuf>,
+}
+
+/// Alternative fronts.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Serve the same kernel as an MCP server over stdio (tools: execute_code,
+    /// restart_session, interrupt, list_variables, read_output).
+    Mcp(McpArgs),
+}
+
+/// Settings of `flowrepl mcp`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct McpArgs {
+    /// Characters of output per tool result; beyond it the text keeps the head and the tail,
+    /// and says how to read the rest with `read_output`.
+    #[arg(long, env = "FLOWREPL_MCP_MAX_CHARS", default_value_t = 20_000,
+          value_parser = clap::value_parser!(u64).range(200..=100_000_000))]
+    pub max_chars: u64,
+
+    /// Images (matplotlib figures, `_repr_png_` values) returned per cell; 0 turns figure
+    /// collection off.
+    #[arg(long, env = "FLOWREPL_MCP_MAX_IMAGES", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub max_images: u32,
+
+    /// Pixels per image: figures are rendered at a lower dpi to fit; larger `_repr_png_`
+    /// images are left out.
+    #[arg(long, env = "FLOWREPL_MCP_MAX_IMAGE_PIXELS", default_value_t = 4_000_000,
+          value_parser = clap::value_parser!(u64).range(10_000..=100_000_000))]
+    pub max_image_pixels: u64,
+
+    /// MiB of cut output kept in memory for `read_output` (oldest cells are forgotten first;
+    /// everything stays in the JSONL log).
+    #[arg(long, env = "FLOWREPL_MCP_KEEP_OUTPUT_MB", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub keep_output_mb: u64,
 }

@@ -49,6 +49,19 @@ pub struct Config {
     /// After SIGINT, how long a cell has to stop: then worker mode kills the worker, and
     /// in-process mode answers `CellNotStopped`.
     pub kill_grace: std::time::Duration,
+    /// `flowrepl mcp`, when serving MCP.
+    pub mcp: Option<crate::cli::McpArgs>,
+}
+
+impl Config {
+    /// Figure collection limits (MCP mode with images on).
+    pub fn image_limits(&self) -> Option<flowrepl_worker::executor::ImageLimits> {
+        let m = self.mcp.as_ref()?;
+        (m.max_images > 0).then_some(flowrepl_worker::executor::ImageLimits {
+            max_images: m.max_images,
+            max_pixels: m.max_image_pixels,
+        })
+    }
 }
 
 /// Worker mode settings.
@@ -120,6 +133,10 @@ impl Config {
             max_request_bytes: cli.max_request_bytes,
             max_output_bytes: cli.max_output_bytes,
             python,
+            mcp: match &cli.command {
+                Some(crate::cli::Command::Mcp(m)) => Some(m.clone()),
+                None => None,
+            },
         })
     }
 }

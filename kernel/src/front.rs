@@ -227,6 +227,7 @@ impl Front {
             warnings: Vec::new(),
             usage: Default::default(),
             state_lost: false,
+            images: Vec::new(),
             debug_info: DebugInfo {
                 execution: ExecutionKind::RuntimeError,
                 execution_mode: self.status.mode,

@@ -22,6 +22,7 @@ pub mod cli;
 pub mod config;
 pub mod front;
 pub mod line_reader;
+pub mod mcp;
 pub mod records;
 pub mod server;
 pub mod session;
@@ -56,6 +57,11 @@ pub fn run(cli: cli::Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if config.mcp.is_some() && std::env::var_os("MPLBACKEND").is_none() {
+        // Figures are rendered to PNG, never shown in a window. Set before Python or the
+        // worker starts, while this process has no other thread that reads the environment.
+        std::env::set_var("MPLBACKEND", "Agg");
+    }
     let engine = match start_engine(&config, diagnostics) {
         Ok(e) => e,
         Err(e) => {
@@ -70,6 +76,9 @@ pub fn run(cli: cli::Cli) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if config.mcp.is_some() {
+        return run_mcp(&mut session, &config, stdio.input, stdio.output);
+    }
     tracing::info!(
         log_file = %config.log_file.display(),
         python = %config.python.display(),
@@ -98,6 +107,32 @@ pub fn run(cli: cli::Cli) -> ExitCode {
     }
 }
 
+/// `flowrepl mcp` after start-up.
+fn run_mcp(
+    session: &mut session::Session,
+    config: &config::Config,
+    input: std::fs::File,
+    output: std::fs::File,
+) -> ExitCode {
+    tracing::info!(
+        log_file = %config.log_file.display(),
+        python = %config.python.display(),
+        session_id = %config.identity.session_id,
+        "flowrepl MCP server ready"
+    );
+    match mcp::serve(session, config, input, output) {
+        Ok(()) => {
+            let records = session.finish();
+            tracing::info!(records, "flowrepl exiting");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "MCP server failed");
+            ExitCode::from(1)
+        }
+    }
+}
+
 /// Starts embedded Python, or the worker (waiting until it is ready).
 fn start_engine(
     config: &config::Config,
@@ -110,6 +145,7 @@ fn start_engine(
                 python: config.python.clone(),
                 max_output_bytes: config.max_output_bytes,
                 sink: None,
+                images: config.image_limits(),
             })?;
             Ok(session::Engine::InProcess(executor))
         }
@@ -125,6 +161,7 @@ fn start_engine(
                     python: config.python.clone(),
                     max_output_bytes: config.max_output_bytes,
                     limits: w.limits,
+                    images: config.image_limits(),
                 },
                 diagnostics,
                 config.kill_grace,

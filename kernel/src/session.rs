@@ -6,7 +6,8 @@ use crate::records::RecordWriter;
 use crate::worker_client::{WorkerClient, WorkerControl};
 use chrono::{SecondsFormat, Utc};
 use flowrepl_protocol::{DebugInfo, ExecuteParams, ExecuteResult, Mode, StatusInfo, StoppedBy};
-use flowrepl_worker::{CellOutcome, Executor, Interrupter};
+use flowrepl_protocol::{Image, VariableInfo};
+use flowrepl_worker::{CellOutcome, Executor, Interrupter, OutputTail};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,6 +60,14 @@ impl CellControl {
         }
     }
 
+    /// While a cell runs: what it has written so far (for progress reports).
+    pub fn output_tail(&self) -> Option<OutputTail> {
+        match self {
+            CellControl::InProcess(i) => i.output_tail(),
+            CellControl::Worker(w) => w.output_tail(),
+        }
+    }
+
     /// The worker's pid (worker mode).
     pub fn worker_pid(&self) -> Option<u32> {
         match self {
@@ -69,7 +78,7 @@ impl CellControl {
 }
 
 /// The answer to `restart`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct RestartReply {
     /// True when state was dropped.
     pub restarted: bool,
@@ -116,7 +125,14 @@ impl Session {
 
     /// Runs a cell and returns its result; hand it to [`Session::record`] after replying.
     /// Never fails: errors of the cell are in the result, failures of the log in `warnings`.
+    /// (Images are only collected in MCP mode: see [`Session::execute_with_images`].)
     pub fn execute(&mut self, params: &ExecuteParams) -> ExecuteResult {
+        self.execute_with_images(params).0
+    }
+
+    /// [`Session::execute`], also returning the images the cell produced (MCP mode); the
+    /// result's `images` describes them.
+    pub fn execute_with_images(&mut self, params: &ExecuteParams) -> (ExecuteResult, Vec<Image>) {
         self.execution_count += 1;
         let timestamp = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
         let timeout = Duration::from_millis(params.timeout_ms.unwrap_or(self.default_timeout_ms));
@@ -133,7 +149,8 @@ impl Session {
             }
             Engine::Worker(w) => w.execute(&params.code, timeout),
         };
-        let o = run.outcome;
+        let mut o = run.outcome;
+        let images = std::mem::take(&mut o.images);
         let elapsed_ms = (started.elapsed().as_micros() as f64) / 1000.0;
         let mut result = ExecuteResult {
             success: o.error.is_none(),
@@ -155,6 +172,7 @@ impl Session {
             warnings: o.warnings,
             usage: o.usage,
             state_lost: run.state_lost,
+            images: images.iter().map(|i| i.info.clone()).collect(),
             debug_info: DebugInfo {
                 execution: o.kind,
                 execution_mode: self.mode,
@@ -163,7 +181,15 @@ impl Session {
             },
         };
         self.record_this = self.records.check(&mut result.warnings);
-        result
+        (result, images)
+    }
+
+    /// `list_variables`: the namespace's names with type, short repr and size. Between cells.
+    pub fn list_variables(&mut self) -> Result<Vec<VariableInfo>, String> {
+        match &mut self.engine {
+            Engine::InProcess(e) => e.list_variables(),
+            Engine::Worker(w) => w.list_variables(),
+        }
     }
 
     /// Queues the record of the cell just answered (see [`crate::records`]).

@@ -20,9 +20,12 @@
 
 use crate::session::CellRun;
 use crate::worker_proc::{Ended, SpawnConfig, WorkerProcess};
+use flowrepl_protocol::frame::VariablesReport;
 use flowrepl_protocol::frame::{self, CellReport, Frame, FrameBuffer, OutputStream, WorkerHello};
+use flowrepl_protocol::VariableInfo;
 use flowrepl_protocol::{ExecError, ExecutionKind, ResourceUsage, StoppedBy};
-use flowrepl_worker::CellOutcome;
+use flowrepl_worker::tail::{last_line, TAIL_BYTES};
+use flowrepl_worker::{CellOutcome, OutputTail};
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -31,6 +34,8 @@ use std::time::{Duration, Instant};
 
 /// How long a starting worker may take to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `list_variables` may take (it runs the reprs of the user's objects).
+const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 /// While no interrupt is pending, the request thread looks for one this often.
 const INTERRUPT_CHECK: Duration = Duration::from_millis(100);
 
@@ -39,6 +44,8 @@ struct ControlState {
     pid: libc::pid_t,
     running: bool,
     interrupted_at: Option<Instant>,
+    /// The running cell's output so far (updated once per read of the pipe).
+    tail: OutputTail,
 }
 
 /// Shared with the front: the running worker's pid and the interrupt of the running cell.
@@ -64,6 +71,12 @@ impl WorkerControl {
         unsafe { libc::kill(st.pid, libc::SIGINT) };
         st.interrupted_at.get_or_insert_with(Instant::now);
         true
+    }
+
+    /// While a cell runs: what it has written so far (for progress reports).
+    pub fn output_tail(&self) -> Option<OutputTail> {
+        let st = self.lock();
+        st.running.then(|| st.tail.clone())
     }
 
     /// The current worker's pid.
@@ -294,6 +307,68 @@ impl WorkerClient {
         }
     }
 
+    /// Publishes the running cell's output so far to [`WorkerControl::output_tail`].
+    fn update_tail(&self, c: &Collecting) {
+        let mut st = self.control.lock();
+        for (i, bytes) in [&c.stdout, &c.stderr].into_iter().enumerate() {
+            if st.tail.bytes[i] != bytes.len() as u64 {
+                st.tail.bytes[i] = bytes.len() as u64;
+                st.tail.last_line[i] = last_line(&bytes[bytes.len().saturating_sub(TAIL_BYTES)..]);
+            }
+        }
+    }
+
+    /// `list_variables`: asks the worker between cells (starting one if needed).
+    pub fn list_variables(&mut self) -> Result<Vec<VariableInfo>, String> {
+        if let Some(w) = self.check_idle_worker() {
+            tracing::warn!("{w}");
+        }
+        self.ensure_ready().map_err(|e| e.to_string())?;
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send_buf.clear();
+        frame::encode_variables(&mut self.send_buf, id);
+        let proc = self.proc.as_mut().expect("ensure_ready left a worker");
+        proc.to_worker
+            .write_all(&self.send_buf)
+            .map_err(|e| format!("the worker's pipe failed: {e}"))?;
+        let until = Instant::now() + LIST_TIMEOUT;
+        loop {
+            while let Some(payload) = self.frames.next_payload().map_err(|e| e.to_string())? {
+                match frame::decode(payload) {
+                    Ok(Frame::VariablesReply { id: got, report }) if got == id => {
+                        let VariablesReport { variables, error } = report;
+                        return match error {
+                            None => Ok(variables),
+                            Some(e) => Err(e),
+                        };
+                    }
+                    Ok(other) => tracing::warn!(?other, "unexpected frame from the worker ignored"),
+                    Err(e) => return Err(format!("bad frame from the worker: {e}")),
+                }
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "the worker did not list its variables within {LIST_TIMEOUT:?} (a slow repr?)"
+                ));
+            }
+            match self.read_frames(left).map_err(|e| e.to_string())? {
+                Wait::Frames | Wait::Timeout => {}
+                Wait::Eof => {
+                    let ended = self.drop_worker();
+                    let how = ended.map(|e| e.describe()).unwrap_or_default();
+                    if let Err(e) = self.spawn_worker() {
+                        tracing::error!(error = %e, "a new worker could not be started");
+                    }
+                    return Err(format!(
+                        "the worker {how} while listing variables; its state was lost and a fresh worker is starting"
+                    ));
+                }
+            }
+        }
+    }
+
     /// If the worker died while idle, notices it now (one `poll`), so that the cell runs on
     /// a fresh worker instead of failing. Returns a warning to attach to the cell.
     fn check_idle_worker(&mut self) -> Option<String> {
@@ -358,6 +433,7 @@ impl WorkerClient {
             let mut st = self.control.lock();
             st.running = true;
             st.interrupted_at = None;
+            st.tail = OutputTail::default();
         }
         let proc = self.proc.as_mut().expect("ensure_ready left a worker");
         let mut alive = proc.to_worker.write_all(&self.send_buf).is_ok();
@@ -398,7 +474,12 @@ impl WorkerClient {
                 wait = Duration::from_secs(1);
             }
             match self.read_frames(wait.max(Duration::from_millis(1))) {
-                Ok(Wait::Frames) => alive = self.take_frames(&mut c),
+                Ok(Wait::Frames) => {
+                    alive = self.take_frames(&mut c);
+                    if c.report.is_none() {
+                        self.update_tail(&c);
+                    }
+                }
                 Ok(Wait::Timeout) => {}
                 Ok(Wait::Eof) | Err(_) => alive = false,
             }
@@ -502,6 +583,7 @@ impl WorkerClient {
                 phases: r.phases,
                 warnings: r.warnings,
                 usage: r.usage,
+                images: r.images,
             },
             stopped_by: stopped.then_some(StoppedBy::Interrupt),
             state_lost: false,

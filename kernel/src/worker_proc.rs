@@ -40,6 +40,8 @@ pub struct SpawnConfig {
     pub max_output_bytes: u64,
     /// Limits.
     pub limits: Limits,
+    /// MCP mode: collect figures as images after each cell.
+    pub images: Option<flowrepl_worker::executor::ImageLimits>,
 }
 
 /// A running worker.
@@ -135,6 +137,12 @@ impl WorkerProcess {
             .arg(config.max_output_bytes.to_string());
         if let Some(s) = config.limits.cpu_seconds {
             cmd.arg("--cpu-seconds").arg(s.to_string());
+        }
+        if let Some(i) = config.images {
+            cmd.arg("--max-images")
+                .arg(i.max_images.to_string())
+                .arg("--max-image-pixels")
+                .arg(i.max_pixels.to_string());
         }
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())

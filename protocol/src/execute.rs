@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 /// Where cells run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum Mode {
     /// Embedded CPython inside the `flowrepl` process.
     InProcess,
@@ -38,6 +39,7 @@ impl Mode {
 /// What stopped a cell that did not end by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum StoppedBy {
     /// SIGINT: the cell got `KeyboardInterrupt` and the namespace was kept.
     Interrupt,
@@ -58,6 +60,7 @@ impl StoppedBy {
 /// How a cell ended, for `debug_info.execution`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum ExecutionKind {
     /// Ran to the end.
     Success,
@@ -80,6 +83,7 @@ impl ExecutionKind {
 
 /// The exception a cell raised.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExecError {
     /// The exception class name, e.g. `ZeroDivisionError`.
     #[serde(rename = "type")]
@@ -92,6 +96,7 @@ pub struct ExecError {
 
 /// Microseconds spent in each phase of the cell, measured inside the executor.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct PhaseTimings {
     /// Splitting off the final expression and compiling.
     pub compile: u64,
@@ -105,6 +110,7 @@ pub struct PhaseTimings {
 
 /// What the process that ran a cell used during it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ResourceUsage {
     /// The process that ran the cell: the worker in worker mode, the kernel in-process.
     pub pid: u32,
@@ -116,8 +122,59 @@ pub struct ResourceUsage {
     pub peak_rss_kb: u64,
 }
 
+/// A figure or rich value a cell produced, as described in its result and record (the image
+/// itself travels only in MCP image blocks).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ImageInfo {
+    /// MIME type; always `image/png` today.
+    pub mime: String,
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// Size of the encoded image in bytes.
+    pub bytes: u64,
+    /// Where it came from: `figure N` (a matplotlib figure left open, closed after) or
+    /// `result` (the final value's `_repr_png_()`).
+    pub source: String,
+}
+
+/// An image with its data, base64-encoded (standard alphabet, padded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Image {
+    /// What it is.
+    #[serde(flatten)]
+    pub info: ImageInfo,
+    /// The encoded image, base64.
+    pub data: String,
+}
+
+/// One name of the session's namespace, as `list_variables` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct VariableInfo {
+    /// The name.
+    pub name: String,
+    /// The value's type: `int`, `DataFrame`, `module`, …
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The module that defines the type, when it is not `builtins`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    /// `repr()` cut to 120 characters (with `…` when cut).
+    pub repr: String,
+    /// `len()` for sized values (strings, containers, frames).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub len: Option<u64>,
+    /// `.shape` for arrays and frames, when it is a tuple of integers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<u64>>,
+}
+
 /// Compatibility block for clients of the original Python `json_repl_session`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct DebugInfo {
     /// How the cell ended.
     pub execution: ExecutionKind,
@@ -133,6 +190,7 @@ pub struct DebugInfo {
 /// The result of `execute_code`. A cell that raises is still a result (`success: false`),
 /// never a JSON-RPC error.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExecuteResult {
     /// True when the cell ran to the end without raising.
     pub success: bool,
@@ -180,6 +238,9 @@ pub struct ExecuteResult {
     /// `restart`): every variable and import was lost and a fresh worker runs the next cell.
     #[serde(default)]
     pub state_lost: bool,
+    /// Figures and rich values the cell produced (MCP mode only; absent when empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImageInfo>,
     /// Compatibility and timing details.
     pub debug_info: DebugInfo,
 }

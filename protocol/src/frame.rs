@@ -15,9 +15,11 @@
 //! | --- | --- | --- |
 //! | `0x01` Execute | kernel → worker | `id: u64`, `timeout_ms: u64`, the cell's UTF-8 source |
 //! | `0x02` Shutdown | kernel → worker | empty: exit after the current cell |
+//! | `0x03` Variables | kernel → worker | `id: u64`: list the namespace (between cells) |
 //! | `0x81` Ready | worker → kernel | JSON [`WorkerHello`]: sent once, when Python is up |
 //! | `0x82` Output | worker → kernel | `id: u64`, `stream: u8` (1 stdout, 2 stderr), up to [`MAX_CHUNK_BYTES`] of output |
 //! | `0x83` Done | worker → kernel | `id: u64`, JSON [`CellReport`]: the cell's result without its output |
+//! | `0x84` VariablesReply | worker → kernel | `id: u64`, JSON [`VariablesReport`] |
 //!
 //! A cell's output arrives as Output frames while it runs (the worker reads its capture
 //! files every monitor tick, 50 ms) and after it ends, in order, then exactly one Done frame
@@ -26,7 +28,7 @@
 //! the kernel sends SIGINT to the worker process, whose main thread (the only one that does
 //! not block SIGINT) runs the cell.
 
-use crate::execute::{ExecError, ExecutionKind, PhaseTimings, ResourceUsage};
+use crate::execute::{ExecError, ExecutionKind, Image, PhaseTimings, ResourceUsage, VariableInfo};
 use serde::{Deserialize, Serialize};
 
 /// Largest frame accepted, in bytes (`length` field): a cell's source can be as large as the
@@ -43,12 +45,16 @@ pub mod kind {
     pub const EXECUTE: u8 = 0x01;
     /// Kernel → worker: exit.
     pub const SHUTDOWN: u8 = 0x02;
+    /// Kernel → worker: list the namespace.
+    pub const VARIABLES: u8 = 0x03;
     /// Worker → kernel: started.
     pub const READY: u8 = 0x81;
     /// Worker → kernel: output of the running cell.
     pub const OUTPUT: u8 = 0x82;
     /// Worker → kernel: the cell ended.
     pub const DONE: u8 = 0x83;
+    /// Worker → kernel: the namespace listing.
+    pub const VARIABLES_REPLY: u8 = 0x84;
 }
 
 /// Which captured stream an Output frame carries.
@@ -102,6 +108,20 @@ pub struct CellReport {
     /// The worker's CPU time since it started, at the end of the cell (so that the kernel can
     /// tell what a cell that killed the worker used).
     pub cpu_total_ms: f64,
+    /// Figures and rich values (only when the worker collects them: `--max-images` > 0).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<Image>,
+}
+
+/// The answer to a Variables frame.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VariablesReport {
+    /// The namespace's names, sorted, without `__dunder__` names.
+    #[serde(default)]
+    pub variables: Vec<VariableInfo>,
+    /// Why listing failed, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// What is wrong with a frame.
@@ -140,6 +160,11 @@ pub enum Frame<'a> {
     },
     /// Exit.
     Shutdown,
+    /// List the namespace.
+    Variables {
+        /// Matched by the reply.
+        id: u64,
+    },
     /// The worker is ready.
     Ready(WorkerHello),
     /// Output of cell `id`.
@@ -157,6 +182,13 @@ pub enum Frame<'a> {
         id: u64,
         /// Its result.
         report: Box<CellReport>,
+    },
+    /// The namespace listing asked for by Variables `id`.
+    VariablesReply {
+        /// The request.
+        id: u64,
+        /// The listing.
+        report: VariablesReport,
     },
 }
 
@@ -188,6 +220,21 @@ pub fn encode_execute(
 /// Appends a Shutdown frame.
 pub fn encode_shutdown(out: &mut Vec<u8>) {
     begin(out, kind::SHUTDOWN, 0).expect("empty frame fits");
+}
+
+/// Appends a Variables frame.
+pub fn encode_variables(out: &mut Vec<u8>, id: u64) {
+    begin(out, kind::VARIABLES, 8).expect("small frame fits");
+    out.extend_from_slice(&id.to_be_bytes());
+}
+
+/// Appends a VariablesReply frame. Fails (appending nothing) if it is over the frame limit.
+pub fn encode_variables_reply(
+    out: &mut Vec<u8>,
+    id: u64,
+    report: &VariablesReport,
+) -> Result<(), FrameError> {
+    encode_json(out, kind::VARIABLES_REPLY, Some(id), report)
 }
 
 /// Appends an Output frame; `bytes` must be at most [`MAX_CHUNK_BYTES`].
@@ -273,6 +320,16 @@ pub fn decode(payload: &[u8]) -> Result<Frame<'_>, FrameError> {
             })
         }
         kind::SHUTDOWN => Ok(Frame::Shutdown),
+        kind::VARIABLES => {
+            let (id, _) = split_u64(kind, body)?;
+            Ok(Frame::Variables { id })
+        }
+        kind::VARIABLES_REPLY => {
+            let (id, rest) = split_u64(kind, body)?;
+            let report =
+                serde_json::from_slice(rest).map_err(|e| malformed(kind, e.to_string()))?;
+            Ok(Frame::VariablesReply { id, report })
+        }
         kind::READY => serde_json::from_slice(body)
             .map(Frame::Ready)
             .map_err(|e| malformed(kind, e.to_string())),
@@ -398,6 +455,16 @@ mod tests {
                 peak_rss_kb: 1000,
             },
             cpu_total_ms: 12.0,
+            images: vec![Image {
+                info: crate::ImageInfo {
+                    mime: "image/png".into(),
+                    width: 2,
+                    height: 1,
+                    bytes: 3,
+                    source: "result".into(),
+                },
+                data: "AAAA".into(),
+            }],
         }
     }
 
@@ -430,6 +497,29 @@ mod tests {
             Frame::Done {
                 id: 4,
                 report: Box::new(report())
+            }
+        );
+        out.clear();
+        encode_variables(&mut out, 5);
+        assert_eq!(decode(payload(&out)).unwrap(), Frame::Variables { id: 5 });
+        out.clear();
+        let listing = VariablesReport {
+            variables: vec![VariableInfo {
+                name: "df".into(),
+                kind: "DataFrame".into(),
+                module: Some("pandas.core.frame".into()),
+                repr: "   a\n0  1".into(),
+                len: Some(1),
+                shape: Some(vec![1, 1]),
+            }],
+            error: None,
+        };
+        encode_variables_reply(&mut out, 5, &listing).unwrap();
+        assert_eq!(
+            decode(payload(&out)).unwrap(),
+            Frame::VariablesReply {
+                id: 5,
+                report: listing
             }
         );
         out.clear();

@@ -175,6 +175,11 @@ pub fn write_execute_response(out: &mut Vec<u8>, id: &Id, r: &ExecuteResult) {
         ",\"peak_rss_kb\":{}}},\"state_lost\":{}",
         u.peak_rss_kb, r.state_lost
     );
+    if !r.images.is_empty() {
+        out.extend_from_slice(b",\"images\":");
+        // Rare and small: serde's output is the reference anyway.
+        let _ = serde_json::to_writer(&mut *out, &r.images);
+    }
     let d = &r.debug_info;
     let _ = write!(
         out,
@@ -272,6 +277,7 @@ mod tests {
                 peak_rss_kb: 15012,
             },
             state_lost: true,
+            images: vec![],
             debug_info: DebugInfo {
                 execution: ExecutionKind::RuntimeError,
                 execution_mode: Mode::InProcess,
@@ -297,6 +303,13 @@ mod tests {
                 r.result = None;
                 r.stopped_by = None;
                 r.elapsed_ms = 12345.0;
+                r.images.push(crate::ImageInfo {
+                    mime: "image/png".into(),
+                    width: 640,
+                    height: 480,
+                    bytes: 9000,
+                    source: "figure 1".into(),
+                });
             }
         }
     }

@@ -25,8 +25,8 @@ pub mod status;
 
 pub use call::{Call, ExecuteParams};
 pub use execute::{
-    DebugInfo, ExecError, ExecuteResult, ExecutionKind, Mode, PhaseTimings, ResourceUsage,
-    StoppedBy,
+    DebugInfo, ExecError, ExecuteResult, ExecutionKind, Image, ImageInfo, Mode, PhaseTimings,
+    ResourceUsage, StoppedBy, VariableInfo,
 };
 pub use jsonrpc::{ErrorCode, Id, Request, RpcError};
 pub use status::{StatusInfo, READY_MARKER};

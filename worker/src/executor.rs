@@ -19,7 +19,9 @@ use crate::sink::{OutputSink, Streamer};
 use crate::snapshot::KeySnapshot;
 use crate::usage::UsageMeter;
 use flowrepl_protocol::frame::OutputStream;
-use flowrepl_protocol::{ExecError, ExecutionKind, PhaseTimings, ResourceUsage};
+use flowrepl_protocol::{
+    ExecError, ExecutionKind, Image, ImageInfo, PhaseTimings, ResourceUsage, VariableInfo,
+};
 use pyo3::exceptions::{PyKeyboardInterrupt, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -47,6 +49,19 @@ pub struct ExecutorConfig {
     /// Worker mode: stream output here while cells run, instead of returning it in
     /// [`CellOutcome::stdout`]/[`CellOutcome::stderr`] (which then stay empty).
     pub sink: Option<Arc<dyn OutputSink>>,
+    /// MCP mode: collect figures and rich values as PNG images after each cell.
+    pub images: Option<ImageLimits>,
+}
+
+/// Caps on the images collected after a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageLimits {
+    /// At most this many images per cell; open figures past it are closed and reported in
+    /// `warnings`.
+    pub max_images: u32,
+    /// At most this many pixels per image: figures are rendered at a lower dpi to fit, and
+    /// larger `_repr_png_()` images are left out (with a warning).
+    pub max_pixels: u64,
 }
 
 impl std::fmt::Debug for ExecutorConfig {
@@ -55,6 +70,7 @@ impl std::fmt::Debug for ExecutorConfig {
             .field("python", &self.python)
             .field("max_output_bytes", &self.max_output_bytes)
             .field("sink", &self.sink.is_some())
+            .field("images", &self.images)
             .finish()
     }
 }
@@ -116,6 +132,8 @@ pub struct CellOutcome {
     pub warnings: Vec<String>,
     /// CPU time and peak RSS of this process during the cell.
     pub usage: ResourceUsage,
+    /// Figures and rich values ([`ExecutorConfig::images`]).
+    pub images: Vec<Image>,
 }
 
 impl CellOutcome {
@@ -136,6 +154,7 @@ impl CellOutcome {
             phases: PhaseTimings::default(),
             warnings: Vec::new(),
             usage: ResourceUsage::default(),
+            images: Vec::new(),
         }
     }
 }
@@ -145,6 +164,8 @@ struct Support {
     register_sources: Py<PyAny>,
     format_exception: Py<PyAny>,
     reset_namespace: Py<PyAny>,
+    collect_images: Py<PyAny>,
+    list_variables: Py<PyAny>,
 }
 
 /// The embedded-Python executor. Lives on the thread that created it (Python's main thread).
@@ -164,6 +185,7 @@ pub struct Executor {
     pending_sources: Vec<(String, String)>,
     cells: u64,
     max_output_bytes: u64,
+    images: Option<ImageLimits>,
     feature_version: c_int,
     info: PythonInfo,
     _not_send: std::marker::PhantomData<*const ()>,
@@ -222,6 +244,8 @@ impl Executor {
                 register_sources: get("register_sources")?,
                 format_exception: get("format_exception")?,
                 reset_namespace: get("reset_namespace")?,
+                collect_images: get("collect_images")?,
+                list_variables: get("list_variables")?,
             };
             let mut exec = Executor {
                 globals: globals.unbind(),
@@ -237,6 +261,7 @@ impl Executor {
                 pending_sources: Vec::new(),
                 cells: 0,
                 max_output_bytes: config.max_output_bytes,
+                images: config.images,
                 feature_version: py.version_info().minor as c_int,
                 info,
                 _not_send: std::marker::PhantomData,
@@ -267,6 +292,24 @@ impl Executor {
             let r = self.support.reset_namespace.bind(py).call1((globals,));
             self.rebaseline(py);
             r.map(drop).map_err(|e| e.to_string())
+        })
+    }
+
+    /// The namespace's names (not `__dunder__` ones), sorted, with type, short repr and size.
+    /// Runs Python code (`repr`, `len`) of the user's objects; call it between cells.
+    pub fn list_variables(&mut self) -> Result<Vec<VariableInfo>, String> {
+        Python::attach(|py| {
+            let globals = self.globals.bind(py).clone();
+            let json: String = self
+                .support
+                .list_variables
+                .bind(py)
+                .call1((globals,))
+                .and_then(|j| j.extract())
+                .map_err(|e| e.to_string())?;
+            // Modules imported to list (json, reprlib) are not the next cell's imports.
+            self.rebaseline_modules(py);
+            serde_json::from_str(&json).map_err(|e| e.to_string())
         })
     }
 
@@ -311,14 +354,24 @@ impl Executor {
             Ok((exec_part, eval_part)) => {
                 let starts = [self.capture.stdout.cursor(), self.capture.stderr.cursor()];
                 self.monitor.begin(timeout, &starts);
-                let r = run(py, exec_part, eval_part, &globals);
+                let r = run(py, exec_part, eval_part, &globals, self.images.is_some());
+                // Figures are rendered inside the cell's time limit, even after an error (a
+                // plot then a failure), but not after a stop.
+                if let Some(limits) = self.images {
+                    let value = r.as_ref().ok().and_then(|(_, v)| v.as_ref());
+                    let stopped =
+                        matches!(&r, Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py));
+                    if !stopped {
+                        self.collect_images(py, value, limits, &mut out);
+                    }
+                }
                 let stopped = self.monitor.end();
                 if stopped.any() {
                     // The SIGINT may still be on its way; take it here, not in the next cell.
                     absorb_pending_signals();
                 }
                 match r {
-                    Ok(v) => out.result = v,
+                    Ok((repr, _)) => out.result = repr,
                     Err(e) => {
                         out.kind = ExecutionKind::RuntimeError;
                         if e.is_instance_of::<PyKeyboardInterrupt>(py) {
@@ -596,6 +649,56 @@ impl Executor {
         self.capture.stderr.advance(sizes[1]);
     }
 
+    /// Renders open matplotlib figures (then closes them) and a final value's
+    /// `_repr_png_()`. Costs one dict lookup unless pyplot is loaded or the value has
+    /// something to render.
+    fn collect_images(
+        &mut self,
+        py: Python<'_>,
+        value: Option<&Bound<'_, PyAny>>,
+        limits: ImageLimits,
+        out: &mut CellOutcome,
+    ) {
+        let value = value.filter(|v| {
+            let t = v.get_type();
+            t.hasattr(intern!(py, "_repr_png_")).unwrap_or(false)
+                || t.hasattr(intern!(py, "savefig")).unwrap_or(false)
+        });
+        let pyplot = self
+            .modules
+            .bind(py)
+            .contains(intern!(py, "matplotlib.pyplot"))
+            .unwrap_or(false);
+        if value.is_none() && !pyplot {
+            return;
+        }
+        let collected = self
+            .support
+            .collect_images
+            .bind(py)
+            .call1((value, limits.max_images, limits.max_pixels))
+            .and_then(|r| r.extract::<(Vec<(String, String, u32, u32, u64)>, Vec<String>)>());
+        match collected {
+            Ok((images, notes)) => {
+                out.images = images
+                    .into_iter()
+                    .map(|(source, data, width, height, bytes)| Image {
+                        info: ImageInfo {
+                            mime: "image/png".into(),
+                            width,
+                            height,
+                            bytes,
+                            source,
+                        },
+                        data,
+                    })
+                    .collect();
+                out.warnings.extend(notes);
+            }
+            Err(e) => out.warnings.push(format!("collecting figures failed: {e}")),
+        }
+    }
+
     fn describe(&self, py: Python<'_>, err: PyErr) -> ExecError {
         let exc = err.into_value(py);
         let described = self
@@ -683,28 +786,34 @@ impl Executor {
     }
 }
 
-/// Runs the compiled parts; returns the repr of the final value unless it is `None`.
+/// A final value's repr, and the value itself when asked for (for its images).
+type FinalValue<'py> = (Option<String>, Option<Bound<'py, PyAny>>);
+
+/// Runs the compiled parts; returns the repr of the final value unless it is `None`, and the
+/// value when `keep_value`.
 fn run<'py>(
     py: Python<'py>,
     exec_part: Option<Bound<'py, PyAny>>,
     eval_part: Option<Bound<'py, PyAny>>,
     globals: &Bound<'py, PyDict>,
-) -> PyResult<Option<String>> {
+    keep_value: bool,
+) -> PyResult<FinalValue<'py>> {
     let g = globals.as_ptr();
     if let Some(code) = exec_part {
         // SAFETY: `code` is a code object, `g` a dict with __builtins__, GIL held.
         unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyEval_EvalCode(code.as_ptr(), g, g))? };
     }
     let Some(code) = eval_part else {
-        return Ok(None);
+        return Ok((None, None));
     };
     // SAFETY: as above.
     let value =
         unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyEval_EvalCode(code.as_ptr(), g, g))? };
     if value.is_none() {
-        return Ok(None);
+        return Ok((None, None));
     }
-    Ok(Some(value.repr()?.to_string_lossy().into_owned()))
+    let repr = value.repr()?.to_string_lossy().into_owned();
+    Ok((Some(repr), keep_value.then_some(value)))
 }
 
 /// Flushes `sys.stdout` and `sys.stderr` through the C API (no Python frame on the hot path).

@@ -29,8 +29,10 @@ pub mod serve;
 pub mod sink;
 pub mod snapshot;
 pub mod stdio;
+pub mod tail;
 pub mod usage;
 
 pub use executor::{CellOutcome, Executor, ExecutorConfig, ExecutorError, PythonInfo};
 pub use interpreter::{resolve_python, InitError};
 pub use monitor::Interrupter;
+pub use tail::OutputTail;

@@ -22,8 +22,9 @@
 //! ever sent while the cell it was meant for is still marked running, and [`Monitor::end`]
 //! reports whether one was sent so the executor can absorb a late one.
 
-use crate::capture::{file_size, kept_ranges, punch_hole};
+use crate::capture::{file_size, kept_ranges, pread_into, punch_hole};
 use crate::sink::Streamer;
+use crate::tail::{last_line, OutputTail, TAIL_BYTES};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -186,6 +187,30 @@ impl Interrupter {
         st.interrupted = true;
         st.first_sent.get_or_insert_with(Instant::now);
         true
+    }
+
+    /// While a cell runs: what it has written so far and the last line of each stream
+    /// (reads at most [`crate::tail::TAIL_BYTES`] per stream). None when no cell runs.
+    pub fn output_tail(&self) -> Option<OutputTail> {
+        let starts = {
+            let st = lock(&self.shared.state);
+            if !st.running {
+                return None;
+            }
+            [st.starts[0], st.starts[1]]
+        };
+        let mut tail = OutputTail::default();
+        let mut buf = [0u8; TAIL_BYTES];
+        for (i, fd) in self.shared.streams.iter().take(2).enumerate() {
+            let fd = fd.as_raw_fd();
+            let Ok(size) = file_size(fd) else { continue };
+            tail.bytes[i] = size.saturating_sub(starts[i]);
+            let from = size.saturating_sub(TAIL_BYTES as u64).max(starts[i]);
+            if let Ok(n) = pread_into(fd, &mut buf[..(size - from) as usize], from) {
+                tail.last_line[i] = last_line(&buf[..n]);
+            }
+        }
+        Some(tail)
     }
 
     /// While a cell runs that has been sent SIGINT (timeout or request): when the first one

@@ -11,9 +11,11 @@
 //! cannot land while a frame is being written; one that arrives between cells stays pending
 //! and is discarded when the next cell starts.
 
-use crate::executor::{CellOutcome, Executor, ExecutorConfig};
+use crate::executor::{CellOutcome, Executor, ExecutorConfig, ImageLimits};
 use crate::sink::OutputSink;
-use flowrepl_protocol::frame::{self, CellReport, Frame, OutputStream, WorkerHello};
+use flowrepl_protocol::frame::{
+    self, CellReport, Frame, OutputStream, VariablesReport, WorkerHello,
+};
 use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -36,14 +38,20 @@ pub struct WorkerArgs {
     pub max_output_bytes: u64,
     /// `--cpu-seconds N`: CPU limit per cell (RLIMIT_CPU, re-armed before each cell).
     pub cpu_seconds: Option<u64>,
+    /// `--max-images N --max-image-pixels N`: collect figures as PNG images after each cell
+    /// (MCP mode); off when absent or 0.
+    pub images: Option<ImageLimits>,
 }
 
 impl WorkerArgs {
-    /// Parses `--python P [--max-output-bytes N] [--cpu-seconds N]`.
+    /// Parses `--python P [--max-output-bytes N] [--cpu-seconds N] [--max-images N]
+    /// [--max-image-pixels N]`.
     pub fn parse(mut args: impl Iterator<Item = std::ffi::OsString>) -> Result<WorkerArgs, String> {
         let mut python = None;
         let mut max_output_bytes = 256 << 20;
         let mut cpu_seconds = None;
+        let mut max_images = 0;
+        let mut max_pixels = 4_000_000;
         while let Some(flag) = args.next() {
             let mut value = || {
                 args.next()
@@ -58,6 +66,8 @@ impl WorkerArgs {
                 Some("--python") => python = Some(PathBuf::from(value()?)),
                 Some("--max-output-bytes") => max_output_bytes = number(value()?)?,
                 Some("--cpu-seconds") => cpu_seconds = Some(number(value()?)?),
+                Some("--max-images") => max_images = number(value()?)?,
+                Some("--max-image-pixels") => max_pixels = number(value()?)?,
                 _ => return Err(format!("unknown argument {}", flag.to_string_lossy())),
             }
         }
@@ -65,6 +75,10 @@ impl WorkerArgs {
             python: python.ok_or("--python is required")?,
             max_output_bytes,
             cpu_seconds,
+            images: (max_images > 0).then(|| ImageLimits {
+                max_images: max_images.min(u32::MAX as u64) as u32,
+                max_pixels,
+            }),
         })
     }
 }
@@ -160,6 +174,7 @@ fn report(o: CellOutcome, cpu_total_ms: f64) -> CellReport {
         warnings: o.warnings,
         usage: o.usage,
         cpu_total_ms,
+        images: o.images,
     }
 }
 
@@ -184,6 +199,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         python: args.python.clone(),
         max_output_bytes: args.max_output_bytes,
         sink: Some(channel.clone()),
+        images: args.images,
     };
     let mut executor = match Executor::start(&config) {
         Ok(e) => e,
@@ -249,6 +265,16 @@ fn serve(
                 let mut rep = report(outcome, executor.cpu_total_ms());
                 channel.with(|buf| {
                     if frame::encode_done(buf, id, &rep).is_err() {
+                        if !rep.images.is_empty() {
+                            rep.images.clear();
+                            rep.warnings.push(
+                                "the cell's images were left out: they did not fit in a frame"
+                                    .into(),
+                            );
+                            if frame::encode_done(buf, id, &rep).is_ok() {
+                                return Ok(());
+                            }
+                        }
                         if let Some(r) = &mut rep.result {
                             let mut cut = MAX_RESULT_ON_OVERFLOW;
                             while !r.is_char_boundary(cut) {
@@ -269,6 +295,30 @@ fn serve(
                 if body.capacity() > (4 << 20) {
                     body = Vec::new();
                 }
+            }
+            Frame::Variables { id } => {
+                let listing = match executor.list_variables() {
+                    Ok(variables) => VariablesReport {
+                        variables,
+                        error: None,
+                    },
+                    Err(e) => VariablesReport {
+                        variables: Vec::new(),
+                        error: Some(e),
+                    },
+                };
+                channel
+                    .with(|buf| {
+                        frame::encode_variables_reply(buf, id, &listing).or_else(|e| {
+                            let small = VariablesReport {
+                                variables: Vec::new(),
+                                error: Some(e.to_string()),
+                            };
+                            frame::encode_variables_reply(buf, id, &small)
+                        })
+                    })
+                    .map_err(io::Error::other)?;
+                channel.send();
             }
             Frame::Shutdown => return Ok(()),
             other => {

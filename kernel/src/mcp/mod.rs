@@ -1,0 +1,246 @@
+//! `flowrepl mcp`: the same kernel as an MCP server on stdio (rmcp).
+//!
+//! # Threads
+//! - The **main thread** owns the [`Session`] (Python's main thread in-process, so signals
+//!   and `KeyboardInterrupt` work as in the JSON-RPC front). It takes [`Job`]s one at a time:
+//!   run a cell, restart, list variables. Cells therefore run in the order their calls
+//!   arrived, one at a time.
+//! - The **MCP thread** runs a single-threaded tokio runtime with rmcp's service: it parses
+//!   requests, runs the [`tools`] handlers concurrently, sends progress notifications, and
+//!   answers `interrupt` and `read_output` while a cell runs.
+//!
+//! A call's result is rendered on the main thread ([`render`]) right after the cell, sent to
+//! its handler, and then the cell's record goes to the task log as in the JSON-RPC front.
+//!
+//! # Cancellation
+//! `notifications/cancelled` for a queued call drops it before it runs; for the running call
+//! it interrupts the cell through the same ladder as the `interrupt` tool (SIGINT, then in
+//! worker mode SIGKILL after the grace period). The cell's record is still logged; rmcp
+//! sends no response for a cancelled request.
+//!
+//! # End
+//! When the client closes stdin, the running cell is interrupted, queued calls are dropped,
+//! pending records are written, and the kernel exits 0.
+
+pub mod render;
+pub mod store;
+pub mod tools;
+pub mod transport;
+
+use crate::config::Config;
+use crate::session::{CellControl, RestartReply, Session};
+use flowrepl_protocol::{ExecuteParams, VariableInfo};
+use rmcp::model::CallToolResult;
+use rmcp::ServiceExt;
+use std::fs::File;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use store::OutputStore;
+use tokio::sync::oneshot;
+
+/// Work for the main thread.
+pub enum Job {
+    /// Run a cell and answer with its rendered tool result.
+    Execute {
+        /// The cell.
+        params: ExecuteParams,
+        /// Its place in the queue, shared with the handler for cancellation.
+        ticket: Arc<Ticket>,
+        /// Where the result goes.
+        reply: oneshot::Sender<CallToolResult>,
+    },
+    /// `restart_session`.
+    Restart {
+        /// Where the answer goes.
+        reply: oneshot::Sender<Result<RestartReply, String>>,
+    },
+    /// `list_variables`.
+    ListVariables {
+        /// Where the answer goes.
+        reply: oneshot::Sender<Result<Vec<VariableInfo>, String>>,
+    },
+    /// The client went away.
+    Stop,
+}
+
+const QUEUED: u8 = 0;
+const RUNNING: u8 = 1;
+const DONE: u8 = 2;
+const CANCELLED: u8 = 3;
+
+/// An `execute_code` call's place in the queue.
+#[derive(Debug)]
+pub struct Ticket {
+    id: u64,
+    state: AtomicU8,
+}
+
+impl Ticket {
+    fn new(id: u64) -> Ticket {
+        Ticket {
+            id,
+            state: AtomicU8::new(QUEUED),
+        }
+    }
+
+    /// Still waiting for an earlier call.
+    pub fn is_queued(&self) -> bool {
+        self.state.load(Ordering::Acquire) == QUEUED
+    }
+}
+
+/// What the handlers share with the main thread.
+pub struct Shared {
+    /// Reaches the running cell.
+    pub control: CellControl,
+    /// Output cut from results, for `read_output`.
+    store: Mutex<OutputStore>,
+    /// The ticket of the cell running now.
+    running: Mutex<Option<u64>>,
+    next_ticket: AtomicU64,
+    /// The output budget, in characters.
+    pub max_chars: usize,
+    /// The task log, named in messages.
+    pub log_file: String,
+    /// The server's `instructions`.
+    pub instructions: String,
+}
+
+impl Shared {
+    fn next_ticket(&self) -> u64 {
+        self.next_ticket.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn store(&self) -> MutexGuard<'_, OutputStore> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn running(&self) -> MutexGuard<'_, Option<u64>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A cancelled call: drop it if it has not started, else interrupt its cell (retrying until
+/// the cell has begun, so that a cancel that races the start is not lost; never reaching a
+/// later cell, since the check and the signal happen under the lock that the main thread
+/// takes to switch cells).
+fn cancel(shared: &Arc<Shared>, ticket: &Arc<Ticket>) {
+    if ticket
+        .state
+        .compare_exchange(QUEUED, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        return;
+    }
+    let (shared, ticket) = (Arc::clone(shared), Arc::clone(ticket));
+    tokio::spawn(async move {
+        loop {
+            {
+                let running = shared.running();
+                if ticket.state.load(Ordering::Acquire) == DONE {
+                    return;
+                }
+                if *running == Some(ticket.id) && shared.control.interrupt() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+}
+
+/// Serves MCP on `input`/`output` until the client closes stdin.
+pub fn serve(
+    session: &mut Session,
+    config: &Config,
+    input: File,
+    output: File,
+) -> std::io::Result<()> {
+    let mcp = config
+        .mcp
+        .clone()
+        .unwrap_or_else(|| unreachable!("mcp mode"));
+    let shared = Arc::new(Shared {
+        control: session.control(),
+        store: Mutex::new(OutputStore::new((mcp.keep_output_mb as usize) << 20)),
+        running: Mutex::new(None),
+        next_ticket: AtomicU64::new(0),
+        max_chars: mcp.max_chars as usize,
+        log_file: config.log_file.display().to_string(),
+        instructions: instructions(config),
+    });
+    let (jobs, queue) = std::sync::mpsc::channel();
+    let server = tools::KernelServer::new(jobs.clone(), Arc::clone(&shared));
+    let shared_mcp = Arc::clone(&shared);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("flowrepl-mcp".into())
+        .spawn(move || {
+            // Process-directed SIGINT belongs to the cell's thread.
+            flowrepl_worker::monitor::block_sigint();
+            runtime.block_on(async move {
+                let (reader, writer) = transport::open(input, output);
+                match server.serve((reader, writer)).await {
+                    Ok(running) => {
+                        let reason = running.waiting().await;
+                        tracing::info!(?reason, "MCP client went away");
+                    }
+                    Err(e) => tracing::error!(error = %e, "MCP initialization failed"),
+                }
+            });
+            shared_mcp.control.interrupt();
+            let _ = jobs.send(Job::Stop);
+        })?;
+    for job in queue {
+        match job {
+            Job::Execute {
+                params,
+                ticket,
+                reply,
+            } => {
+                if ticket
+                    .state
+                    .compare_exchange(QUEUED, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    continue; // cancelled while queued
+                }
+                *shared.running() = Some(ticket.id);
+                let (mut result, images) = session.execute_with_images(&params);
+                {
+                    let mut running = shared.running();
+                    *running = None;
+                    ticket.state.store(DONE, Ordering::Release);
+                }
+                let tool_result =
+                    render::execute_result(&mut result, images, shared.max_chars, &shared.store);
+                let _ = reply.send(tool_result);
+                session.record(params, result);
+            }
+            Job::Restart { reply } => {
+                let _ = reply.send(session.restart());
+            }
+            Job::ListVariables { reply } => {
+                let _ = reply.send(session.list_variables());
+            }
+            Job::Stop => break,
+        }
+    }
+    Ok(())
+}
+
+/// The `instructions` of the initialize result: what the session is, for the model.
+fn instructions(config: &Config) -> String {
+    let mcp = config.mcp.as_ref();
+    format!(
+        "A persistent Python {mode} session (flowrepl). Code runs with execute_code; variables and imports persist between calls until restart_session. Output over {chars} characters per call is cut in the middle; read the rest with read_output. Default cell timeout: {timeout} ms. Figures: up to {images} matplotlib figures per cell are returned as PNG images. Every cell is logged to {log}.",
+        mode = if config.worker.is_some() { "(worker subprocess)" } else { "(in-process)" },
+        chars = mcp.map_or(0, |m| m.max_chars),
+        timeout = config.default_timeout_ms,
+        images = mcp.map_or(0, |m| m.max_images),
+        log = config.log_file.display(),
+    )
+}

@@ -1,0 +1,325 @@
+//! The MCP tools, served by rmcp. Handlers run on the MCP thread's tokio runtime; anything
+//! that touches Python is a [`Job`] for the kernel's main thread (see [`super`]), answered
+//! through a oneshot channel. `interrupt` and `read_output` are answered here at once, even
+//! while a cell runs.
+
+use super::render::{self, McpExecuteResult};
+use super::store::{Page, ReadError, StreamName};
+use super::{Job, Shared, Ticket};
+use crate::session::RestartReply;
+use flowrepl_protocol::call::MAX_TIMEOUT_MS;
+use flowrepl_protocol::{ExecuteParams, VariableInfo};
+use flowrepl_worker::OutputTail;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::{schema_for_input, schema_for_output};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, InitializeResult, JsonObject,
+    ProgressNotificationParam, RequestMetaObject, ServerCapabilities,
+};
+use rmcp::{tool, tool_handler, tool_router, ErrorData, Peer, RoleServer, ServerHandler};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+/// How often a running cell reports progress when the call asked for it.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// Arguments of `execute_code`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteArgs {
+    /// Python source to run in the session, as in a notebook cell.
+    pub code: String,
+    /// Stop the cell with KeyboardInterrupt after this many milliseconds (variables are
+    /// kept). Default: the kernel's (FLOWREPL_TIMEOUT_MS, 300000).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_MS))]
+    pub timeout_ms: Option<u64>,
+}
+
+/// Arguments of `read_output`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadOutputArgs {
+    /// The cell (`execution_count` of its result, the n of `Out[n]`).
+    pub execution_count: u64,
+    /// Which part: `stdout`, `stderr` or `result`.
+    pub stream: StreamName,
+    /// First character to return (the offset the cut marker names). Default 0.
+    #[serde(default)]
+    pub offset: usize,
+    /// Characters to return; at most the output budget (FLOWREPL_MCP_MAX_CHARS), which is
+    /// also the default.
+    #[serde(default)]
+    pub length: Option<usize>,
+}
+
+/// `list_variables`' structured result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct VariablesOut {
+    /// Names in the session, sorted, without `__dunder__` names.
+    pub variables: Vec<VariableInfo>,
+    /// How many.
+    pub count: usize,
+}
+
+/// `interrupt`'s structured result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct InterruptOut {
+    /// True when a cell was running and was sent KeyboardInterrupt.
+    pub interrupted: bool,
+    /// What happens next.
+    pub message: String,
+}
+
+/// The MCP server: a handle to the kernel's main thread.
+#[derive(Clone)]
+pub struct KernelServer {
+    jobs: Sender<Job>,
+    shared: Arc<Shared>,
+    tool_router: ToolRouter<KernelServer>,
+}
+
+fn internal(msg: impl Into<String>) -> ErrorData {
+    ErrorData::internal_error(msg.into(), None)
+}
+
+fn structured<T: Serialize>(text: String, value: &T, is_error: bool) -> CallToolResult {
+    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+    r.structured_content = serde_json::to_value(value).ok();
+    r.is_error = Some(is_error);
+    r
+}
+
+/// Arguments that do not fit the tool's input schema are a JSON-RPC error (-32602), not a
+/// tool result: rmcp's `Parameters` would turn them into an `isError` result.
+fn parse_args<T: serde::de::DeserializeOwned>(args: JsonObject) -> Result<T, ErrorData> {
+    serde_json::from_value(serde_json::Value::Object(args))
+        .map_err(|e| ErrorData::invalid_params(format!("invalid arguments: {e}"), None))
+}
+
+fn error_text(text: String) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+#[tool_router]
+impl KernelServer {
+    /// A server sending its Python work to `jobs`.
+    pub fn new(jobs: Sender<Job>, shared: Arc<Shared>) -> KernelServer {
+        KernelServer {
+            jobs,
+            shared,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    async fn ask<T>(&self, job: impl FnOnce(oneshot::Sender<T>) -> Job) -> Result<T, ErrorData> {
+        let (tx, rx) = oneshot::channel();
+        self.jobs
+            .send(job(tx))
+            .map_err(|_| internal("the kernel is shutting down"))?;
+        rx.await
+            .map_err(|_| internal("the kernel is shutting down"))
+    }
+
+    #[tool(
+        name = "execute_code",
+        description = "Run Python code in a persistent CPython session, like a notebook cell. Variables, functions and imports persist across calls until restart_session. Returns what the code printed (stdout; stderr under [stderr], with the traceback if it raised) and, if the code ends with an expression, its value as Out[n]. A cell that raises is a result with isError true; the session stays usable. Matplotlib figures left open are returned as PNG images and closed (no plt.show() needed). Output over the budget (20000 characters by default) keeps its head and tail with a marker between them; page through the cut part with read_output using the offset the marker gives. timeout_ms (default 300000) stops a long cell with KeyboardInterrupt; variables survive. There is no stdin (input() gets EOF). Long cells send progress notifications if the call has a progress token; cancelling the call interrupts the cell.",
+        input_schema = schema_for_input::<Parameters<ExecuteArgs>>().expect("an object schema"),
+        output_schema = schema_for_output::<McpExecuteResult>(),
+        annotations(title = "Run Python", destructive_hint = true, open_world_hint = true)
+    )]
+    async fn execute_code(
+        &self,
+        args: JsonObject,
+        meta: RequestMetaObject,
+        peer: Peer<RoleServer>,
+        ct: CancellationToken,
+    ) -> Result<CallToolResult, ErrorData> {
+        let args: ExecuteArgs = parse_args(args)?;
+        if let Some(t) = args.timeout_ms {
+            if t == 0 || t > MAX_TIMEOUT_MS {
+                return Err(ErrorData::invalid_params(
+                    format!("timeout_ms must be between 1 and {MAX_TIMEOUT_MS}"),
+                    None,
+                ));
+            }
+        }
+        let ticket = Arc::new(Ticket::new(self.shared.next_ticket()));
+        let (tx, mut rx) = oneshot::channel();
+        self.jobs
+            .send(Job::Execute {
+                params: ExecuteParams {
+                    code: args.code,
+                    timeout_ms: args.timeout_ms,
+                },
+                ticket: Arc::clone(&ticket),
+                reply: tx,
+            })
+            .map_err(|_| internal("the kernel is shutting down"))?;
+        let token = meta.get_progress_token();
+        let started = Instant::now();
+        let mut heartbeat = tokio::time::interval_at((started + HEARTBEAT).into(), HEARTBEAT);
+        let mut previous = OutputTail::default();
+        let mut last_line: Option<String> = None;
+        let mut cancelled = false;
+        loop {
+            tokio::select! {
+                r = &mut rx => {
+                    return r.map_err(|_| internal("the cell was cancelled before it started"));
+                }
+                _ = ct.cancelled(), if !cancelled => {
+                    cancelled = true;
+                    tracing::info!("execute_code cancelled by the client: interrupting the cell");
+                    super::cancel(&self.shared, &ticket);
+                }
+                _ = heartbeat.tick(), if token.is_some() && !cancelled => {
+                    let elapsed = started.elapsed().as_secs_f64();
+                    let mut message = if ticket.is_queued() {
+                        format!("waiting {elapsed:.0} s for the previous call to finish")
+                    } else {
+                        format!("running for {elapsed:.0} s")
+                    };
+                    if let Some(tail) = self.shared.control.output_tail() {
+                        if let Some(l) = tail.latest_line(&previous) {
+                            last_line = Some(l.to_owned());
+                        }
+                        previous = tail;
+                    }
+                    match &last_line {
+                        Some(l) => { let _ = write!(message, "; last output: {l}"); }
+                        None => message.push_str("; no output yet"),
+                    }
+                    let p = ProgressNotificationParam::new(
+                        token.clone().expect("checked"),
+                        (elapsed * 10.0).round() / 10.0,
+                    )
+                    .with_message(message);
+                    if let Err(e) = peer.notify_progress(p).await {
+                        tracing::debug!(error = %e, "progress notification not sent");
+                    }
+                }
+            }
+        }
+    }
+
+    #[tool(
+        name = "read_output",
+        description = "Read output that execute_code cut to fit its budget: characters [offset, offset+length) of a cell's stdout, stderr or result. The cut marker in the execute_code result gives the execution_count, stream and offset to use. Pages are at most the output budget long; the reply ends with where the next page starts.",
+        input_schema = schema_for_input::<Parameters<ReadOutputArgs>>().expect("an object schema"),
+        output_schema = schema_for_output::<Page>(),
+        annotations(title = "Read cut output", read_only_hint = true, open_world_hint = false)
+    )]
+    async fn read_output(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
+        let args: ReadOutputArgs = parse_args(args)?;
+        let max = self.shared.max_chars;
+        let length = args.length.unwrap_or(max).min(max);
+        if length == 0 {
+            return Err(ErrorData::invalid_params("length must be at least 1", None));
+        }
+        let page = self
+            .shared
+            .store()
+            .read(args.execution_count, args.stream, args.offset, length);
+        Ok(match page {
+            Ok(p) => structured(render::page_text(&p), &p, false),
+            Err(e @ ReadError::NotHeld { .. }) => {
+                error_text(format!("{e}. Task log: {}", self.shared.log_file))
+            }
+            Err(e) => error_text(e.to_string()),
+        })
+    }
+
+    #[tool(
+        name = "interrupt",
+        description = "Stop the cell that is running now (another execute_code call still waiting for it) with KeyboardInterrupt; its variables are kept. If the cell does not stop within the grace period (2 s by default), worker mode kills the worker and its processes (all variables are lost) and the session continues in a fresh one. Does nothing when no cell runs.",
+        output_schema = schema_for_output::<InterruptOut>(),
+        annotations(title = "Interrupt the running cell", destructive_hint = false, open_world_hint = false)
+    )]
+    async fn interrupt(&self) -> Result<CallToolResult, ErrorData> {
+        let interrupted = self.shared.control.interrupt();
+        let message = if interrupted {
+            "KeyboardInterrupt was sent to the running cell; its execute_code call returns with the error"
+        } else {
+            "no cell was running"
+        };
+        let out = InterruptOut {
+            interrupted,
+            message: message.into(),
+        };
+        Ok(structured(message.into(), &out, false))
+    }
+
+    #[tool(
+        name = "restart_session",
+        description = "Start over: drop every variable (and, in worker mode, every import: a fresh Python process). Waits for a running cell to finish first; use interrupt to stop it.",
+        output_schema = schema_for_output::<RestartReply>(),
+        annotations(title = "Restart the Python session", destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn restart_session(&self) -> Result<CallToolResult, ErrorData> {
+        match self.ask(|reply| Job::Restart { reply }).await? {
+            Ok(r) => Ok(structured(r.message.clone(), &r, false)),
+            Err(e) => Ok(error_text(format!("restart failed: {e}"))),
+        }
+    }
+
+    #[tool(
+        name = "list_variables",
+        description = "List the variables of the session: name, type, a short repr, and the length or shape of sized values (lists, strings, arrays, data frames). Waits for a running cell to finish first.",
+        output_schema = schema_for_output::<VariablesOut>(),
+        annotations(title = "List session variables", read_only_hint = true, open_world_hint = false)
+    )]
+    async fn list_variables(&self) -> Result<CallToolResult, ErrorData> {
+        match self.ask(|reply| Job::ListVariables { reply }).await? {
+            Ok(variables) => {
+                let text = variables_text(&variables);
+                let out = VariablesOut {
+                    count: variables.len(),
+                    variables,
+                };
+                Ok(structured(text, &out, false))
+            }
+            Err(e) => Ok(error_text(format!("listing variables failed: {e}"))),
+        }
+    }
+}
+
+/// One line per variable: `name: type (module) len N shape (a, b) = repr`.
+fn variables_text(vars: &[VariableInfo]) -> String {
+    if vars.is_empty() {
+        return "(no variables)".into();
+    }
+    let mut t = String::new();
+    for v in vars {
+        let _ = write!(t, "{}: {}", v.name, v.kind);
+        if let Some(m) = &v.module {
+            let _ = write!(t, " ({m})");
+        }
+        if let Some(s) = &v.shape {
+            let dims: Vec<String> = s.iter().map(u64::to_string).collect();
+            let _ = write!(t, " shape ({})", dims.join(", "));
+        } else if let Some(n) = v.len {
+            let _ = write!(t, " len {n}");
+        }
+        let _ = writeln!(t, " = {}", v.repr);
+    }
+    t
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for KernelServer {
+    fn get_info(&self) -> InitializeResult {
+        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("flowrepl", env!("CARGO_PKG_VERSION"))
+                    .with_title("flowrepl Python kernel"),
+            )
+            .with_instructions(self.shared.instructions.clone())
+    }
+}

@@ -1,0 +1,91 @@
+//! The latest output of a running cell, for progress reports (MCP `notifications/progress`).
+//!
+//! In-process, [`crate::Interrupter::output_tail`] reads the end of the capture files; in
+//! worker mode the kernel keeps one from the Output frames it receives. Either way the reader
+//! compares byte counts between two looks to tell which stream moved.
+
+/// How many bytes at the end of a stream are searched for its last line.
+pub const TAIL_BYTES: usize = 1024;
+/// Longest line reported, in characters (longer lines keep their end).
+pub const MAX_LINE_CHARS: usize = 160;
+
+/// What a running cell has written so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutputTail {
+    /// Bytes written to stdout and stderr by the cell so far.
+    pub bytes: [u64; 2],
+    /// The last non-blank line of each stream (`\n` or `\r` ends a line, so progress bars
+    /// report their latest state), if any.
+    pub last_line: [Option<String>; 2],
+}
+
+impl OutputTail {
+    /// The line to show after a look that followed `previous`: from the stream that moved
+    /// since (stderr wins a tie, where progress bars write), else the latest of either.
+    pub fn latest_line(&self, previous: &OutputTail) -> Option<&str> {
+        let moved = |i: usize| self.bytes[i] > previous.bytes[i];
+        let pick = if moved(1) {
+            1
+        } else if moved(0) {
+            0
+        } else if self.last_line[0].is_some() {
+            0
+        } else {
+            1
+        };
+        self.last_line[pick].as_deref()
+    }
+}
+
+/// The last non-blank line in `bytes` (the end of a stream), cut to [`MAX_LINE_CHARS`].
+/// Invalid UTF-8 (including a sequence cut by the window) is replaced.
+pub fn last_line(bytes: &[u8]) -> Option<String> {
+    let line = bytes
+        .split(|&b| b == b'\n' || b == b'\r')
+        .rev()
+        .find(|l| l.iter().any(|b| !b.is_ascii_whitespace()))?;
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim();
+    let count = text.chars().count();
+    Some(if count <= MAX_LINE_CHARS {
+        text.to_owned()
+    } else {
+        let start = text
+            .char_indices()
+            .nth(count - (MAX_LINE_CHARS - 1))
+            .map_or(0, |(i, _)| i);
+        format!("…{}", &text[start..])
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_line_skips_blank_and_reads_carriage_returns() {
+        assert_eq!(last_line(b""), None);
+        assert_eq!(last_line(b"\n \n"), None);
+        assert_eq!(last_line(b"a\nb\n\n").as_deref(), Some("b"));
+        assert_eq!(last_line(b"step 1\rstep 2\r").as_deref(), Some("step 2"));
+        assert_eq!(last_line(b"x\n  partial").as_deref(), Some("partial"));
+        let long = "é".repeat(500);
+        let got = last_line(long.as_bytes()).unwrap();
+        assert_eq!(got.chars().count(), MAX_LINE_CHARS);
+        assert!(got.starts_with('…'));
+    }
+
+    #[test]
+    fn latest_line_follows_the_stream_that_moved() {
+        let before = OutputTail {
+            bytes: [10, 5],
+            last_line: [Some("out".into()), Some("err".into())],
+        };
+        let mut now = before.clone();
+        assert_eq!(now.latest_line(&before), Some("out"));
+        now.bytes[1] = 6;
+        assert_eq!(now.latest_line(&before), Some("err"));
+        now.bytes = [11, 5];
+        assert_eq!(now.latest_line(&before), Some("out"));
+    }
+}
