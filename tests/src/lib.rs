@@ -2,6 +2,8 @@
 //! pipes, and talk JSON-RPC to it. Every line the kernel writes to stdout is checked to be a
 //! JSON-RPC message as it arrives, so every test also checks that stdout stays clean.
 
+pub mod mcp;
+
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};

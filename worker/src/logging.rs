@@ -7,10 +7,10 @@ use tracing_subscriber::EnvFilter;
 /// Sends tracing events and panic messages to `diagnostics` (the private copy of the original
 /// stderr). Fd 2 itself is the cells' stderr capture, so nothing here may write to it.
 /// The filter comes from `FLOWREPL_LOG` (default `info`, with the MCP library's per-message
-/// logs at `warn`).
+/// logs at `error`: it reports every error response as a warning).
 pub fn init(diagnostics: File) {
     let filter = EnvFilter::try_from_env("FLOWREPL_LOG")
-        .unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+        .unwrap_or_else(|_| EnvFilter::new("info,rmcp=error"));
     let _ = tracing_subscriber::fmt()
         .with_writer(Arc::new(diagnostics))
         .with_ansi(false)

@@ -5,6 +5,7 @@ mod faults;
 mod interrupt;
 mod isolation;
 mod limits;
+mod mcp;
 mod protocol;
 mod python_env;
 mod results;

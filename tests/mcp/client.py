@@ -1,0 +1,342 @@
+"""MCP checks of `flowrepl mcp`, driven by the official Python SDK (`mcp`).
+
+Usage: client.py SCENARIO --flowrepl BIN --log-dir DIR [--worker] [--python VENV] [--env K=V ...]
+
+Each scenario starts `flowrepl mcp` over stdio, talks to it as an MCP client would, and
+raises AssertionError with the evidence when something is off. On success it prints one JSON
+line (facts for the Rust test to check further, e.g. against the task log) and exits 0.
+"""
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+import time
+
+import anyio
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
+
+SCENARIOS = {}
+
+
+def scenario(f):
+    SCENARIOS[f.__name__] = f
+    return f
+
+
+def text_of(res):
+    return "".join(c.text for c in res.content if c.type == "text")
+
+
+async def run_cell(s, code, **kw):
+    return await s.call_tool("execute_code", {"code": code, **kw})
+
+
+@scenario
+async def tools(s, opts):
+    init = opts.init
+    assert init.server_info.name == "flowrepl", init.server_info
+    assert "read_output" in (init.instructions or ""), init.instructions
+    listed = {t.name: t for t in (await s.list_tools()).tools}
+    assert set(listed) == {"execute_code", "read_output", "interrupt", "restart_session",
+                           "list_variables"}, sorted(listed)
+    ex = listed["execute_code"]
+    assert ex.input_schema["required"] == ["code"], ex.input_schema
+    assert ex.input_schema["properties"]["timeout_ms"]["minimum"] == 1, ex.input_schema
+    assert ex.input_schema.get("additionalProperties") is False, ex.input_schema
+    out = ex.output_schema
+    for field in ("success", "stdout", "stderr", "result", "error", "execution_count",
+                  "added_vars", "output_cut", "usage"):
+        assert field in out["properties"], (field, sorted(out["properties"]))
+    assert "persist" in ex.description and "read_output" in ex.description
+    ro = listed["read_output"]
+    assert set(ro.input_schema["required"]) == {"execution_count", "stream"}, ro.input_schema
+    for name, t in listed.items():
+        assert t.output_schema is not None, name
+        assert len(t.description) > 60, name
+    assert listed["list_variables"].annotations.read_only_hint is True
+    return {"tools": sorted(listed)}
+
+
+@scenario
+async def persistence(s, opts):
+    r = await run_cell(s, "x = 41\ndef f(v):\n    return v * 2\nprint('hello')")
+    assert not r.is_error, text_of(r)
+    assert text_of(r) == "hello\n", repr(text_of(r))
+    sc = r.structured_content
+    assert sc["added_vars"] == ["f", "x"] and sc["stdout"] == "hello\n", sc
+    assert sc["output_cut"] == [] and sc["execution_count"] == 1, sc
+    r = await run_cell(s, "f(x + 1)")
+    assert text_of(r) == "Out[2]: 84", repr(text_of(r))
+    assert r.structured_content["result"] == "84"
+    r = await run_cell(s, "import json\ny = json.dumps({'a': x})")
+    assert "json" in r.structured_content["added_imports"], r.structured_content
+    r = await run_cell(s, "y")
+    assert text_of(r) == """Out[4]: '{"a": 41}'""", text_of(r)
+    r = await run_cell(s, "pass")
+    assert text_of(r) == "[cell 5 ran: no output]", text_of(r)
+    return {"mode": r.structured_content["mode"], "pid": r.structured_content["usage"]["pid"]}
+
+
+@scenario
+async def errors(s, opts):
+    r = await run_cell(s, "a = 1\n1/0")
+    assert r.is_error is True, r
+    t = text_of(r)
+    assert t.startswith("[stderr]\nTraceback") and "ZeroDivisionError: division by zero" in t, t
+    sc = r.structured_content
+    assert sc["success"] is False and sc["error"]["type"] == "ZeroDivisionError", sc
+    r = await run_cell(s, "def broken(:")
+    assert r.is_error and r.structured_content["error"]["type"] == "SyntaxError"
+    r = await run_cell(s, "import sys; print('to stderr', file=sys.stderr); a + 1")
+    assert not r.is_error and text_of(r) == "[stderr]\nto stderr\nOut[3]: 2", repr(text_of(r))
+    codes = []
+    for bad in ({"code": 5}, {"code": "1", "timeout_ms": 0}, {"code": "1", "extra": True}, {}):
+        try:
+            await s.call_tool("execute_code", bad)
+        except MCPError as e:
+            codes.append(e.error.code)
+        else:
+            raise AssertionError(f"{bad} was accepted")
+    assert codes == [-32602] * 4, codes
+    try:
+        await s.call_tool("read_output", {"execution_count": 1, "stream": "nope"})
+        raise AssertionError("a bad stream was accepted")
+    except MCPError as e:
+        assert e.error.code == -32602, e
+    r = await run_cell(s, "a")
+    assert text_of(r) == "Out[4]: 1", text_of(r)
+    r = await s.call_tool("read_output", {"execution_count": 4, "stream": "stdout"})
+    assert r.is_error and "not held" in text_of(r), text_of(r)
+    r = await s.call_tool("read_output", {"execution_count": 99, "stream": "stdout"})
+    assert r.is_error and "no cell 99" in text_of(r), text_of(r)
+    return {}
+
+
+@scenario
+async def budget(s, opts):
+    budget = opts.max_chars
+    code = "for i in range(20000):\n    print(f'line {i:05d} ' + 'é' * (i % 7))"
+    expected = "".join(f"line {i:05d} " + "é" * (i % 7) + "\n" for i in range(20000))
+    r = await run_cell(s, code + "\n'x' * 50000")
+    t = text_of(r)
+    assert len(t) <= budget + 1000, len(t)
+    assert t.startswith("line 00000 \n"), t[:50]
+    sc = r.structured_content
+    cuts = {c["stream"]: c for c in sc["output_cut"]}
+    assert set(cuts) == {"stdout", "result"}, sc["output_cut"]
+    cut = cuts["stdout"]
+    assert cut["total_chars"] == len(expected), (cut, len(expected))
+    marker = f'read_output(execution_count=1, stream="stdout", offset={cut["cut_from"]}'
+    assert marker in t, t[:3000]
+    assert sc["stdout"] in t, "structuredContent carries the same cut text"
+    # Page through everything that was cut, then rebuild the whole output.
+    pages, offset = [], cut["cut_from"]
+    while offset is not None:
+        p = await s.call_tool("read_output", {"execution_count": 1, "stream": "stdout",
+                                              "offset": offset, "length": 10 ** 9})
+        assert not p.is_error, text_of(p)
+        page = p.structured_content
+        assert page["length"] <= budget and page["offset"] == offset, page
+        pages.append(page["text"])
+        offset = page["next_offset"]
+    head = expected[: cut["head_chars"]]
+    rebuilt = head + "".join(pages)
+    assert rebuilt == expected, "head + pages == the whole stdout"
+    assert sc["stdout"].startswith(head) and sc["stdout"].endswith(expected[-cut["tail_chars"]:])
+    p = await s.call_tool("read_output", {"execution_count": 1, "stream": "result",
+                                          "offset": 0, "length": 10})
+    assert p.structured_content["text"] == "'xxxxxxxxx", p.structured_content
+    return {"pages": len(pages), "total_chars": cut["total_chars"]}
+
+
+@scenario
+async def progress(s, opts):
+    seen = []
+
+    async def on_progress(progress, total, message):
+        seen.append((time.monotonic(), progress, message))
+
+    code = ("import time\nfor i in range(6):\n    print(f'step {i}', flush=True)\n"
+            "    time.sleep(0.5)\n'done'")
+    t0 = time.monotonic()
+    r = await s.call_tool("execute_code", {"code": code}, progress_callback=on_progress)
+    assert text_of(r).endswith("Out[1]: 'done'"), text_of(r)
+    assert len(seen) >= 2, seen
+    values = [p for _, p, _ in seen]
+    assert values == sorted(values) and len(set(values)) == len(values), values
+    assert seen[0][0] - t0 <= 2.5, "first heartbeat within 2 s (plus slack)"
+    gaps = [b[0] - a[0] for a, b in zip(seen, seen[1:])]
+    assert all(g <= 2.5 for g in gaps), gaps
+    assert all("running for" in m for _, _, m in seen), seen
+    assert any("last output: step" in m for _, _, m in seen), seen
+    messages = [m for _, _, m in seen]
+    # No progress is sent when the call has no token.
+    seen.clear()
+    await run_cell(s, "import time; time.sleep(1.5)")
+    assert seen == [], seen
+    return {"notifications": len(values), "messages": messages}
+
+
+@scenario
+async def cancel(s, opts):
+    await run_cell(s, "kept = 'yes'")
+    started = time.monotonic()
+    with anyio.move_on_after(1.0):
+        await run_cell(s, "import time\ntime.sleep(60)")
+    waited = time.monotonic() - started
+    assert waited < 5, waited
+    t0 = time.monotonic()
+    r = await run_cell(s, "kept")
+    after = time.monotonic() - t0
+    assert not r.is_error and text_of(r).endswith("Out[3]: 'yes'"), text_of(r)
+    assert after < 10, f"the next call waited {after:.1f} s: the cancelled cell kept running"
+    # A cell queued behind a running one and cancelled never runs.
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_cell, s, "import time; time.sleep(1.5)")
+        await anyio.sleep(0.3)
+        with anyio.move_on_after(0.3):
+            await run_cell(s, "never = 1")
+    r = await run_cell(s, "'never' in globals()")
+    assert text_of(r).endswith("Out[5]: False"), text_of(r)
+    return {"cancel_returned_after_s": round(waited, 2), "next_call_s": round(after, 3)}
+
+
+@scenario
+async def interrupt(s, opts):
+    async def call_interrupt():
+        await anyio.sleep(0.8)
+        return await s.call_tool("interrupt", {})
+
+    results = {}
+
+    async def slow():
+        results["cell"] = await run_cell(s, "n = 0\nwhile True:\n    n += 1")
+
+    async def stop():
+        results["interrupt"] = await call_interrupt()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(slow)
+        tg.start_soon(stop)
+    cell, intr = results["cell"], results["interrupt"]
+    assert intr.structured_content["interrupted"] is True, intr.structured_content
+    assert cell.is_error and cell.structured_content["interrupted"] is True, cell.structured_content
+    assert cell.structured_content["error"]["type"] == "KeyboardInterrupt"
+    r = await run_cell(s, "n > 0")
+    assert text_of(r) == "Out[2]: True", text_of(r)
+    r = await s.call_tool("interrupt", {})
+    assert r.structured_content["interrupted"] is False
+    return {}
+
+
+@scenario
+async def variables(s, opts):
+    r = await s.call_tool("list_variables", {})
+    assert r.structured_content == {"variables": [], "count": 0}, r.structured_content
+    await run_cell(s, "import numpy as np\nn = 3\nname = 'abc'\nitems = [1, 2, 3]\n"
+                      "grid = np.zeros((2, 3))\nclass Odd:\n    def __repr__(self):\n"
+                      "        raise ValueError('no')\nodd = Odd()\nlong = 'z' * 1000")
+    r = await s.call_tool("list_variables", {})
+    by_name = {v["name"]: v for v in r.structured_content["variables"]}
+    assert list(by_name) == sorted(by_name), list(by_name)
+    assert by_name["n"] == {"name": "n", "type": "int", "repr": "3"}, by_name["n"]
+    assert by_name["items"]["len"] == 3 and by_name["name"]["len"] == 3
+    assert by_name["grid"]["shape"] == [2, 3] and by_name["grid"]["module"] == "numpy"
+    assert by_name["np"]["type"] == "module"
+    assert by_name["odd"]["repr"].startswith("<Odd instance"), by_name["odd"]
+    assert len(by_name["long"]["repr"]) <= 120, by_name["long"]
+    t = text_of(r)
+    assert "grid: ndarray (numpy) shape (2, 3)" in t, t
+    r = await s.call_tool("restart_session", {})
+    sc = r.structured_content
+    assert sc["restarted"] is True and sc["state_lost"] is True, sc
+    r = await s.call_tool("list_variables", {})
+    assert r.structured_content["count"] == 0, r.structured_content
+    r = await run_cell(s, "'n' in globals()")
+    assert text_of(r).endswith("False"), text_of(r)
+    return {"restart_pid": sc["pid"]}
+
+
+def png_size(data):
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:16]
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+@scenario
+async def figures(s, opts):
+    r = await run_cell(s, "import matplotlib\nmatplotlib.get_backend()")
+    assert text_of(r).lower().endswith("'agg'"), text_of(r)
+    r = await run_cell(s, "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\n"
+                          "plt.title('three points')\nprint('plotted')")
+    assert not r.is_error, text_of(r)
+    images = [c for c in r.content if c.type == "image"]
+    assert len(images) == 1 and images[0].mime_type == "image/png", r.content
+    data = base64.b64decode(images[0].data)
+    w, h = png_size(data)
+    assert (w, h) == (640, 480), (w, h)
+    meta = r.structured_content["images"]
+    assert meta == [{"mime": "image/png", "width": 640, "height": 480, "bytes": len(data),
+                     "source": "figure 1"}], meta
+    assert "[image: figure 1, 640x480 PNG" in text_of(r), text_of(r)
+    r = await run_cell(s, "plt.get_fignums()")
+    assert text_of(r) == "Out[3]: []", "figures are closed after being returned"
+    assert not [c for c in r.content if c.type == "image"]
+    # Caps: at most the configured number, each within the pixel limit.
+    r = await run_cell(s, f"for k in range({opts.max_images + 2}):\n"
+                          "    plt.figure(figsize=(30, 30) if k == 0 else (2, 2))\n"
+                          "    plt.plot([k, 0])")
+    images = [c for c in r.content if c.type == "image"]
+    assert len(images) == opts.max_images, len(images)
+    for img in images:
+        w, h = png_size(base64.b64decode(img.data))
+        assert w * h <= 4_000_000, (w, h)
+    assert any("closed without being returned" in w for w in r.structured_content["warnings"])
+    # A final value with _repr_png_ is returned too.
+    r = await run_cell(s, "import io\nclass Pic:\n    def _repr_png_(self):\n"
+                          "        f = plt.figure(figsize=(1, 1)); buf = io.BytesIO()\n"
+                          "        f.savefig(buf, format='png', dpi=50); plt.close(f)\n"
+                          "        return buf.getvalue()\nPic()")
+    images = [c for c in r.content if c.type == "image"]
+    assert len(images) == 1, r.content
+    assert png_size(base64.b64decode(images[0].data)) == (50, 50)
+    assert r.structured_content["images"][0]["source"] == "result"
+    # A figure from a failing cell still comes back.
+    r = await run_cell(s, "plt.plot([1, 2])\nraise RuntimeError('after plotting')")
+    assert r.is_error and [c for c in r.content if c.type == "image"], r.content
+    return {}
+
+
+async def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenario", choices=sorted(SCENARIOS))
+    ap.add_argument("--flowrepl", required=True)
+    ap.add_argument("--log-dir", required=True)
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--python")
+    ap.add_argument("--env", action="append", default=[])
+    opts = ap.parse_args()
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    env["FLOWREPL_LOG_DIR"] = opts.log_dir
+    env["FLOWREPL_LOG"] = "warn"
+    for kv in opts.env:
+        k, _, v = kv.partition("=")
+        env[k] = v
+    opts.max_chars = int(env.get("FLOWREPL_MCP_MAX_CHARS", "20000"))
+    opts.max_images = int(env.get("FLOWREPL_MCP_MAX_IMAGES", "8"))
+    args = ["mcp"] + (["--worker"] if opts.worker else [])
+    if opts.python:
+        args += ["--python", opts.python]
+    params = StdioServerParameters(command=opts.flowrepl, args=args, env=env)
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as s:
+            opts.init = await s.initialize()
+            facts = await SCENARIOS[opts.scenario](s, opts)
+    print(json.dumps(facts or {}))
+
+
+if __name__ == "__main__":
+    anyio.run(main)

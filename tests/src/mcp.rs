@@ -1,0 +1,110 @@
+//! MCP test support: a venv with the official Python MCP SDK (and matplotlib), and a runner
+//! for the scenarios in `tests/mcp/client.py`.
+
+use crate::{base_python, flowrepl_bin, workspace_root};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The venv with `tests/mcp/requirements.txt` installed: `$FLOWREPL_TEST_MCP_VENV`, else
+/// `target/mcp-venv`, made here (once, under a file lock) when missing or out of date.
+/// `.ci/run` makes it first, so that a failed install shows as such.
+pub fn mcp_venv() -> &'static Path {
+    static VENV: OnceLock<PathBuf> = OnceLock::new();
+    VENV.get_or_init(|| {
+        let venv = std::env::var_os("FLOWREPL_TEST_MCP_VENV")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace_root().join("target/mcp-venv"));
+        let reqs = workspace_root().join("tests/mcp/requirements.txt");
+        let wanted = std::fs::read_to_string(&reqs).expect("tests/mcp/requirements.txt");
+        let stamp = venv.join(".flowrepl-requirements");
+        std::fs::create_dir_all(venv.parent().unwrap()).unwrap();
+        let lock = std::fs::File::create(venv.with_extension("lock")).unwrap();
+        // SAFETY: flock on an open file; released when `lock` is dropped.
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
+        if std::fs::read_to_string(&stamp).ok().as_deref() != Some(wanted.as_str()) {
+            let ok = Command::new(base_python())
+                .args(["-m", "venv", "--clear"])
+                .arg(&venv)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "python3 -m venv {venv:?} failed");
+            let ok = Command::new(venv.join("bin/pip"))
+                .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
+                .arg(&reqs)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "pip install -r {reqs:?} failed (needs PyPI)");
+            std::fs::write(&stamp, &wanted).unwrap();
+        }
+        drop(lock);
+        venv
+    })
+}
+
+/// How to run a scenario.
+#[derive(Default, Clone)]
+pub struct Scenario {
+    /// Worker mode.
+    pub worker: bool,
+    /// Extra environment for the kernel (`K=V`).
+    pub env: Vec<(String, String)>,
+}
+
+impl Scenario {
+    /// In-process or worker mode by name (see [`crate::MODES`]).
+    pub fn mode(mode: &str) -> Scenario {
+        Scenario {
+            worker: mode == "worker",
+            ..Scenario::default()
+        }
+    }
+
+    /// Adds a kernel environment variable.
+    pub fn env(mut self, k: &str, v: impl Into<String>) -> Scenario {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    /// Runs `tests/mcp/client.py NAME` against `flowrepl mcp` (Python: the MCP venv, so
+    /// matplotlib imports in cells). Panics with the client's output unless it passes.
+    /// Returns the facts it printed and the task log file.
+    pub fn run(&self, name: &str) -> (Value, PathBuf, tempfile::TempDir) {
+        let venv = mcp_venv();
+        let logs = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(venv.join("bin/python"));
+        cmd.arg(workspace_root().join("tests/mcp/client.py"))
+            .arg(name)
+            .arg("--flowrepl")
+            .arg(flowrepl_bin())
+            .arg("--log-dir")
+            .arg(logs.path())
+            .arg("--python")
+            .arg(venv)
+            .args(["--env", "FLOW_PLAN_ID=plan-mcp", "--env"])
+            .arg(format!("FLOW_TASK_ID=task-{name}"));
+        if self.worker {
+            cmd.arg("--worker");
+        }
+        for (k, v) in &self.env {
+            cmd.arg("--env").arg(format!("{k}={v}"));
+        }
+        let out = cmd.output().expect("run the MCP client");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "MCP scenario {name} (worker: {}) failed:\n{stderr}\n{stdout}",
+            self.worker
+        );
+        let facts = serde_json::from_str(stdout.lines().last().unwrap_or("{}"))
+            .unwrap_or_else(|e| panic!("scenario {name} printed no facts ({e}): {stdout}"));
+        let log = flowrepl_task_logger::task_log_path(
+            logs.path(),
+            "plan-mcp",
+            &format!("task-{name}"),
+        );
+        (facts, log, logs)
+    }
+}
