@@ -133,10 +133,10 @@ impl Config {
             max_request_bytes: cli.max_request_bytes,
             max_output_bytes: cli.max_output_bytes,
             python,
-            mcp: match &cli.command {
-                Some(crate::cli::Command::Mcp(m)) => Some(m.clone()),
-                None => None,
-            },
+            mcp: cli
+                .command
+                .as_ref()
+                .map(|crate::cli::Command::Mcp(m)| m.clone()),
         })
     }
 }

@@ -24,14 +24,10 @@ impl OutputTail {
     /// since (stderr wins a tie, where progress bars write), else the latest of either.
     pub fn latest_line(&self, previous: &OutputTail) -> Option<&str> {
         let moved = |i: usize| self.bytes[i] > previous.bytes[i];
-        let pick = if moved(1) {
+        let pick = if moved(1) || (!moved(0) && self.last_line[0].is_none()) {
             1
-        } else if moved(0) {
-            0
-        } else if self.last_line[0].is_some() {
-            0
         } else {
-            1
+            0
         };
         self.last_line[pick].as_deref()
     }

@@ -23,6 +23,7 @@
 //! pending records are written, and the kernel exits 0.
 
 pub mod render;
+pub mod schema;
 pub mod store;
 pub mod tools;
 pub mod transport;

@@ -250,7 +250,7 @@ pub fn execute_result(
         output_cut.push(info);
     }
     if let Some((s, info)) = cut_result {
-        saved_result = std::mem::replace(&mut r.result, Some(s));
+        saved_result = r.result.replace(s);
         output_cut.push(info);
     }
     let saved_traceback = r.error.as_mut().and_then(|e| {

@@ -4,6 +4,7 @@
 //! while a cell runs.
 
 use super::render::{self, McpExecuteResult};
+use super::schema;
 use super::store::{Page, ReadError, StreamName};
 use super::{Job, Shared, Ticket};
 use crate::session::RestartReply;
@@ -11,7 +12,7 @@ use flowrepl_protocol::call::MAX_TIMEOUT_MS;
 use flowrepl_protocol::{ExecuteParams, VariableInfo};
 use flowrepl_worker::OutputTail;
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::tool::{schema_for_input, schema_for_output};
+use rmcp::handler::server::tool::schema_for_input;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolResult, ContentBlock, Implementation, InitializeResult, JsonObject,
@@ -132,7 +133,7 @@ impl KernelServer {
         name = "execute_code",
         description = "Run Python code in a persistent CPython session, like a notebook cell. Variables, functions and imports persist across calls until restart_session. Returns what the code printed (stdout; stderr under [stderr], with the traceback if it raised) and, if the code ends with an expression, its value as Out[n]. A cell that raises is a result with isError true; the session stays usable. Matplotlib figures left open are returned as PNG images and closed (no plt.show() needed). Output over the budget (20000 characters by default) keeps its head and tail with a marker between them; page through the cut part with read_output using the offset the marker gives. timeout_ms (default 300000) stops a long cell with KeyboardInterrupt; variables survive. There is no stdin (input() gets EOF). Long cells send progress notifications if the call has a progress token; cancelling the call interrupts the cell.",
         input_schema = schema_for_input::<Parameters<ExecuteArgs>>().expect("an object schema"),
-        output_schema = schema_for_output::<McpExecuteResult>(),
+        output_schema = schema::shallow::<McpExecuteResult>(),
         annotations(title = "Run Python", destructive_hint = true, open_world_hint = true)
     )]
     async fn execute_code(
@@ -213,7 +214,7 @@ impl KernelServer {
         name = "read_output",
         description = "Read output that execute_code cut to fit its budget: characters [offset, offset+length) of a cell's stdout, stderr or result. The cut marker in the execute_code result gives the execution_count, stream and offset to use. Pages are at most the output budget long; the reply ends with where the next page starts.",
         input_schema = schema_for_input::<Parameters<ReadOutputArgs>>().expect("an object schema"),
-        output_schema = schema_for_output::<Page>(),
+        output_schema = schema::shallow::<Page>(),
         annotations(title = "Read cut output", read_only_hint = true, open_world_hint = false)
     )]
     async fn read_output(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
@@ -239,7 +240,7 @@ impl KernelServer {
     #[tool(
         name = "interrupt",
         description = "Stop the cell that is running now (another execute_code call still waiting for it) with KeyboardInterrupt; its variables are kept. If the cell does not stop within the grace period (2 s by default), worker mode kills the worker and its processes (all variables are lost) and the session continues in a fresh one. Does nothing when no cell runs.",
-        output_schema = schema_for_output::<InterruptOut>(),
+        output_schema = schema::shallow::<InterruptOut>(),
         annotations(title = "Interrupt the running cell", destructive_hint = false, open_world_hint = false)
     )]
     async fn interrupt(&self) -> Result<CallToolResult, ErrorData> {
@@ -259,7 +260,7 @@ impl KernelServer {
     #[tool(
         name = "restart_session",
         description = "Start over: drop every variable (and, in worker mode, every import: a fresh Python process). Waits for a running cell to finish first; use interrupt to stop it.",
-        output_schema = schema_for_output::<RestartReply>(),
+        output_schema = schema::shallow::<RestartReply>(),
         annotations(title = "Restart the Python session", destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]
     async fn restart_session(&self) -> Result<CallToolResult, ErrorData> {
@@ -272,7 +273,7 @@ impl KernelServer {
     #[tool(
         name = "list_variables",
         description = "List the variables of the session: name, type, a short repr, and the length or shape of sized values (lists, strings, arrays, data frames). Waits for a running cell to finish first.",
-        output_schema = schema_for_output::<VariablesOut>(),
+        output_schema = schema::shallow::<VariablesOut>(),
         annotations(title = "List session variables", read_only_hint = true, open_world_hint = false)
     )]
     async fn list_variables(&self) -> Result<CallToolResult, ErrorData> {

@@ -34,7 +34,11 @@ fn state_persists_across_calls_and_every_call_is_logged() {
 fn failing_cells_are_error_results_and_bad_arguments_are_protocol_errors() {
     let (_, log, _logs) = Scenario::default().run("errors");
     let records = read_log(&log);
-    assert_eq!(records.len(), 4, "rejected calls run nothing and log nothing");
+    assert_eq!(
+        records.len(),
+        4,
+        "rejected calls run nothing and log nothing"
+    );
     assert_eq!(records[0].error_type.as_deref(), Some("ZeroDivisionError"));
 }
 
@@ -56,7 +60,10 @@ fn output_over_the_budget_is_cut_and_paged_back_with_read_output() {
 fn a_long_cell_reports_progress_with_its_last_output_line() {
     for mode in MODES {
         let (facts, _, _logs) = Scenario::mode(mode).run("progress");
-        assert!(facts["notifications"].as_u64().unwrap() >= 2, "{mode}: {facts}");
+        assert!(
+            facts["notifications"].as_u64().unwrap() >= 2,
+            "{mode}: {facts}"
+        );
     }
 }
 
@@ -67,11 +74,17 @@ fn cancelling_a_call_interrupts_its_cell_and_the_session_goes_on() {
         assert!(facts["next_call_s"].as_f64().unwrap() < 10.0, "{facts}");
         let records = read_log(&log);
         let codes: Vec<&str> = records.iter().map(|r| &*r.code).collect();
-        assert!(!codes.contains(&"never = 1"), "{mode}: a cancelled queued call never runs");
+        assert!(
+            !codes.contains(&"never = 1"),
+            "{mode}: a cancelled queued call never runs"
+        );
         assert_eq!(records.len(), 5, "{mode}: {codes:?}");
         let sleep = &records[1];
         assert!(sleep.code.contains("sleep(60)"));
-        assert!(sleep.interrupted, "{mode}: the cancelled cell was interrupted");
+        assert!(
+            sleep.interrupted,
+            "{mode}: the cancelled cell was interrupted"
+        );
         assert_eq!(sleep.stopped_by.as_deref(), Some("interrupt"));
         assert!(sleep.elapsed_ms < 10_000.0, "{mode}: {}", sleep.elapsed_ms);
     }
@@ -137,9 +150,11 @@ impl Raw {
             lines,
             _logs: logs,
         };
-        raw.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        raw.send(
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "raw-test", "version": "0"}}}));
+            "clientInfo": {"name": "raw-test", "version": "0"}}}),
+        );
         let init = raw.reply(0);
         assert_eq!(init["result"]["serverInfo"]["name"], "flowrepl", "{init}");
         raw.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
@@ -190,20 +205,38 @@ sys.__stdout__.write("dunder stdout\n")
 'done'
 "#;
         let r = raw.call(1, noisy);
-        let text = r["result"]["content"][0]["text"].as_str().unwrap().to_owned();
-        for piece in ["print", "raw fd 1", "C printf", "child process", "dunder stdout"] {
-            assert!(text.contains(piece), "worker {worker}: {piece:?} missing from {text:?}");
+        let text = r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        for piece in [
+            "print",
+            "raw fd 1",
+            "C printf",
+            "child process",
+            "dunder stdout",
+        ] {
+            assert!(
+                text.contains(piece),
+                "worker {worker}: {piece:?} missing from {text:?}"
+            );
         }
         assert!(text.contains("[stderr]\nraw fd 2"), "{text}");
         // A background writer after the call: its output must not reach the channel either.
         raw.call(2, "import threading, time, os\nthreading.Thread(target=lambda: [os.write(1, b'late\\n') or time.sleep(0.01) for _ in range(20)]).start()");
         std::thread::sleep(Duration::from_millis(400));
         let r = raw.call(3, "1 + 1");
-        assert!(r["result"]["content"][0]["text"].as_str().unwrap().contains("Out[3]: 2"));
+        assert!(r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Out[3]: 2"));
         drop(raw.child.stdin.take());
         let started = Instant::now();
         assert!(
-            wait_for(Duration::from_secs(10), || matches!(raw.child.try_wait(), Ok(Some(_)))),
+            wait_for(Duration::from_secs(10), || matches!(
+                raw.child.try_wait(),
+                Ok(Some(_))
+            )),
             "the server exits when stdin closes"
         );
         assert!(started.elapsed() < Duration::from_secs(10));
@@ -220,7 +253,10 @@ fn closing_stdin_during_a_cell_stops_it_and_exits() {
         std::thread::sleep(Duration::from_millis(500));
         drop(raw.child.stdin.take());
         assert!(
-            wait_for(Duration::from_secs(15), || matches!(raw.child.try_wait(), Ok(Some(_)))),
+            wait_for(Duration::from_secs(15), || matches!(
+                raw.child.try_wait(),
+                Ok(Some(_))
+            )),
             "worker {worker}: the server exits soon after stdin closes, mid-cell"
         );
         let log_dir = raw._logs.path().to_path_buf();
