@@ -267,6 +267,17 @@ fn record<'a>(
         cpu_ms: Some(r.usage.cpu_ms),
         peak_rss_kb: Some(r.usage.peak_rss_kb),
         state_lost: r.state_lost,
+        images: r
+            .images
+            .iter()
+            .map(|i| flowrepl_task_logger::ImageRecord {
+                source: i.source.clone(),
+                mime: i.mime.clone(),
+                width: i.width,
+                height: i.height,
+                bytes: i.bytes,
+            })
+            .collect(),
     }
 }
 

@@ -108,6 +108,7 @@ fn into_owned(r: ExecutionRecord<'_>) -> ExecutionRecord<'static> {
         cpu_ms: r.cpu_ms,
         peak_rss_kb: r.peak_rss_kb,
         state_lost: r.state_lost,
+        images: Owned(r.images.into_owned()),
     }
 }
 

@@ -28,6 +28,7 @@
 //! | `cpu_ms` | float | CPU time (user + system) of that process during the cell |
 //! | `peak_rss_kb` | int | its peak resident memory during the cell, KiB |
 //! | `state_lost` | bool | the worker died or was killed in this cell: every variable and import was lost |
+//! | `images` | array of objects | MCP mode: figures returned as images, each `{source, mime, width, height, bytes}` (absent when none) |
 //!
 //! Compatibility rule: fields are only ever added within a version; a reader must ignore
 //! fields it does not know. Removing or changing the meaning of a field bumps `version`.
@@ -112,4 +113,22 @@ pub struct ExecutionRecord<'a> {
     /// The worker died or was killed during the cell.
     #[serde(default)]
     pub state_lost: bool,
+    /// Images returned with the result (MCP mode); absent when none.
+    #[serde(default, skip_serializing_if = "<[ImageRecord]>::is_empty")]
+    pub images: Cow<'a, [ImageRecord]>,
+}
+
+/// An image a cell produced, as logged (the image data itself is not logged).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRecord {
+    /// `figure N` (a matplotlib figure) or `result` (the final value's `_repr_png_()`).
+    pub source: String,
+    /// `image/png`.
+    pub mime: String,
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// Encoded size in bytes.
+    pub bytes: u64,
 }

@@ -186,6 +186,7 @@ pub(crate) mod tests_support {
             cpu_ms: Some(0.5),
             peak_rss_kb: Some(1024),
             state_lost: false,
+            images: Cow::Borrowed(&[]),
         }
     }
 }

@@ -19,8 +19,9 @@
 //! sends no response for a cancelled request.
 //!
 //! # End
-//! When the client closes stdin, the running cell is interrupted, queued calls are dropped,
-//! pending records are written, and the kernel exits 0.
+//! When the client closes stdin, the running cell is interrupted at once (the worker-mode
+//! ladder applies), queued calls are dropped, the running call's response is still sent if
+//! the client reads it, pending records are written, and the kernel exits 0.
 
 pub mod render;
 pub mod schema;
@@ -34,7 +35,7 @@ use flowrepl_protocol::{ExecuteParams, VariableInfo};
 use rmcp::model::CallToolResult;
 use rmcp::ServiceExt;
 use std::fs::File;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use store::OutputStore;
@@ -106,6 +107,8 @@ pub struct Shared {
     pub log_file: String,
     /// The server's `instructions`.
     pub instructions: String,
+    /// The client closed stdin: queued calls are dropped.
+    closing: AtomicBool,
 }
 
 impl Shared {
@@ -170,6 +173,7 @@ pub fn serve(
         max_chars: mcp.max_chars as usize,
         log_file: config.log_file.display().to_string(),
         instructions: instructions(config),
+        closing: AtomicBool::new(false),
     });
     let (jobs, queue) = std::sync::mpsc::channel();
     let server = tools::KernelServer::new(jobs.clone(), Arc::clone(&shared));
@@ -182,8 +186,14 @@ pub fn serve(
         .spawn(move || {
             // Process-directed SIGINT belongs to the cell's thread.
             flowrepl_worker::monitor::block_sigint();
+            let at_eof = Arc::clone(&shared_mcp);
+            let on_eof = Box::new(move || {
+                tracing::info!("stdin closed: stopping the running cell");
+                at_eof.closing.store(true, Ordering::Release);
+                at_eof.control.interrupt();
+            });
             runtime.block_on(async move {
-                let (reader, writer) = transport::open(input, output);
+                let (reader, writer) = transport::open(input, output, on_eof);
                 match server.serve((reader, writer)).await {
                     Ok(running) => {
                         let reason = running.waiting().await;
@@ -192,6 +202,7 @@ pub fn serve(
                     Err(e) => tracing::error!(error = %e, "MCP initialization failed"),
                 }
             });
+            shared_mcp.closing.store(true, Ordering::Release);
             shared_mcp.control.interrupt();
             let _ = jobs.send(Job::Stop);
         })?;
@@ -202,12 +213,13 @@ pub fn serve(
                 ticket,
                 reply,
             } => {
-                if ticket
-                    .state
-                    .compare_exchange(QUEUED, RUNNING, Ordering::AcqRel, Ordering::Acquire)
-                    .is_err()
+                if shared.closing.load(Ordering::Acquire)
+                    || ticket
+                        .state
+                        .compare_exchange(QUEUED, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+                        .is_err()
                 {
-                    continue; // cancelled while queued
+                    continue; // cancelled while queued, or the client is gone
                 }
                 *shared.running() = Some(ticket.id);
                 let (mut result, images) = session.execute_with_images(&params);

@@ -9,11 +9,16 @@
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::unix::pipe;
 use tokio_util::either::Either;
 
-/// The reading half.
-pub type Reader = Either<pipe::Receiver, tokio::fs::File>;
+/// The reading half, as opened.
+pub type RawReader = Either<pipe::Receiver, tokio::fs::File>;
+/// The reading half, telling [`AtEof`]'s callback when the client closes stdin.
+pub type Reader = AtEof<RawReader>;
 /// The writing half.
 pub type Writer = Either<pipe::Sender, tokio::fs::File>;
 
@@ -31,8 +36,10 @@ fn reopen_fifo(file: &File, write: bool) -> Option<OwnedFd> {
         .map(OwnedFd::from)
 }
 
-/// Wraps the protocol channel. Call inside a tokio runtime with IO enabled.
-pub fn open(input: File, output: File) -> (Reader, Writer) {
+/// Wraps the protocol channel; `on_eof` runs once when stdin reaches its end (before rmcp
+/// has drained its in-flight requests, which would wait for a running cell). Call inside a
+/// tokio runtime with IO enabled.
+pub fn open(input: File, output: File, on_eof: Box<dyn FnOnce() + Send>) -> (Reader, Writer) {
     let reader =
         match reopen_fifo(&input, false).and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok()) {
             Some(r) => Either::Left(r),
@@ -43,5 +50,36 @@ pub fn open(input: File, output: File) -> (Reader, Writer) {
             Some(w) => Either::Left(w),
             None => Either::Right(tokio::fs::File::from_std(output)),
         };
-    (reader, writer)
+    (
+        AtEof {
+            inner: reader,
+            on_eof: Some(on_eof),
+        },
+        writer,
+    )
+}
+
+/// An `AsyncRead` that calls a function the first time its inner reader reports end of file.
+pub struct AtEof<R> {
+    inner: R,
+    on_eof: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for AtEof<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &r {
+            if buf.filled().len() == before && buf.remaining() > 0 {
+                if let Some(f) = self.on_eof.take() {
+                    f();
+                }
+            }
+        }
+        r
+    }
 }

@@ -108,9 +108,15 @@ fn variables_are_listed_and_restart_drops_them() {
 #[test]
 fn matplotlib_figures_come_back_as_png_images() {
     for mode in MODES {
-        Scenario::mode(mode)
+        let (_, log, _logs) = Scenario::mode(mode)
             .env("FLOWREPL_MCP_MAX_IMAGES", "3")
             .run("figures");
+        let records = read_log(&log);
+        let plot = &records[1];
+        assert_eq!(plot.images.len(), 1, "{mode}: {:?}", plot.images);
+        assert_eq!(plot.images[0].source, "figure 1");
+        assert_eq!((plot.images[0].width, plot.images[0].height), (640, 480));
+        assert!(records[0].images.is_empty());
     }
 }
 
