@@ -126,6 +126,21 @@ pub fn serve(session: &mut Session, front: &Arc<Front>) -> io::Result<Ended> {
                     }
                 }
             },
+            Call::ListVariables => match session.list_variables() {
+                Ok(variables) => front.reply(
+                    id.as_ref(),
+                    &serde_json::json!({"count": variables.len(), "variables": variables}),
+                )?,
+                Err(e) => {
+                    if let Some(id) = id {
+                        let err = RpcError::new(
+                            ErrorCode::InternalError,
+                            format!("list_variables failed: {e}"),
+                        );
+                        front.writer().error(&err.with_id(Some(id)))?;
+                    }
+                }
+            },
             Call::Shutdown => {
                 front.reply(id.as_ref(), &serde_json::json!({"shutting_down": true}))?;
                 return Ok(Ended::Shutdown);

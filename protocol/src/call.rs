@@ -6,6 +6,7 @@
 //! | `status` (alias `ping`) | none | [`crate::StatusInfo`] |
 //! | `interrupt` | none | `{"interrupted": bool}`: true if a running cell was sent SIGINT |
 //! | `restart` | none | `{"restarted": true, "pid": int, "state_lost": true}`: a fresh worker (worker mode) or a cleared namespace (in-process) |
+//! | `list_variables` | none | `{"variables": [`[`crate::VariableInfo`]`], "count": int}`: the namespace's names, sorted |
 //! | `shutdown` | none | `{"shutting_down": true}`, then the kernel exits 0 |
 //!
 //! `status` and `interrupt` are answered at once even while a cell runs; everything else is
@@ -41,6 +42,8 @@ pub enum Call {
     /// `restart`: drop all state. Worker mode: kill the worker's process group and start a
     /// fresh worker. In-process: clear the `__main__` namespace (loaded modules stay).
     Restart,
+    /// `list_variables`: the namespace's names with type, short repr and size.
+    ListVariables,
     /// `shutdown`: reply, flush, exit 0.
     Shutdown,
 }
@@ -82,10 +85,11 @@ impl Call {
             "shutdown" => no_params(req, Call::Shutdown),
             "interrupt" => no_params(req, Call::Interrupt),
             "restart" => no_params(req, Call::Restart),
+            "list_variables" => no_params(req, Call::ListVariables),
             other => Err(RpcError::new(
                 ErrorCode::MethodNotFound,
                 format!(
-                    "method not found: {other:?} (methods: execute_code, execute, status, ping, interrupt, restart, shutdown)"
+                    "method not found: {other:?} (methods: execute_code, execute, status, ping, interrupt, restart, list_variables, shutdown)"
                 ),
             )),
         }

@@ -1,6 +1,6 @@
 //! The fields of an execute_code result.
 
-use flowrepl_tests::Kernel;
+use flowrepl_tests::{Kernel, MODES};
 use serde_json::{json, Value};
 
 fn strings(v: &Value) -> Vec<String> {
@@ -391,5 +391,41 @@ fn final_expression_detection_agrees_with_pythons_ast() {
             }
             Some(true) => {}
         }
+    }
+}
+
+#[test]
+fn list_variables_describes_the_namespace_in_both_modes() {
+    for mode in MODES {
+        let mut k = Kernel::options().mode(mode).start();
+        k.ok("import os\nitems = [1, 2, 3]\ntext = 'é' * 500\n_hidden = 1");
+        let r = k.call("list_variables", Value::Null);
+        let r = &r["result"];
+        let names: Vec<&str> = r["variables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["_hidden", "items", "os", "text"], "{mode}: {r}");
+        assert_eq!(r["count"], 4);
+        let items = &r["variables"][1];
+        assert_eq!(
+            (items["type"].as_str(), items["len"].as_u64()),
+            (Some("list"), Some(3))
+        );
+        assert_eq!(items["repr"], "[1, 2, 3]");
+        assert_eq!(r["variables"][2]["type"], "module");
+        let text = r["variables"][3]["repr"].as_str().unwrap();
+        assert!(
+            text.chars().count() <= 120 && text.contains("..."),
+            "{text}"
+        );
+        // Listing changes nothing a cell sees: no new imports, no new names.
+        let next = k.ok("1");
+        assert_eq!(next["added_imports"], json!([]), "{mode}");
+        assert_eq!(next["added_vars"], json!([]));
+        let bad = k.call("list_variables", json!({"x": 1}));
+        assert_eq!(bad["error"]["code"], -32602);
     }
 }
