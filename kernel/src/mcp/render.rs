@@ -80,7 +80,8 @@ fn byte_at(s: &str, chars: usize, n: usize) -> usize {
     }
 }
 
-/// Keeps the head and tail of `s` (`chars` characters) in about `keep` characters.
+/// Keeps the head and tail of `s` (`chars` characters) in about `keep` characters; None
+/// when that would keep everything anyway (a short text with a small allowance).
 fn cut_text(
     s: &str,
     chars: usize,
@@ -88,8 +89,11 @@ fn cut_text(
     cell: u64,
     stream: StreamName,
     page: usize,
-) -> (String, CutInfo) {
+) -> Option<(String, CutInfo)> {
     let keep = keep.saturating_sub(MARKER_RESERVE).max(MIN_KEEP);
+    if keep + MARKER_RESERVE >= chars {
+        return None;
+    }
     let head_n = keep * 3 / 5;
     let tail_n = keep - head_n;
     let b = s.as_bytes();
@@ -128,7 +132,7 @@ fn cut_text(
         cut_to - head_chars
     );
     out.push_str(&s[tail_start..]);
-    (
+    Some((
         out,
         CutInfo {
             stream,
@@ -137,7 +141,7 @@ fn cut_text(
             tail_chars,
             cut_from: head_chars,
         },
-    )
+    ))
 }
 
 /// Cuts the parts of `r` that are over the budget; keeps their full text in `store`.
@@ -158,7 +162,9 @@ fn budget_parts(r: &ExecuteResult, max_chars: usize, store: &Mutex<OutputStore>)
         if len <= allow {
             continue;
         }
-        let cut = cut_text(text, len, allow, r.execution_count, *stream, max_chars);
+        let Some(cut) = cut_text(text, len, allow, r.execution_count, *stream, max_chars) else {
+            continue;
+        };
         let mut st = store.lock().unwrap_or_else(|p| p.into_inner());
         st.insert(r.execution_count, *stream, (*text).to_owned(), len);
         parts.push(Part {
@@ -255,17 +261,18 @@ pub fn execute_result(
     }
     let saved_traceback = r.error.as_mut().and_then(|e| {
         let chars = e.traceback.chars().count();
-        (chars > max_chars).then(|| {
-            let (cut, _) = cut_text(
-                &e.traceback,
-                chars,
-                max_chars / 2,
-                r.execution_count,
-                StreamName::Stderr,
-                max_chars,
-            );
-            std::mem::replace(&mut e.traceback, cut)
-        })
+        if chars <= max_chars {
+            return None;
+        }
+        let (cut, _) = cut_text(
+            &e.traceback,
+            chars,
+            max_chars / 2,
+            r.execution_count,
+            StreamName::Stderr,
+            max_chars,
+        )?;
+        Some(std::mem::replace(&mut e.traceback, cut))
     });
     let mut structured = serde_json::to_value(&*r).unwrap_or_default();
     if let serde_json::Value::Object(o) = &mut structured {
@@ -346,7 +353,7 @@ mod tests {
     fn cut_keeps_head_and_tail_and_names_the_gap() {
         let text: String = (0..2000).map(|i| format!("line {i}\n")).collect();
         let chars = text.chars().count();
-        let (cut, info) = cut_text(&text, chars, 1000, 4, StreamName::Stdout, 20000);
+        let (cut, info) = cut_text(&text, chars, 1000, 4, StreamName::Stdout, 20000).unwrap();
         assert!(cut.starts_with("line 0\n"));
         assert!(cut.ends_with("line 1999\n"));
         assert!(cut.chars().count() <= 1000 + 40, "{}", cut.chars().count());
@@ -368,9 +375,63 @@ mod tests {
     }
 
     #[test]
+    fn short_texts_are_never_cut_into_overlapping_halves() {
+        for chars in [1, 70, 200, 339, 340, 341, 400] {
+            let text = "x".repeat(chars);
+            match cut_text(&text, chars, 20, 1, StreamName::Stdout, 200) {
+                None => assert!(chars <= MIN_KEEP + MARKER_RESERVE, "{chars}"),
+                Some((cut, info)) => {
+                    assert!(
+                        info.head_chars + info.tail_chars < chars,
+                        "{chars}: {info:?}"
+                    );
+                    assert!(cut.len() < chars + MARKER_RESERVE);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn budget_keeps_everything_retrievable() {
+        let store = Mutex::new(OutputStore::new(1 << 20));
+        let mut r: ExecuteResult = serde_json::from_value(serde_json::json!({
+            "success": true, "stdout": "o".repeat(3000), "stderr": "e".repeat(90),
+            "result": "r".repeat(3000), "error": null, "execution_count": 7,
+            "elapsed_ms": 1.0, "mode": "in_process", "timed_out": false,
+            "added_vars": [], "removed_vars": [], "added_imports": [],
+            "variable_count": 0, "timestamp": "t", "warnings": [],
+            "debug_info": {"execution": "success", "execution_mode": "in_process",
+                           "elapsed_ms": 1.0}
+        }))
+        .unwrap();
+        let before = r.clone();
+        let out = execute_result(&mut r, Vec::new(), 1000, &store);
+        assert_eq!(r, before, "the result is given back unchanged for the log");
+        let sc = out.structured_content.unwrap();
+        let cuts = sc["output_cut"].as_array().unwrap();
+        assert_eq!(cuts.len(), 2, "{cuts:?}");
+        assert_eq!(sc["stderr"], "e".repeat(90), "a small part stays whole");
+        let st = store.lock().unwrap();
+        for c in cuts {
+            let stream = serde_json::from_value(c["stream"].clone()).unwrap();
+            let from = c["cut_from"].as_u64().unwrap() as usize;
+            let page = st.read(7, stream, from, 10_000).unwrap();
+            assert_eq!(page.total_chars, 3000);
+        }
+        let ContentBlock::Text(t) = &out.content[0] else {
+            panic!("text first")
+        };
+        assert!(
+            t.text.chars().count() < 1000 + 2 * MARKER_RESERVE,
+            "{}",
+            t.text.len()
+        );
+    }
+
+    #[test]
     fn cut_counts_characters_not_bytes() {
         let text = "é".repeat(5000);
-        let (cut, info) = cut_text(&text, 5000, 1000, 1, StreamName::Stderr, 500);
+        let (cut, info) = cut_text(&text, 5000, 1000, 1, StreamName::Stderr, 500).unwrap();
         assert_eq!(info.total_chars, 5000);
         assert_eq!(
             slice(&text, 0, info.head_chars),
