@@ -234,6 +234,37 @@ async def interrupt(s, opts):
 
 
 @scenario
+async def stuck(s, opts):
+    """In-process: a cell that ignores SIGINT; the call queued behind it is told, not left."""
+    results = {}
+
+    async def first():
+        results["first"] = await run_cell(
+            s, "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+               "time.sleep(5)\n'finished'")
+
+    async def second():
+        await anyio.sleep(0.5)
+        r = await s.call_tool("interrupt", {})
+        assert r.structured_content["interrupted"] is True, r.structured_content
+        t0 = time.monotonic()
+        results["second"] = await run_cell(s, "ran_second = True")
+        results["second_s"] = time.monotonic() - t0
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first)
+        tg.start_soon(second)
+    second = results["second"]
+    assert second.is_error and text_of(second).startswith("CellNotStopped"), text_of(second)
+    assert results["second_s"] < 4, results["second_s"]
+    assert text_of(results["first"]).endswith("Out[1]: 'finished'"), text_of(results["first"])
+    r = await run_cell(s, "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                          "'ran_second' in globals()")
+    assert text_of(r).endswith("Out[2]: False"), text_of(r)
+    return {"second_answered_after_s": round(results["second_s"], 2)}
+
+
+@scenario
 async def variables(s, opts):
     r = await s.call_tool("list_variables", {})
     assert r.structured_content == {"variables": [], "count": 0}, r.structured_content

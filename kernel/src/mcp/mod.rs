@@ -90,6 +90,13 @@ impl Ticket {
     pub fn is_queued(&self) -> bool {
         self.state.load(Ordering::Acquire) == QUEUED
     }
+
+    /// Gives up a queued call (it will not run); false if it already started.
+    fn withdraw(&self) -> bool {
+        self.state
+            .compare_exchange(QUEUED, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
 }
 
 /// What the handlers share with the main thread.
@@ -109,6 +116,8 @@ pub struct Shared {
     pub instructions: String,
     /// The client closed stdin: queued calls are dropped.
     closing: AtomicBool,
+    /// After SIGINT, how long a cell has to stop (`FLOWREPL_KILL_GRACE_MS`).
+    pub kill_grace: Duration,
 }
 
 impl Shared {
@@ -130,11 +139,7 @@ impl Shared {
 /// later cell, since the check and the signal happen under the lock that the main thread
 /// takes to switch cells).
 fn cancel(shared: &Arc<Shared>, ticket: &Arc<Ticket>) {
-    if ticket
-        .state
-        .compare_exchange(QUEUED, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
-        .is_ok()
-    {
+    if ticket.withdraw() {
         return;
     }
     let (shared, ticket) = (Arc::clone(shared), Arc::clone(ticket));
@@ -174,6 +179,7 @@ pub fn serve(
         log_file: config.log_file.display().to_string(),
         instructions: instructions(config),
         closing: AtomicBool::new(false),
+        kill_grace: config.kill_grace,
     });
     let (jobs, queue) = std::sync::mpsc::channel();
     let server = tools::KernelServer::new(jobs.clone(), Arc::clone(&shared));

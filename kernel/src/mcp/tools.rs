@@ -30,6 +30,8 @@ use tokio_util::sync::CancellationToken;
 
 /// How often a running cell reports progress when the call asked for it.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How often a queued call looks whether the cell ahead of it ignores SIGINT.
+const STUCK_CHECK: Duration = Duration::from_millis(250);
 
 /// Arguments of `execute_code`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -167,6 +169,7 @@ impl KernelServer {
         let token = meta.get_progress_token();
         let started = Instant::now();
         let mut heartbeat = tokio::time::interval_at((started + HEARTBEAT).into(), HEARTBEAT);
+        let mut stuck_check = tokio::time::interval(STUCK_CHECK);
         let mut previous = OutputTail::default();
         let mut last_line: Option<String> = None;
         let mut cancelled = false;
@@ -179,6 +182,20 @@ impl KernelServer {
                     cancelled = true;
                     tracing::info!("execute_code cancelled by the client: interrupting the cell");
                     super::cancel(&self.shared, &ticket);
+                }
+                _ = stuck_check.tick(), if !cancelled && ticket.is_queued() => {
+                    // In-process, a cell that ignores SIGINT cannot be stopped: do not leave
+                    // the calls behind it waiting without a word (the JSON-RPC front's
+                    // CellNotStopped). Worker mode kills such cells instead.
+                    let grace = self.shared.kill_grace;
+                    let stuck = self.shared.control.sigint_since().is_some_and(|t| t.elapsed() > grace);
+                    if stuck && ticket.withdraw() {
+                        let message = format!(
+                            "CellNotStopped: this code did not run. The previous cell was sent KeyboardInterrupt more than {} ms ago and is still running: it ignores SIGINT or is blocked in a call that never checks for signals. In-process mode cannot kill it; later calls wait until it ends (its result goes to the task log). Restart the server with worker mode (USE_SUBPROCESS_WORKER=1) to make such cells killable.",
+                            grace.as_millis()
+                        );
+                        return Ok(error_text(message));
+                    }
                 }
                 _ = heartbeat.tick(), if token.is_some() && !cancelled => {
                     let elapsed = started.elapsed().as_secs_f64();

@@ -98,6 +98,16 @@ fn the_interrupt_tool_stops_the_running_cell() {
 }
 
 #[test]
+fn in_process_a_call_behind_a_cell_that_ignores_sigint_is_told_so() {
+    let (facts, log, _logs) = Scenario::default()
+        .env("FLOWREPL_KILL_GRACE_MS", "500")
+        .run("stuck");
+    assert!(facts["second_answered_after_s"].as_f64().unwrap() < 4.0);
+    let codes: Vec<String> = read_log(&log).iter().map(|r| r.code.to_string()).collect();
+    assert_eq!(codes.len(), 2, "the withdrawn call never ran: {codes:?}");
+}
+
+#[test]
 fn variables_are_listed_and_restart_drops_them() {
     for mode in MODES {
         let (facts, _, _logs) = Scenario::mode(mode).run("variables");
