@@ -7,37 +7,24 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// The venv with `tests/mcp/requirements.txt` installed: `$FLOWREPL_TEST_MCP_VENV`, else
-/// `target/mcp-venv`, made here (once, under a file lock) when missing or out of date.
-/// `.ci/run` makes it first, so that a failed install shows as such.
+/// The venv with `tests/mcp/requirements.txt` installed (`target/mcp-venv`), made once per
+/// test process by `tests/mcp/make-venv` (the script `.ci/run` and `bench/run` use; it does
+/// nothing when the venv is up to date), under a file lock shared by test processes.
 pub fn mcp_venv() -> &'static Path {
     static VENV: OnceLock<PathBuf> = OnceLock::new();
     VENV.get_or_init(|| {
-        let venv = std::env::var_os("FLOWREPL_TEST_MCP_VENV")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| workspace_root().join("target/mcp-venv"));
-        let reqs = workspace_root().join("tests/mcp/requirements.txt");
-        let wanted = std::fs::read_to_string(&reqs).expect("tests/mcp/requirements.txt");
-        let stamp = venv.join(".flowrepl-requirements");
-        std::fs::create_dir_all(venv.parent().unwrap()).unwrap();
-        let lock = std::fs::File::create(venv.with_extension("lock")).unwrap();
+        let root = workspace_root();
+        let venv = root.join("target/mcp-venv");
+        std::fs::create_dir_all(root.join("target")).unwrap();
+        let lock = std::fs::File::create(root.join("target/mcp-venv.lock")).unwrap();
         // SAFETY: flock on an open file; released when `lock` is dropped.
         unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
-        if std::fs::read_to_string(&stamp).ok().as_deref() != Some(wanted.as_str()) {
-            let ok = Command::new(base_python())
-                .args(["-m", "venv", "--clear"])
-                .arg(&venv)
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(ok, "python3 -m venv {venv:?} failed");
-            let ok = Command::new(venv.join("bin/pip"))
-                .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
-                .arg(&reqs)
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(ok, "pip install -r {reqs:?} failed (needs PyPI)");
-            std::fs::write(&stamp, &wanted).unwrap();
-        }
+        let ok = Command::new(root.join("tests/mcp/make-venv"))
+            .arg(base_python())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "tests/mcp/make-venv failed (it needs PyPI)");
         drop(lock);
         venv
     })

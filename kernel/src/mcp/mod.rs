@@ -91,11 +91,29 @@ impl Ticket {
         self.state.load(Ordering::Acquire) == QUEUED
     }
 
+    fn advance(&self, from: u8, to: u8) -> bool {
+        self.state
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
     /// Gives up a queued call (it will not run); false if it already started.
     fn withdraw(&self) -> bool {
-        self.state
-            .compare_exchange(QUEUED, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        self.advance(QUEUED, CANCELLED)
+    }
+
+    /// The main thread takes the call; false if it was withdrawn.
+    fn start(&self) -> bool {
+        self.advance(QUEUED, RUNNING)
+    }
+
+    /// The call's cell has ended.
+    fn finish(&self) {
+        self.state.store(DONE, Ordering::Release);
+    }
+
+    fn is_done(&self) -> bool {
+        self.state.load(Ordering::Acquire) == DONE
     }
 }
 
@@ -126,7 +144,7 @@ impl Shared {
     }
 
     fn store(&self) -> MutexGuard<'_, OutputStore> {
-        self.store.lock().unwrap_or_else(|p| p.into_inner())
+        store::locked(&self.store)
     }
 
     fn running(&self) -> MutexGuard<'_, Option<u64>> {
@@ -147,7 +165,7 @@ fn cancel(shared: &Arc<Shared>, ticket: &Arc<Ticket>) {
         loop {
             {
                 let running = shared.running();
-                if ticket.state.load(Ordering::Acquire) == DONE {
+                if ticket.is_done() {
                     return;
                 }
                 if *running == Some(ticket.id) && shared.control.interrupt() {
@@ -219,12 +237,7 @@ pub fn serve(
                 ticket,
                 reply,
             } => {
-                if shared.closing.load(Ordering::Acquire)
-                    || ticket
-                        .state
-                        .compare_exchange(QUEUED, RUNNING, Ordering::AcqRel, Ordering::Acquire)
-                        .is_err()
-                {
+                if shared.closing.load(Ordering::Acquire) || !ticket.start() {
                     continue; // cancelled while queued, or the client is gone
                 }
                 *shared.running() = Some(ticket.id);
@@ -232,7 +245,7 @@ pub fn serve(
                 {
                     let mut running = shared.running();
                     *running = None;
-                    ticket.state.store(DONE, Ordering::Release);
+                    ticket.finish();
                 }
                 let tool_result =
                     render::execute_result(&mut result, images, shared.max_chars, &shared.store);

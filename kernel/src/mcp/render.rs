@@ -165,7 +165,7 @@ fn budget_parts(r: &ExecuteResult, max_chars: usize, store: &Mutex<OutputStore>)
         let Some(cut) = cut_text(text, len, allow, r.execution_count, *stream, max_chars) else {
             continue;
         };
-        let mut st = store.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = super::store::locked(store);
         st.insert(r.execution_count, *stream, (*text).to_owned(), len);
         parts.push(Part {
             stream: *stream,
@@ -219,10 +219,7 @@ pub fn execute_result(
     max_chars: usize,
     store: &Mutex<OutputStore>,
 ) -> CallToolResult {
-    store
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .saw_cell(r.execution_count);
+    super::store::locked(store).saw_cell(r.execution_count);
     let mut parts = budget_parts(r, max_chars, store);
     let take = |parts: &mut Vec<Part>, s: StreamName| {
         parts

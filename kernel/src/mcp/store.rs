@@ -8,6 +8,12 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard};
+
+/// Locks a shared store (a panic elsewhere leaves it usable: it holds only text).
+pub fn locked(store: &Mutex<OutputStore>) -> MutexGuard<'_, OutputStore> {
+    store.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Which part of a cell's output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
