@@ -70,7 +70,7 @@ pub struct WorkerConfig {
     /// The `flowrepl-worker` executable.
     pub exe: PathBuf,
     /// Limits of the worker.
-    pub limits: crate::worker_proc::Limits,
+    pub limits: crate::engine::worker::process::Limits,
 }
 
 /// Why the configuration is unusable.
@@ -101,7 +101,7 @@ impl Config {
             cli.python.as_deref(),
             std::env::var_os("VIRTUAL_ENV").as_deref(),
         )?;
-        let limits = crate::worker_proc::Limits {
+        let limits = crate::engine::worker::process::Limits {
             memory_mb: cli.memory_mb,
             cpu_seconds: cli.cpu_seconds,
             max_procs: cli.max_procs,

@@ -3,14 +3,14 @@
 //! # Layout
 //! - [`cli`]: flags and their environment variables.
 //! - [`config`]: flags + environment → [`config::Config`] (identity, log path, limits, python).
-//! - [`line_reader`]: bounded request lines.
-//! - [`server`]: the request loop and reply writer.
-//! - [`front`]: stdin and stdout shared with the busy-time watcher (`status`, `interrupt`).
+//! - [`engine`]: where cells run, behind one interface: in-process or a worker subprocess
+//!   (its lifecycle, the stop ladder, crash recovery).
+//! - [`session`]: engine + task log + counters, and the one dispatcher both fronts use.
 //! - [`records`]: the task-log record writer thread.
-//! - [`session`]: engine (in-process executor or worker) + task log + counters; turns a
-//!   cell's outcome into a result and a record.
-//! - [`worker_client`]: worker mode: frames, output, the stop ladder, crash recovery.
-//! - [`worker_proc`]: spawning, guarding, killing and reaping the worker process.
+//! - [`jsonrpc`]: the JSON-RPC front (request loop, busy-time watcher, reply writer).
+//! - [`mcp`]: the MCP front (`flowrepl mcp`).
+//!
+//! Dependencies point one way: fronts → session → engine.
 //!
 //! # Start-up order
 //! The real stdio is moved out of reach first (so nothing, not even a panic message, can write
@@ -20,14 +20,11 @@
 
 pub mod cli;
 pub mod config;
-pub mod front;
-pub mod line_reader;
+pub mod engine;
+pub mod jsonrpc;
 pub mod mcp;
 pub mod records;
-pub mod server;
 pub mod session;
-pub mod worker_client;
-pub mod worker_proc;
 
 use std::process::ExitCode;
 
@@ -62,10 +59,10 @@ pub fn run(cli: cli::Cli) -> ExitCode {
         // worker starts, while this process has no other thread that reads the environment.
         std::env::set_var("MPLBACKEND", "Agg");
     }
-    let engine = match start_engine(&config, diagnostics) {
+    let engine = match engine::start(&config, diagnostics) {
         Ok(e) => e,
         Err(e) => {
-            tracing::error!(error = %e, "cannot start Python");
+            tracing::error!(error = %flowrepl_worker::sys::chain(&e), "cannot start Python");
             return ExitCode::from(1);
         }
     };
@@ -85,16 +82,14 @@ pub fn run(cli: cli::Cli) -> ExitCode {
         session_id = %config.identity.session_id,
         "flowrepl ready"
     );
-    let front = std::sync::Arc::new(front::Front::new(
+    let front = std::sync::Arc::new(jsonrpc::front::Front::new(
         stdio.input,
         stdio.output,
         config.max_request_bytes,
-        session.status_template(),
-        session.control(),
-        session.flusher(),
+        session.board(),
         config.kill_grace,
     ));
-    match server::serve(&mut session, &front) {
+    match jsonrpc::serve(&mut session, &front) {
         Ok(ended) => {
             let records = session.finish();
             tracing::info!(?ended, records, "flowrepl exiting");
@@ -102,6 +97,7 @@ pub fn run(cli: cli::Cli) -> ExitCode {
         }
         Err(e) => {
             tracing::error!(error = %e, "protocol channel failed");
+            session.finish();
             ExitCode::from(1)
         }
     }
@@ -120,53 +116,16 @@ fn run_mcp(
         session_id = %config.identity.session_id,
         "flowrepl MCP server ready"
     );
-    match mcp::serve(session, config, input, output) {
+    let served = mcp::serve(session, config, input, output);
+    let records = session.finish();
+    match served {
         Ok(()) => {
-            let records = session.finish();
             tracing::info!(records, "flowrepl exiting");
             ExitCode::SUCCESS
         }
         Err(e) => {
             tracing::error!(error = %e, "MCP server failed");
             ExitCode::from(1)
-        }
-    }
-}
-
-/// Starts embedded Python, or the worker (waiting until it is ready).
-fn start_engine(
-    config: &config::Config,
-    diagnostics: std::fs::File,
-) -> Result<session::Engine, Box<dyn std::error::Error>> {
-    match &config.worker {
-        None => {
-            // Fds 1 and 2 become the cells' capture files.
-            let executor = flowrepl_worker::Executor::start(&flowrepl_worker::ExecutorConfig {
-                python: config.python.clone(),
-                max_output_bytes: config.max_output_bytes,
-                sink: None,
-                images: config.image_limits(),
-            })?;
-            Ok(session::Engine::InProcess(executor))
-        }
-        Some(w) => {
-            // No Python here: fds 1 and 2 go nowhere, so a stray write cannot reach stdout.
-            let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
-            for fd in [1, 2] {
-                flowrepl_worker::stdio::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd)?;
-            }
-            let client = worker_client::WorkerClient::start(
-                worker_proc::SpawnConfig {
-                    exe: w.exe.clone(),
-                    python: config.python.clone(),
-                    max_output_bytes: config.max_output_bytes,
-                    limits: w.limits,
-                    images: config.image_limits(),
-                },
-                diagnostics,
-                config.kill_grace,
-            )?;
-            Ok(session::Engine::Worker(client))
         }
     }
 }

@@ -180,6 +180,12 @@ impl RecordWriter {
 #[derive(Clone)]
 pub struct Flusher(Arc<Shared>);
 
+impl std::fmt::Debug for Flusher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Flusher")
+    }
+}
+
 impl Flusher {
     /// Waits until every record queued so far has been handled.
     pub fn flush(&self) {
@@ -252,20 +258,28 @@ fn record<'a>(
         stdout: Cow::Borrowed(&r.stdout),
         stderr: Cow::Borrowed(&r.stderr),
         success: r.success,
-        error_type: r.error.as_ref().map(|e| Cow::Borrowed(e.kind.as_str())),
-        error_message: r.error.as_ref().map(|e| Cow::Borrowed(e.message.as_str())),
-        result: r.result.as_deref().map(Cow::Borrowed),
-        timed_out: r.timed_out,
-        interrupted: r.interrupted,
+        error_type: r
+            .report
+            .error
+            .as_ref()
+            .map(|e| Cow::Borrowed(e.kind.as_str())),
+        error_message: r
+            .report
+            .error
+            .as_ref()
+            .map(|e| Cow::Borrowed(e.message.as_str())),
+        result: r.report.result.as_deref().map(Cow::Borrowed),
+        timed_out: r.report.timed_out,
+        interrupted: r.report.interrupted,
         stopped_by: r.stopped_by.map(|s| Cow::Borrowed(s.as_str())),
-        added_vars: Cow::Borrowed(&r.added_vars),
-        removed_vars: Cow::Borrowed(&r.removed_vars),
-        added_imports: Cow::Borrowed(&r.added_imports),
+        added_vars: Cow::Borrowed(&r.report.added_vars),
+        removed_vars: Cow::Borrowed(&r.report.removed_vars),
+        added_imports: Cow::Borrowed(&r.report.added_imports),
         mode: Cow::Borrowed(mode.as_str()),
-        warnings: Cow::Borrowed(&r.warnings),
-        pid: Some(r.usage.pid),
-        cpu_ms: Some(r.usage.cpu_ms),
-        peak_rss_kb: Some(r.usage.peak_rss_kb),
+        warnings: Cow::Borrowed(&r.report.warnings),
+        pid: Some(r.report.usage.pid),
+        cpu_ms: Some(r.report.usage.cpu_ms),
+        peak_rss_kb: Some(r.report.usage.peak_rss_kb),
         state_lost: r.state_lost,
         images: r
             .images

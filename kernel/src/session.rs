@@ -1,285 +1,291 @@
-//! A session: where cells run (in-process or a worker), the record writer, and the counters
-//! that tie them together.
+//! A session: the engine, the task log and the counters, and the one dispatcher both fronts
+//! use ([`Session::dispatch`]): a call is answered through the front's [`Responder`], and a
+//! cell's record is written after its reply.
+//!
+//! The `CellNotStopped` policy lives here too ([`unstoppable_for`], [`not_stopped`]): an
+//! in-process cell that ignores SIGINT for the kill grace period cannot be stopped, so the
+//! fronts answer for it instead of leaving their clients waiting.
 
 use crate::config::{Config, Identity};
-use crate::records::RecordWriter;
-use crate::worker_client::{WorkerClient, WorkerControl};
+use crate::engine::{Control, Engine, EngineError};
+use crate::records::{Flusher, RecordWriter};
 use chrono::{SecondsFormat, Utc};
-use flowrepl_protocol::{DebugInfo, ExecuteParams, ExecuteResult, Mode, StatusInfo, StoppedBy};
-use flowrepl_protocol::{Image, VariableInfo};
-use flowrepl_worker::{CellOutcome, Executor, Interrupter, OutputTail};
+use flowrepl_protocol::{
+    Call, CellReport, ErrorCode, ExecuteParams, ExecuteResult, Fault, Image, InterruptReply, Mode,
+    RestartReply, RpcError, ShutdownReply, StatusInfo, VariableInfo, VariablesReply,
+};
 use serde::Serialize;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Where cells run.
-// One per process, never moved after start: the size difference costs nothing.
-#[allow(clippy::large_enum_variant)]
-pub enum Engine {
-    /// Embedded CPython on the request thread.
-    InProcess(Executor),
-    /// A keep-alive `flowrepl-worker` subprocess.
-    Worker(WorkerClient),
+/// The answer to a call other than `execute_code`.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Answer {
+    /// `status`.
+    Status(Box<StatusInfo>),
+    /// `interrupt`.
+    Interrupt(InterruptReply),
+    /// `restart`.
+    Restart(RestartReply),
+    /// `list_variables`.
+    Variables(VariablesReply),
+    /// `shutdown`.
+    Shutdown(ShutdownReply),
 }
 
-/// A cell as an engine reports it.
+/// How a front answers the calls the dispatcher runs.
+pub trait Responder {
+    /// A cell is about to run.
+    fn cell_starts(&mut self) {}
+    /// The cell ended; true if the front already answered it ([`not_stopped`]).
+    fn cell_ended(&mut self) -> bool {
+        false
+    }
+    /// Answers a cell. The result is still the session's afterwards (its record is written
+    /// from it), so the front may borrow it, or swap parts and put them back.
+    fn executed(&mut self, result: &mut ExecuteResult, images: Vec<Image>) -> io::Result<()>;
+    /// Answers any other call.
+    fn answer(&mut self, answer: Answer) -> io::Result<()>;
+    /// Answers a call that failed.
+    fn failed(&mut self, error: RpcError) -> io::Result<()>;
+}
+
+/// Whether the front's loop goes on.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Flow {
+    /// Serve the next call.
+    Continue,
+    /// `shutdown` was answered.
+    Shutdown,
+}
+
+/// What `status` says, shared with the threads that answer it while a cell runs.
 #[derive(Debug)]
-pub struct CellRun {
-    /// What the executor saw.
-    pub outcome: CellOutcome,
-    /// How it was stopped, if it was.
-    pub stopped_by: Option<StoppedBy>,
-    /// The worker died or was killed: all state is gone.
-    pub state_lost: bool,
+pub struct StatusBoard {
+    template: StatusInfo,
+    executions: AtomicU64,
+    control: Arc<dyn Control>,
+    flusher: Flusher,
 }
 
-/// Reaches the running cell from the front's watcher thread.
-#[derive(Debug, Clone)]
-pub enum CellControl {
-    /// In-process: the monitor's interrupter.
-    InProcess(Interrupter),
-    /// Worker mode: SIGINT to the worker.
-    Worker(Arc<WorkerControl>),
-}
-
-impl CellControl {
-    /// Interrupts the running cell; false if none runs.
-    pub fn interrupt(&self) -> bool {
-        match self {
-            CellControl::InProcess(i) => i.interrupt(),
-            CellControl::Worker(w) => w.interrupt(),
-        }
+impl StatusBoard {
+    /// The `status` answer; waits for pending log records first, so that every record of an
+    /// earlier cell is in the file when it arrives.
+    pub fn status(&self, busy: bool) -> StatusInfo {
+        self.flusher.flush();
+        let mut s = self.template.clone();
+        s.execution_count = self.executions.load(Ordering::Relaxed);
+        s.busy = busy;
+        s.worker_pid = self.control.worker_pid();
+        s
     }
 
-    /// In-process: when the running cell was first sent SIGINT, if it was. (Worker mode
-    /// escalates to SIGKILL instead, in the worker client.)
-    pub fn sigint_since(&self) -> Option<Instant> {
-        match self {
-            CellControl::InProcess(i) => i.sigint_since(),
-            CellControl::Worker(_) => None,
-        }
+    /// `execute_code` calls started so far (the session's one counter).
+    pub fn executions(&self) -> u64 {
+        self.executions.load(Ordering::Relaxed)
     }
 
-    /// While a cell runs: what it has written so far (for progress reports).
-    pub fn output_tail(&self) -> Option<OutputTail> {
-        match self {
-            CellControl::InProcess(i) => i.output_tail(),
-            CellControl::Worker(w) => w.output_tail(),
-        }
+    /// Reaches the running cell.
+    pub fn control(&self) -> &Arc<dyn Control> {
+        &self.control
     }
 
-    /// The worker's pid (worker mode).
-    pub fn worker_pid(&self) -> Option<u32> {
-        match self {
-            CellControl::InProcess(_) => None,
-            CellControl::Worker(w) => w.worker_pid(),
-        }
+    /// In-process or worker.
+    pub fn status_mode(&self) -> Mode {
+        self.template.mode
     }
 }
 
-/// The answer to `restart`.
-#[derive(Debug, Serialize, schemars::JsonSchema)]
-pub struct RestartReply {
-    /// True when state was dropped.
-    pub restarted: bool,
-    /// The process that will run the next cell.
-    pub pid: u32,
-    /// Always true: variables (and in worker mode imports) are gone.
-    pub state_lost: bool,
-    /// What happened, for people.
-    pub message: String,
-}
-
-/// One kernel run. A cell's record is written after its reply, on the record writer's thread
-/// (see [`crate::records`]).
+/// One kernel run.
 pub struct Session {
-    engine: Engine,
+    engine: Box<dyn Engine>,
     records: RecordWriter,
-    identity: Identity,
-    log_file: String,
+    board: Arc<StatusBoard>,
     default_timeout_ms: u64,
-    execution_count: u64,
-    mode: Mode,
+    kill_grace: Duration,
     /// Whether the record of the cell being answered can be written.
     record_this: bool,
 }
 
 impl Session {
     /// A session around a started engine.
-    pub fn new(engine: Engine, config: &Config) -> std::io::Result<Session> {
-        let mode = match engine {
-            Engine::InProcess(_) => Mode::InProcess,
-            Engine::Worker(_) => Mode::Worker,
-        };
+    pub fn new(engine: Box<dyn Engine>, config: &Config) -> io::Result<Session> {
+        let mode = engine.mode();
+        let records = RecordWriter::start(config.log_file.clone(), config.identity.clone(), mode)?;
+        let Identity {
+            plan_id,
+            task_id,
+            task_name,
+            session_id,
+        } = config.identity.clone();
+        let board = Arc::new(StatusBoard {
+            template: StatusInfo {
+                message: None,
+                kernel_version: env!("CARGO_PKG_VERSION").to_owned(),
+                python: engine.python(),
+                mode,
+                pid: std::process::id(),
+                worker_pid: None,
+                execution_count: 0,
+                busy: false,
+                plan_id,
+                task_id,
+                task_name,
+                session_id,
+                log_file: config.log_file.display().to_string(),
+                default_timeout_ms: config.default_timeout_ms,
+            },
+            executions: AtomicU64::new(0),
+            control: engine.control(),
+            flusher: records.flusher(),
+        });
         Ok(Session {
             engine,
-            records: RecordWriter::start(config.log_file.clone(), config.identity.clone(), mode)?,
-            identity: config.identity.clone(),
-            log_file: config.log_file.display().to_string(),
+            records,
+            board,
             default_timeout_ms: config.default_timeout_ms,
-            execution_count: 0,
-            mode,
+            kill_grace: config.kill_grace,
             record_this: false,
         })
     }
 
-    /// Runs a cell and returns its result; hand it to [`Session::record`] after replying.
-    /// Never fails: errors of the cell are in the result, failures of the log in `warnings`.
-    /// (Images are only collected in MCP mode: see [`Session::execute_with_images`].)
-    pub fn execute(&mut self, params: &ExecuteParams) -> ExecuteResult {
-        self.execute_with_images(params).0
+    /// What `status` says, for the threads that answer it while a cell runs.
+    pub fn board(&self) -> Arc<StatusBoard> {
+        Arc::clone(&self.board)
     }
 
-    /// [`Session::execute`], also returning the images the cell produced (MCP mode); the
-    /// result's `images` describes them.
-    pub fn execute_with_images(&mut self, params: &ExecuteParams) -> (ExecuteResult, Vec<Image>) {
-        self.execution_count += 1;
+    /// In-process or worker.
+    pub fn mode(&self) -> Mode {
+        self.board.status_mode()
+    }
+
+    /// After SIGINT, how long a cell has to stop.
+    pub fn kill_grace(&self) -> Duration {
+        self.kill_grace
+    }
+
+    /// Runs `call` and answers it through `to`; a cell's record is queued after its answer.
+    /// Fails only when the front cannot answer.
+    pub fn dispatch(&mut self, call: Call, to: &mut impl Responder) -> io::Result<Flow> {
+        match call {
+            Call::Execute(params) => {
+                to.cell_starts();
+                let (mut result, images) = self.execute(&params);
+                if to.cell_ended() {
+                    result.report.warnings.push(
+                        "the request was answered with CellNotStopped before the cell ended; this is the cell's real result".into(),
+                    );
+                } else {
+                    to.executed(&mut result, images)?;
+                }
+                self.record(params, result);
+            }
+            Call::Status => to.answer(Answer::Status(Box::new(self.board.status(false))))?,
+            Call::Interrupt => {
+                // Calls are answered between cells here: there is nothing to interrupt.
+                let interrupted = self.board.control.interrupt();
+                to.answer(Answer::Interrupt(InterruptReply { interrupted }))?
+            }
+            Call::Restart => match self.engine.restart() {
+                Ok(r) => {
+                    tracing::info!(pid = r.pid, "restarted");
+                    to.answer(Answer::Restart(r))?
+                }
+                Err(e) => to.failed(internal("restart failed", &e))?,
+            },
+            Call::ListVariables => match self.list_variables() {
+                Ok(v) => to.answer(Answer::Variables(VariablesReply::new(v)))?,
+                Err(e) => to.failed(internal("list_variables failed", &e))?,
+            },
+            Call::Shutdown => {
+                to.answer(Answer::Shutdown(ShutdownReply {
+                    shutting_down: true,
+                }))?;
+                return Ok(Flow::Shutdown);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Runs a cell and returns its result and images; hand the result to
+    /// [`Session::record`] after replying. Never fails: errors of the cell are in the result,
+    /// failures of the log in `warnings`.
+    fn execute(&mut self, params: &ExecuteParams) -> (ExecuteResult, Vec<Image>) {
+        let execution_count = self.board.executions.fetch_add(1, Ordering::Relaxed) + 1;
         let timestamp = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
         let timeout = Duration::from_millis(params.timeout_ms.unwrap_or(self.default_timeout_ms));
         let started = Instant::now();
-        let run = match &mut self.engine {
-            Engine::InProcess(e) => {
-                let outcome = e.execute(&params.code, timeout);
-                CellRun {
-                    stopped_by: (outcome.timed_out || outcome.interrupted)
-                        .then_some(StoppedBy::Interrupt),
-                    outcome,
-                    state_lost: false,
-                }
-            }
-            Engine::Worker(w) => w.execute(&params.code, timeout),
-        };
-        let mut o = run.outcome;
-        let images = std::mem::take(&mut o.images);
+        let run = self.engine.run(&params.code, timeout);
         let elapsed_ms = (started.elapsed().as_micros() as f64) / 1000.0;
+        let mut o = run.outcome;
+        o.report.debug_info.elapsed_ms = elapsed_ms;
         let mut result = ExecuteResult {
-            success: o.error.is_none(),
+            success: o.report.error.is_none(),
             stdout: o.stdout,
             stderr: o.stderr,
-            result: o.result,
-            error: o.error,
-            execution_count: self.execution_count,
+            images: o.images.iter().map(|i| i.info.clone()).collect(),
+            report: o.report,
+            execution_count,
             elapsed_ms,
-            mode: self.mode,
-            timed_out: o.timed_out,
-            interrupted: o.interrupted,
+            mode: self.mode(),
             stopped_by: run.stopped_by,
-            added_vars: o.added_vars,
-            removed_vars: o.removed_vars,
-            added_imports: o.added_imports,
-            variable_count: o.variable_count,
             timestamp,
-            warnings: o.warnings,
-            usage: o.usage,
             state_lost: run.state_lost,
-            images: images.iter().map(|i| i.info.clone()).collect(),
-            debug_info: DebugInfo {
-                execution: o.kind,
-                execution_mode: self.mode,
-                elapsed_ms,
-                phases_us: o.phases,
-            },
         };
-        self.record_this = self.records.check(&mut result.warnings);
-        (result, images)
+        self.record_this = self.records.check(&mut result.report.warnings);
+        (result, o.images)
     }
 
     /// `list_variables`: the namespace's names with type, short repr and size. Between cells.
-    pub fn list_variables(&mut self) -> Result<Vec<VariableInfo>, String> {
-        match &mut self.engine {
-            Engine::InProcess(e) => e.list_variables(),
-            Engine::Worker(w) => w.list_variables(),
-        }
+    pub fn list_variables(&mut self) -> Result<Vec<VariableInfo>, EngineError> {
+        self.engine.list_variables()
     }
 
     /// Queues the record of the cell just answered (see [`crate::records`]).
-    pub fn record(&mut self, params: ExecuteParams, result: ExecuteResult) {
+    fn record(&mut self, params: ExecuteParams, result: ExecuteResult) {
         if std::mem::take(&mut self.record_this) {
             self.records.submit(params, result);
         }
     }
 
-    /// The fixed part of the `status` answer ([`crate::front::Front::status`] adds the
-    /// counters).
-    pub fn status_template(&self) -> StatusInfo {
-        let (version, executable, prefix) = match &self.engine {
-            Engine::InProcess(e) => {
-                let i = e.info();
-                (i.version.clone(), i.executable.clone(), i.prefix.clone())
-            }
-            Engine::Worker(w) => w
-                .hello()
-                .map(|h| {
-                    (
-                        h.python_version.clone(),
-                        h.python_executable.clone(),
-                        h.python_prefix.clone(),
-                    )
-                })
-                .unwrap_or_default(),
-        };
-        StatusInfo {
-            message: None,
-            kernel_version: env!("CARGO_PKG_VERSION").to_owned(),
-            python_version: version,
-            python_executable: executable,
-            python_prefix: prefix,
-            mode: self.mode,
-            pid: std::process::id(),
-            worker_pid: None,
-            execution_count: self.execution_count,
-            busy: false,
-            plan_id: self.identity.plan_id.clone(),
-            task_id: self.identity.task_id.clone(),
-            task_name: self.identity.task_name.clone(),
-            session_id: self.identity.session_id.clone(),
-            log_file: self.log_file.clone(),
-            default_timeout_ms: self.default_timeout_ms,
-        }
-    }
-
-    /// Reaches the running cell from another thread.
-    pub fn control(&self) -> CellControl {
-        match &self.engine {
-            Engine::InProcess(e) => CellControl::InProcess(e.interrupter()),
-            Engine::Worker(w) => CellControl::Worker(w.control()),
-        }
-    }
-
-    /// `restart`: a fresh worker, or an empty namespace in-process.
-    pub fn restart(&mut self) -> Result<RestartReply, String> {
-        match &mut self.engine {
-            Engine::InProcess(e) => {
-                e.reset_namespace()?;
-                Ok(RestartReply {
-                    restarted: true,
-                    pid: std::process::id(),
-                    state_lost: true,
-                    message: "the namespace was cleared; modules already imported stay loaded in-process (use worker mode for a fresh interpreter)".into(),
-                })
-            }
-            Engine::Worker(w) => {
-                let pid = w.restart().map_err(|e| e.to_string())?;
-                Ok(RestartReply {
-                    restarted: true,
-                    pid,
-                    state_lost: true,
-                    message:
-                        "a fresh worker process was started; every variable and import was dropped"
-                            .into(),
-                })
-            }
-        }
-    }
-
-    /// Waits for pending records from another thread.
-    pub fn flusher(&self) -> crate::records::Flusher {
-        self.records.flusher()
-    }
-
-    /// Waits for pending records and returns how many were written.
-    pub fn finish(&self) -> u64 {
+    /// The session ends: the cells' exit handlers run (see [`Engine::finish`]), then every
+    /// pending record is written. Returns how many records were written.
+    pub fn finish(&mut self) -> u64 {
+        self.engine.finish();
         self.records.flush();
         self.records.written()
     }
+}
+
+fn internal(what: &str, e: &EngineError) -> RpcError {
+    RpcError::new(
+        ErrorCode::InternalError,
+        format!("{what}: {}", flowrepl_worker::sys::chain(e)),
+    )
+}
+
+/// How long the running cell has ignored SIGINT, once that is longer than `grace`: it cannot
+/// be stopped (in-process; worker mode kills such cells and never reports one).
+pub fn unstoppable_for(control: &dyn Control, grace: Duration) -> Option<Duration> {
+    let waited = control.unstoppable_since()?.elapsed();
+    (waited >= grace).then_some(waited)
+}
+
+/// The `CellNotStopped` answer: for the stuck cell's own call (`ran`), or for a call queued
+/// behind it that will not run.
+pub fn not_stopped(mode: Mode, grace: Duration, ran: bool) -> CellReport {
+    let ms = grace.as_millis();
+    let message = if ran {
+        format!(
+            "the cell did not stop within {ms} ms of SIGINT: it ignores SIGINT or is blocked in a call that never checks for signals. In-process mode cannot kill it without killing the kernel, so it may still be running: `status` says busy, other requests wait until it ends, and its real result goes to the task log. Run with USE_SUBPROCESS_WORKER=1 to make such cells killable."
+        )
+    } else {
+        format!(
+            "this code did not run. The previous cell was sent KeyboardInterrupt more than {ms} ms ago and is still running: it ignores SIGINT or is blocked in a call that never checks for signals. In-process mode cannot kill it; later calls wait until it ends (its result goes to the task log). Restart the server with worker mode (USE_SUBPROCESS_WORKER=1) to make such cells killable."
+        )
+    };
+    Fault::CellNotStopped.report(mode, message)
 }

@@ -96,6 +96,54 @@ impl Call {
     }
 }
 
+/// The answer to `interrupt`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterruptReply {
+    /// A running cell was sent SIGINT.
+    pub interrupted: bool,
+}
+
+/// The answer to `restart`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct RestartReply {
+    /// True when state was dropped.
+    pub restarted: bool,
+    /// The process that will run the next cell.
+    pub pid: u32,
+    /// Always true: variables (and in worker mode imports) are gone.
+    pub state_lost: bool,
+    /// What happened, for people.
+    pub message: String,
+}
+
+/// The answer to `list_variables`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct VariablesReply {
+    /// How many.
+    pub count: usize,
+    /// Names in the session, sorted, without `__dunder__` names.
+    pub variables: Vec<crate::VariableInfo>,
+}
+
+impl VariablesReply {
+    /// The reply listing `variables`.
+    pub fn new(variables: Vec<crate::VariableInfo>) -> VariablesReply {
+        VariablesReply {
+            count: variables.len(),
+            variables,
+        }
+    }
+}
+
+/// The answer to `shutdown`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShutdownReply {
+    /// Always true: the kernel exits after this reply.
+    pub shutting_down: bool,
+}
+
 /// Methods without params accept none, `null`, `{}` or `[]`.
 fn no_params(req: &Request<'_>, call: Call) -> Result<Call, RpcError> {
     match req.params.map(|p| p.get().trim()) {

@@ -3,14 +3,15 @@
 //! # Wire format
 //! ```json
 //! {"success": true, "stdout": "hi\n", "stderr": "", "result": "2", "error": null,
-//!  "execution_count": 3, "elapsed_ms": 0.041, "mode": "in_process", "timed_out": false,
-//!  "interrupted": false, "stopped_by": null,
+//!  "timed_out": false, "interrupted": false,
 //!  "added_vars": ["y"], "removed_vars": [], "added_imports": [], "variable_count": 2,
-//!  "timestamp": "2026-11-22T02:14:11.123Z", "warnings": [],
-//!  "usage": {"pid": 4242, "cpu_ms": 0.031, "peak_rss_kb": 15012}, "state_lost": false,
+//!  "warnings": [], "usage": {"pid": 4242, "cpu_ms": 0.031, "peak_rss_kb": 15012},
 //!  "debug_info": {"execution": "success", "execution_mode": "in_process", "elapsed_ms": 0.041,
-//!                 "phases_us": {"compile": 4, "exec": 1, "capture": 1, "diff": 2}}}
+//!                 "phases_us": {"compile": 4, "exec": 1, "capture": 1, "diff": 2}},
+//!  "execution_count": 3, "elapsed_ms": 0.041, "mode": "in_process", "stopped_by": null,
+//!  "timestamp": "2026-11-22T02:14:11.123Z", "state_lost": false}
 //! ```
+//! The fields from `result` to `debug_info` are the executor's [`CellReport`], flattened.
 //! Fields may be added over time; clients must ignore unknown ones.
 
 use serde::{Deserialize, Serialize};
@@ -187,6 +188,96 @@ pub struct DebugInfo {
     pub phases_us: PhaseTimings,
 }
 
+/// What a cell did, apart from its output and images: the executor's answer. Its fields are
+/// written once, here: the executor fills it, the worker's Done frame carries it, and
+/// [`ExecuteResult`] embeds it (flattened, so its fields sit at the top level of the result
+/// on the wire).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct CellReport {
+    /// `repr()` of the value of a final expression statement (as Jupyter's execute_result);
+    /// null when the cell does not end in an expression or the value is `None`.
+    pub result: Option<String>,
+    /// The exception, when `success` is false.
+    pub error: Option<ExecError>,
+    /// True when the cell was stopped because `timeout_ms` passed.
+    pub timed_out: bool,
+    /// True when the cell was stopped by an `interrupt` request.
+    #[serde(default)]
+    pub interrupted: bool,
+    /// Names bound in the namespace by this cell that were not there before, sorted.
+    pub added_vars: Vec<String>,
+    /// Names that were in the namespace before this cell and are gone after it, sorted.
+    pub removed_vars: Vec<String>,
+    /// Modules that entered `sys.modules` during this cell, sorted (submodules included).
+    pub added_imports: Vec<String>,
+    /// Names in the namespace after the cell, not counting `__dunder__` names.
+    pub variable_count: usize,
+    /// Things the caller should know that did not fail the cell (log write failed, output
+    /// was not UTF-8, …). Empty when all went well.
+    pub warnings: Vec<String>,
+    /// The process that ran the cell, its CPU time and peak RSS during the cell.
+    #[serde(default)]
+    pub usage: ResourceUsage,
+    /// Compatibility and timing details.
+    pub debug_info: DebugInfo,
+}
+
+impl CellReport {
+    /// A cell that did nothing yet, in `mode`: the start of every report.
+    pub fn new(mode: Mode) -> CellReport {
+        CellReport {
+            result: None,
+            error: None,
+            timed_out: false,
+            interrupted: false,
+            added_vars: Vec::new(),
+            removed_vars: Vec::new(),
+            added_imports: Vec::new(),
+            variable_count: 0,
+            warnings: Vec::new(),
+            usage: ResourceUsage::default(),
+            debug_info: DebugInfo {
+                execution: ExecutionKind::Success,
+                execution_mode: mode,
+                elapsed_ms: 0.0,
+                phases_us: PhaseTimings::default(),
+            },
+        }
+    }
+
+    /// The cell was stopped by an `interrupt` request: says so, in its error too.
+    pub fn mark_interrupted(&mut self) {
+        self.interrupted = true;
+        if let Some(e) = &mut self.error {
+            e.message = "cell interrupted on request (KeyboardInterrupt)".to_owned();
+        }
+    }
+
+    /// The cell was stopped by its timeout: says so, in its error too.
+    pub fn mark_timed_out(&mut self, timeout_ms: u128) {
+        self.timed_out = true;
+        if let Some(e) = &mut self.error {
+            e.message = format!(
+                "cell timed out after {timeout_ms} ms and was interrupted (KeyboardInterrupt)"
+            );
+        }
+    }
+
+    /// A cell that failed outside Python (it did not run, its worker died, it was answered
+    /// before it ended): `kind: message` is its error, and its traceback.
+    pub fn failed(mode: Mode, kind: &str, message: String) -> CellReport {
+        let mut r = CellReport::new(mode);
+        r.debug_info.execution = ExecutionKind::RuntimeError;
+        r.error = Some(ExecError {
+            traceback: format!("{kind}: {message}\n"),
+            kind: kind.to_owned(),
+            message,
+        });
+        r
+    }
+}
+
 /// The result of `execute_code`. A cell that raises is still a result (`success: false`),
 /// never a JSON-RPC error.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -199,41 +290,20 @@ pub struct ExecuteResult {
     pub stdout: String,
     /// Everything written to fd 2, in order, then the traceback if the cell raised.
     pub stderr: String,
-    /// `repr()` of the value of a final expression statement (as Jupyter's execute_result);
-    /// null when the cell does not end in an expression or the value is `None`.
-    pub result: Option<String>,
-    /// The exception, when `success` is false.
-    pub error: Option<ExecError>,
+    /// What the cell did: its fields appear at the top level of the result.
+    #[serde(flatten)]
+    pub report: CellReport,
     /// 1 for the first `execute_code` call of the session, counting every call.
     pub execution_count: u64,
     /// Wall time of the cell in milliseconds (compile, run, capture, diff).
     pub elapsed_ms: f64,
     /// Where the cell ran.
     pub mode: Mode,
-    /// True when the cell was stopped because `timeout_ms` passed.
-    pub timed_out: bool,
-    /// True when the cell was stopped by an `interrupt` request.
-    #[serde(default)]
-    pub interrupted: bool,
     /// How a timed-out or interrupted cell was stopped; null otherwise.
     #[serde(default)]
     pub stopped_by: Option<StoppedBy>,
-    /// Names bound in the namespace by this cell that were not there before, sorted.
-    pub added_vars: Vec<String>,
-    /// Names that were in the namespace before this cell and are gone after it, sorted.
-    pub removed_vars: Vec<String>,
-    /// Modules that entered `sys.modules` during this cell, sorted (submodules included).
-    pub added_imports: Vec<String>,
-    /// Names in the namespace after the cell, not counting `__dunder__` names.
-    pub variable_count: usize,
     /// When the cell started: UTC, ISO 8601 with milliseconds and `Z`.
     pub timestamp: String,
-    /// Things the caller should know that did not fail the cell (log write failed, output
-    /// was not UTF-8, …). Empty when all went well.
-    pub warnings: Vec<String>,
-    /// The process that ran the cell, its CPU time and peak RSS during the cell.
-    #[serde(default)]
-    pub usage: ResourceUsage,
     /// True when the worker died or was killed during this cell (or before it, with a
     /// `restart`): every variable and import was lost and a fresh worker runs the next cell.
     #[serde(default)]
@@ -241,6 +311,4 @@ pub struct ExecuteResult {
     /// Figures and rich values the cell produced (MCP mode only; absent when empty).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<ImageInfo>,
-    /// Compatibility and timing details.
-    pub debug_info: DebugInfo,
 }

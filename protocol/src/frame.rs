@@ -18,7 +18,7 @@
 //! | `0x03` Variables | kernel → worker | `id: u64`: list the namespace (between cells) |
 //! | `0x81` Ready | worker → kernel | JSON [`WorkerHello`]: sent once, when Python is up |
 //! | `0x82` Output | worker → kernel | `id: u64`, `stream: u8` (1 stdout, 2 stderr), up to [`MAX_CHUNK_BYTES`] of output |
-//! | `0x83` Done | worker → kernel | `id: u64`, JSON [`CellReport`]: the cell's result without its output |
+//! | `0x83` Done | worker → kernel | `id: u64`, JSON [`DoneReport`]: the cell's result without its output |
 //! | `0x84` VariablesReply | worker → kernel | `id: u64`, JSON [`VariablesReport`] |
 //!
 //! A cell's output arrives as Output frames while it runs (the worker reads its capture
@@ -28,7 +28,7 @@
 //! the kernel sends SIGINT to the worker process, whose main thread (the only one that does
 //! not block SIGINT) runs the cell.
 
-use crate::execute::{ExecError, ExecutionKind, Image, PhaseTimings, ResourceUsage, VariableInfo};
+use crate::execute::{CellReport, Image, VariableInfo};
 use serde::{Deserialize, Serialize};
 
 /// Largest frame accepted, in bytes (`length` field): a cell's source can be as large as the
@@ -71,40 +71,17 @@ pub enum OutputStream {
 pub struct WorkerHello {
     /// The worker's process id.
     pub pid: u32,
-    /// `sys.version`.
-    pub python_version: String,
-    /// `sys.executable`.
-    pub python_executable: String,
-    /// `sys.prefix`.
-    pub python_prefix: String,
+    /// Its interpreter (fields at the top level).
+    #[serde(flatten)]
+    pub python: crate::PythonInfo,
 }
 
-/// A cell's result as the worker reports it: everything but stdout and stderr, which came as
+/// A cell's end as the worker reports it: everything but stdout and stderr, which came as
 /// Output frames.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CellReport {
-    /// `repr` of the final expression's value, unless `None`.
-    pub result: Option<String>,
-    /// The exception, if any (its traceback was also sent on stderr).
-    pub error: Option<ExecError>,
-    /// How the cell ended.
-    pub kind: ExecutionKind,
-    /// The worker's own timeout sent SIGINT.
-    pub timed_out: bool,
-    /// Names bound by the cell.
-    pub added_vars: Vec<String>,
-    /// Names unbound by the cell.
-    pub removed_vars: Vec<String>,
-    /// Modules imported by the cell.
-    pub added_imports: Vec<String>,
-    /// Non-dunder names after the cell.
-    pub variable_count: usize,
-    /// Where the time went.
-    pub phases: PhaseTimings,
-    /// Warnings about the cell.
-    pub warnings: Vec<String>,
-    /// The worker's pid, CPU time and peak RSS during the cell.
-    pub usage: ResourceUsage,
+pub struct DoneReport {
+    /// What the cell did.
+    pub report: CellReport,
     /// The worker's CPU time since it started, at the end of the cell (so that the kernel can
     /// tell what a cell that killed the worker used).
     pub cpu_total_ms: f64,
@@ -181,7 +158,7 @@ pub enum Frame<'a> {
         /// The cell.
         id: u64,
         /// Its result.
-        report: Box<CellReport>,
+        report: Box<DoneReport>,
     },
     /// The namespace listing asked for by Variables `id`.
     VariablesReply {
@@ -274,7 +251,7 @@ pub fn encode_ready(out: &mut Vec<u8>, hello: &WorkerHello) {
 }
 
 /// Appends a Done frame. Fails (appending nothing) if the report is over the frame limit.
-pub fn encode_done(out: &mut Vec<u8>, id: u64, report: &CellReport) -> Result<(), FrameError> {
+pub fn encode_done(out: &mut Vec<u8>, id: u64, report: &DoneReport) -> Result<(), FrameError> {
     encode_json(out, kind::DONE, Some(id), report)
 }
 
@@ -437,23 +414,18 @@ mod tests {
         &frame[4..]
     }
 
-    fn report() -> CellReport {
-        CellReport {
-            result: Some("2".into()),
-            error: None,
-            kind: ExecutionKind::Success,
-            timed_out: false,
-            added_vars: vec!["x".into()],
-            removed_vars: vec![],
-            added_imports: vec![],
-            variable_count: 1,
-            phases: PhaseTimings::default(),
-            warnings: vec![],
-            usage: ResourceUsage {
-                pid: 7,
-                cpu_ms: 0.5,
-                peak_rss_kb: 1000,
-            },
+    fn report() -> DoneReport {
+        let mut report = CellReport::new(crate::Mode::Worker);
+        report.result = Some("2".into());
+        report.added_vars = vec!["x".into()];
+        report.variable_count = 1;
+        report.usage = crate::ResourceUsage {
+            pid: 7,
+            cpu_ms: 0.5,
+            peak_rss_kb: 1000,
+        };
+        DoneReport {
+            report,
             cpu_total_ms: 12.0,
             images: vec![Image {
                 info: crate::ImageInfo {

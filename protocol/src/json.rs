@@ -108,7 +108,8 @@ fn write_f64(out: &mut Vec<u8>, v: f64) {
     serde_json::to_writer(&mut *out, &v).expect("writing to a Vec cannot fail");
 }
 
-/// Appends `{"jsonrpc":"2.0","id":…,"result":{…}}` for an `execute_code` reply.
+/// Appends `{"jsonrpc":"2.0","id":…,"result":{…}}` for an `execute_code` reply. Same field
+/// order as serde: [`ExecuteResult`]'s fields, with its [`crate::CellReport`]'s in its place.
 pub fn write_execute_response(out: &mut Vec<u8>, id: &Id, r: &ExecuteResult) {
     use std::io::Write as _;
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
@@ -119,10 +120,11 @@ pub fn write_execute_response(out: &mut Vec<u8>, id: &Id, r: &ExecuteResult) {
     write_str(out, &r.stdout);
     out.extend_from_slice(b",\"stderr\":");
     write_str(out, &r.stderr);
+    let c = &r.report;
     out.extend_from_slice(b",\"result\":");
-    write_opt_str(out, r.result.as_deref());
+    write_opt_str(out, c.result.as_deref());
     out.extend_from_slice(b",\"error\":");
-    match &r.error {
+    match &c.error {
         Some(e) => {
             out.extend_from_slice(b"{\"type\":");
             write_str(out, &e.kind);
@@ -136,54 +138,26 @@ pub fn write_execute_response(out: &mut Vec<u8>, id: &Id, r: &ExecuteResult) {
     }
     let _ = write!(
         out,
-        ",\"execution_count\":{},\"elapsed_ms\":",
-        r.execution_count
+        ",\"timed_out\":{},\"interrupted\":{}",
+        c.timed_out, c.interrupted
     );
-    write_f64(out, r.elapsed_ms);
-    let _ = write!(
-        out,
-        ",\"mode\":\"{}\",\"timed_out\":{},\"interrupted\":{},\"stopped_by\":",
-        r.mode.as_str(),
-        r.timed_out,
-        r.interrupted
-    );
-    match r.stopped_by {
-        Some(s) => {
-            let _ = write!(out, "\"{}\"", s.as_str());
-        }
-        None => out.extend_from_slice(b"null"),
-    }
     out.extend_from_slice(b",\"added_vars\":");
-    write_list(out, &r.added_vars);
+    write_list(out, &c.added_vars);
     out.extend_from_slice(b",\"removed_vars\":");
-    write_list(out, &r.removed_vars);
+    write_list(out, &c.removed_vars);
     out.extend_from_slice(b",\"added_imports\":");
-    write_list(out, &r.added_imports);
-    let _ = write!(
-        out,
-        ",\"variable_count\":{},\"timestamp\":",
-        r.variable_count
-    );
-    write_str(out, &r.timestamp);
+    write_list(out, &c.added_imports);
+    let _ = write!(out, ",\"variable_count\":{}", c.variable_count);
     out.extend_from_slice(b",\"warnings\":");
-    write_list(out, &r.warnings);
-    let u = &r.usage;
+    write_list(out, &c.warnings);
+    let u = &c.usage;
     let _ = write!(out, ",\"usage\":{{\"pid\":{},\"cpu_ms\":", u.pid);
     write_f64(out, u.cpu_ms);
+    let d = &c.debug_info;
     let _ = write!(
         out,
-        ",\"peak_rss_kb\":{}}},\"state_lost\":{}",
-        u.peak_rss_kb, r.state_lost
-    );
-    if !r.images.is_empty() {
-        out.extend_from_slice(b",\"images\":");
-        // Rare and small: serde's output is the reference anyway.
-        let _ = serde_json::to_writer(&mut *out, &r.images);
-    }
-    let d = &r.debug_info;
-    let _ = write!(
-        out,
-        ",\"debug_info\":{{\"execution\":\"{}\",\"execution_mode\":\"{}\",\"elapsed_ms\":",
+        ",\"peak_rss_kb\":{}}},\"debug_info\":{{\"execution\":\"{}\",\"execution_mode\":\"{}\",\"elapsed_ms\":",
+        u.peak_rss_kb,
         d.execution.as_str(),
         d.execution_mode.as_str()
     );
@@ -191,15 +165,32 @@ pub fn write_execute_response(out: &mut Vec<u8>, id: &Id, r: &ExecuteResult) {
     let p = &d.phases_us;
     let _ = write!(
         out,
-        ",\"phases_us\":{{\"compile\":{},\"exec\":{},\"capture\":{},\"diff\":{}}}}}}}}}",
-        p.compile, p.exec, p.capture, p.diff
+        ",\"phases_us\":{{\"compile\":{},\"exec\":{},\"capture\":{},\"diff\":{}}}}},\"execution_count\":{},\"elapsed_ms\":",
+        p.compile, p.exec, p.capture, p.diff, r.execution_count
     );
+    write_f64(out, r.elapsed_ms);
+    let _ = write!(out, ",\"mode\":\"{}\",\"stopped_by\":", r.mode.as_str());
+    match r.stopped_by {
+        Some(s) => {
+            let _ = write!(out, "\"{}\"", s.as_str());
+        }
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"timestamp\":");
+    write_str(out, &r.timestamp);
+    let _ = write!(out, ",\"state_lost\":{}", r.state_lost);
+    if !r.images.is_empty() {
+        out.extend_from_slice(b",\"images\":");
+        // Rare and small: serde's output is the reference anyway.
+        let _ = serde_json::to_writer(&mut *out, &r.images);
+    }
+    out.extend_from_slice(b"}}");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::execute::{DebugInfo, ExecError, ExecutionKind, Mode, PhaseTimings};
+    use crate::execute::{CellReport, DebugInfo, ExecError, ExecutionKind, Mode, PhaseTimings};
     use crate::jsonrpc::Response;
 
     fn same_as_serde(s: &str) {
@@ -253,42 +244,44 @@ mod tests {
             success: false,
             stdout: "out\n\"quoted\"".into(),
             stderr: "Traceback…\n".into(),
-            result: Some("'x'".into()),
-            error: Some(ExecError {
-                kind: "ValueError".into(),
-                message: "bad \\ value".into(),
-                traceback: "Traceback…\n".into(),
-            }),
+            report: CellReport {
+                result: Some("'x'".into()),
+                error: Some(ExecError {
+                    kind: "ValueError".into(),
+                    message: "bad \\ value".into(),
+                    traceback: "Traceback…\n".into(),
+                }),
+                timed_out: true,
+                interrupted: false,
+                added_vars: vec!["a".into(), "작업".into()],
+                removed_vars: vec![],
+                added_imports: vec!["json".into(), "json.decoder".into()],
+                variable_count: 3,
+                warnings: vec!["w".into()],
+                usage: crate::ResourceUsage {
+                    pid: 4242,
+                    cpu_ms: 0.031,
+                    peak_rss_kb: 15012,
+                },
+                debug_info: DebugInfo {
+                    execution: ExecutionKind::RuntimeError,
+                    execution_mode: Mode::InProcess,
+                    elapsed_ms: 1e-7,
+                    phases_us: PhaseTimings {
+                        compile: 1,
+                        exec: 2,
+                        capture: 3,
+                        diff: 4,
+                    },
+                },
+            },
             execution_count: 12,
             elapsed_ms: 0.123,
             mode: Mode::InProcess,
-            timed_out: true,
-            interrupted: false,
             stopped_by: Some(crate::StoppedBy::Interrupt),
-            added_vars: vec!["a".into(), "작업".into()],
-            removed_vars: vec![],
-            added_imports: vec!["json".into(), "json.decoder".into()],
-            variable_count: 3,
             timestamp: "2026-11-22T02:14:11.123Z".into(),
-            warnings: vec!["w".into()],
-            usage: crate::ResourceUsage {
-                pid: 4242,
-                cpu_ms: 0.031,
-                peak_rss_kb: 15012,
-            },
             state_lost: true,
             images: vec![],
-            debug_info: DebugInfo {
-                execution: ExecutionKind::RuntimeError,
-                execution_mode: Mode::InProcess,
-                elapsed_ms: 1e-7,
-                phases_us: PhaseTimings {
-                    compile: 1,
-                    exec: 2,
-                    capture: 3,
-                    diff: 4,
-                },
-            },
         };
         for id in [Id::Number(7.into()), Id::String("a\"b".into()), Id::Null] {
             for _ in 0..2 {
@@ -299,8 +292,8 @@ mod tests {
                     String::from_utf8(fast).unwrap(),
                     String::from_utf8(slow).unwrap()
                 );
-                r.error = None;
-                r.result = None;
+                r.report.error = None;
+                r.report.result = None;
                 r.stopped_by = None;
                 r.elapsed_ms = 12345.0;
                 r.images.push(crate::ImageInfo {

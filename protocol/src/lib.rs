@@ -3,8 +3,10 @@
 //! # Layout
 //! - [`jsonrpc`]: the JSON-RPC 2.0 envelope: parsing one request line into a [`jsonrpc::Request`],
 //!   responses, notifications, and the standard error codes.
-//! - [`call`]: the methods the kernel answers, as one enum ([`call::Call`]) with typed params.
+//! - [`call`]: the methods the kernel answers, as one enum ([`call::Call`]) with typed params,
+//!   and their replies.
 //! - [`execute`]: the result of `execute_code` ([`execute::ExecuteResult`]).
+//! - [`fault`]: the `error.type`s of cells that failed outside Python ([`fault::Fault`]).
 //! - [`status`]: the answer to `status` and the params of the `ready` notification.
 //! - [`frame`]: the length-prefixed kernel ↔ worker pipe protocol (worker mode).
 //! - [`json`]: a fast writer for `execute_code` replies (same bytes as serde_json).
@@ -18,15 +20,17 @@
 
 pub mod call;
 pub mod execute;
+pub mod fault;
 pub mod frame;
 pub mod json;
 pub mod jsonrpc;
 pub mod status;
 
-pub use call::{Call, ExecuteParams};
+pub use call::{Call, ExecuteParams, InterruptReply, RestartReply, ShutdownReply, VariablesReply};
 pub use execute::{
-    DebugInfo, ExecError, ExecuteResult, ExecutionKind, Image, ImageInfo, Mode, PhaseTimings,
-    ResourceUsage, StoppedBy, VariableInfo,
+    CellReport, DebugInfo, ExecError, ExecuteResult, ExecutionKind, Image, ImageInfo, Mode,
+    PhaseTimings, ResourceUsage, StoppedBy, VariableInfo,
 };
+pub use fault::Fault;
 pub use jsonrpc::{ErrorCode, Id, Request, RpcError};
-pub use status::{StatusInfo, READY_MARKER};
+pub use status::{PythonInfo, StatusInfo, READY_MARKER};

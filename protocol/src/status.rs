@@ -6,6 +6,18 @@ use serde::{Deserialize, Serialize};
 /// The text older clients wait for on stdout before they send anything.
 pub const READY_MARKER: &str = "__READY__";
 
+/// The interpreter cells run in, as it describes itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct PythonInfo {
+    /// `sys.version`.
+    pub python_version: String,
+    /// `sys.executable`: the interpreter (or venv python) the session emulates.
+    pub python_executable: String,
+    /// `sys.prefix`: the venv when one is used.
+    pub python_prefix: String,
+}
+
 /// What the kernel is: sent as the result of `status`/`ping` and, with
 /// `"message": "__READY__"`, as the params of the `ready` notification.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -15,12 +27,9 @@ pub struct StatusInfo {
     pub message: Option<String>,
     /// The flowrepl version.
     pub kernel_version: String,
-    /// `sys.version` of the embedded interpreter.
-    pub python_version: String,
-    /// `sys.executable`: the interpreter (or venv python) the session emulates.
-    pub python_executable: String,
-    /// `sys.prefix`: the venv when one is used.
-    pub python_prefix: String,
+    /// The interpreter (its fields sit at the top level).
+    #[serde(flatten)]
+    pub python: PythonInfo,
     /// Where cells run.
     pub mode: Mode,
     /// The kernel's process id.

@@ -54,7 +54,7 @@ pub fn pread_into(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 
 /// Release consumed bytes once this many have accumulated.
 const PUNCH_THRESHOLD: u64 = 1 << 20;
-const PAGE: u64 = 4096;
+use crate::sys::PAGE;
 
 /// One captured stream.
 #[derive(Debug)]

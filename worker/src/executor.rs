@@ -20,7 +20,8 @@ use crate::snapshot::KeySnapshot;
 use crate::usage::UsageMeter;
 use flowrepl_protocol::frame::OutputStream;
 use flowrepl_protocol::{
-    ExecError, ExecutionKind, Image, ImageInfo, PhaseTimings, ResourceUsage, VariableInfo,
+    CellReport, ExecError, ExecutionKind, Image, ImageInfo, Mode, PhaseTimings, PythonInfo,
+    VariableInfo,
 };
 use pyo3::exceptions::{PyKeyboardInterrupt, PyValueError};
 use pyo3::prelude::*;
@@ -90,71 +91,38 @@ pub enum ExecutorError {
     Support(String),
 }
 
-/// What the interpreter is.
-#[derive(Debug, Clone)]
-pub struct PythonInfo {
-    /// `sys.version`.
-    pub version: String,
-    /// `sys.executable`.
-    pub executable: String,
-    /// `sys.prefix`.
-    pub prefix: String,
+/// Python code the executor runs for the kernel (not a cell) raised: its `str`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CallError(pub String);
+
+impl From<PyErr> for CallError {
+    fn from(e: PyErr) -> CallError {
+        CallError(e.to_string())
+    }
 }
 
-/// Everything a cell produced.
+/// Everything a cell produced: its output and images, and the [`CellReport`] of what it did.
 #[derive(Debug, Clone)]
 pub struct CellOutcome {
-    /// fd 1 output.
+    /// fd 1 output (empty in worker mode: it was streamed to the sink).
     pub stdout: String,
-    /// fd 2 output, then the traceback on error.
+    /// fd 2 output, then the traceback on error (likewise).
     pub stderr: String,
-    /// `repr` of the final expression's value, unless `None`.
-    pub result: Option<String>,
-    /// The exception, if any.
-    pub error: Option<ExecError>,
-    /// How the cell ended.
-    pub kind: ExecutionKind,
-    /// Stopped by the timeout.
-    pub timed_out: bool,
-    /// Stopped by an interrupt request.
-    pub interrupted: bool,
-    /// Names bound by the cell (sorted).
-    pub added_vars: Vec<String>,
-    /// Names unbound by the cell (sorted).
-    pub removed_vars: Vec<String>,
-    /// Modules imported by the cell (sorted).
-    pub added_imports: Vec<String>,
-    /// Non-dunder names in the namespace after the cell.
-    pub variable_count: usize,
-    /// Where the time went.
-    pub phases: PhaseTimings,
-    /// Things worth telling that did not fail the cell.
-    pub warnings: Vec<String>,
-    /// CPU time and peak RSS of this process during the cell.
-    pub usage: ResourceUsage,
     /// Figures and rich values ([`ExecutorConfig::images`]).
     pub images: Vec<Image>,
+    /// What the cell did.
+    pub report: CellReport,
 }
 
 impl CellOutcome {
     /// A successful cell that did and printed nothing (the start of every outcome).
-    pub fn empty() -> CellOutcome {
+    pub fn empty(mode: Mode) -> CellOutcome {
         CellOutcome {
             stdout: String::new(),
             stderr: String::new(),
-            result: None,
-            error: None,
-            kind: ExecutionKind::Success,
-            timed_out: false,
-            interrupted: false,
-            added_vars: Vec::new(),
-            removed_vars: Vec::new(),
-            added_imports: Vec::new(),
-            variable_count: 0,
-            phases: PhaseTimings::default(),
-            warnings: Vec::new(),
-            usage: ResourceUsage::default(),
             images: Vec::new(),
+            report: CellReport::new(mode),
         }
     }
 }
@@ -164,6 +132,7 @@ struct Support {
     register_sources: Py<PyAny>,
     format_exception: Py<PyAny>,
     reset_namespace: Py<PyAny>,
+    finish: Py<PyAny>,
     collect_images: Py<PyAny>,
     list_variables: Py<PyAny>,
 }
@@ -186,6 +155,8 @@ pub struct Executor {
     cells: u64,
     max_output_bytes: u64,
     images: Option<ImageLimits>,
+    /// In-process, or worker mode (output goes to a sink).
+    mode: Mode,
     feature_version: c_int,
     info: PythonInfo,
     _not_send: std::marker::PhantomData<*const ()>,
@@ -234,9 +205,9 @@ impl Executor {
                     .into_owned())
             };
             let info = PythonInfo {
-                version: attr("version")?,
-                executable: attr("executable")?,
-                prefix: attr("prefix")?,
+                python_version: attr("version")?,
+                python_executable: attr("executable")?,
+                python_prefix: attr("prefix")?,
             };
             let get = |name: &str| module.getattr(name).map(Bound::unbind).map_err(support_err);
             let support = Support {
@@ -244,6 +215,7 @@ impl Executor {
                 register_sources: get("register_sources")?,
                 format_exception: get("format_exception")?,
                 reset_namespace: get("reset_namespace")?,
+                finish: get("finish")?,
                 collect_images: get("collect_images")?,
                 list_variables: get("list_variables")?,
             };
@@ -262,6 +234,11 @@ impl Executor {
                 cells: 0,
                 max_output_bytes: config.max_output_bytes,
                 images: config.images,
+                mode: if config.sink.is_some() {
+                    Mode::Worker
+                } else {
+                    Mode::InProcess
+                },
                 feature_version: py.version_info().minor as c_int,
                 info,
                 _not_send: std::marker::PhantomData,
@@ -286,18 +263,36 @@ impl Executor {
     }
 
     /// Empties the `__main__` namespace (`restart` in-process); loaded modules stay.
-    pub fn reset_namespace(&mut self) -> Result<(), String> {
+    pub fn reset_namespace(&mut self) -> Result<(), CallError> {
         Python::attach(|py| {
             let globals = self.globals.bind(py).clone();
             let r = self.support.reset_namespace.bind(py).call1((globals,));
             self.rebaseline(py);
-            r.map(drop).map_err(|e| e.to_string())
+            r.map(drop).map_err(CallError::from)
         })
+    }
+
+    /// The session ends: runs the `atexit` handlers cells registered, then drops the
+    /// namespace (files left open are flushed and closed by their finalizers) and flushes
+    /// stdio, as a Python process does when it exits. Whatever that prints is discarded.
+    /// The executor stays usable (with an empty namespace).
+    pub fn finish(&mut self) {
+        Python::attach(|py| {
+            clear_pending_signals();
+            let globals = self.globals.bind(py).clone();
+            if let Err(e) = self.support.finish.bind(py).call1((globals,)) {
+                tracing::warn!(error = %e, "running exit handlers failed");
+            }
+            self.rebaseline(py);
+        });
+        // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
+        unsafe { libc::fflush(std::ptr::null_mut()) };
+        self.discard_output();
     }
 
     /// The namespace's names (not `__dunder__` ones), sorted, with type, short repr and size.
     /// Runs Python code (`repr`, `len`) of the user's objects; call it between cells.
-    pub fn list_variables(&mut self) -> Result<Vec<VariableInfo>, String> {
+    pub fn list_variables(&mut self) -> Result<Vec<VariableInfo>, CallError> {
         Python::attach(|py| {
             let globals = self.globals.bind(py).clone();
             let json: String = self
@@ -305,11 +300,10 @@ impl Executor {
                 .list_variables
                 .bind(py)
                 .call1((globals,))
-                .and_then(|j| j.extract())
-                .map_err(|e| e.to_string())?;
+                .and_then(|j| j.extract())?;
             // Modules imported to list (json, reprlib) are not the next cell's imports.
             self.rebaseline_modules(py);
-            serde_json::from_str(&json).map_err(|e| e.to_string())
+            serde_json::from_str(&json).map_err(|e| CallError(e.to_string()))
         })
     }
 
@@ -340,15 +334,16 @@ impl Executor {
         if let Some(s) = &self.streamer {
             s.begin([self.capture.stdout.cursor(), self.capture.stderr.cursor()]);
         }
-        let mut out = CellOutcome::empty();
+        let mut out = CellOutcome::empty(self.mode);
         let name_c = CString::new(name.as_str()).expect("cell names have no NUL");
         let compiled = self.compile(py, code, &name_c);
         let t_compiled = Instant::now();
         let globals = self.globals.bind(py).clone();
         let mut error = None;
+        let mut stopped_by = None;
         match compiled {
             Err(e) => {
-                out.kind = ExecutionKind::SyntaxError;
+                out.report.debug_info.execution = ExecutionKind::SyntaxError;
                 error = Some(e);
             }
             Ok((exec_part, eval_part)) => {
@@ -371,12 +366,11 @@ impl Executor {
                     absorb_pending_signals();
                 }
                 match r {
-                    Ok((repr, _)) => out.result = repr,
+                    Ok((repr, _)) => out.report.result = repr,
                     Err(e) => {
-                        out.kind = ExecutionKind::RuntimeError;
+                        out.report.debug_info.execution = ExecutionKind::RuntimeError;
                         if e.is_instance_of::<PyKeyboardInterrupt>(py) {
-                            out.timed_out = stopped.timeout;
-                            out.interrupted = stopped.interrupt && !stopped.timeout;
+                            stopped_by = Some(stopped);
                         }
                         error = Some(e);
                     }
@@ -389,12 +383,16 @@ impl Executor {
             .idle_from(&[self.capture.stdout.cursor(), self.capture.stderr.cursor()]);
         let t_capture = Instant::now();
         let modules = self.modules.bind(py).clone();
-        self.var_snapshot
-            .update(py, &globals, &mut out.added_vars, &mut out.removed_vars);
+        self.var_snapshot.update(
+            py,
+            &globals,
+            &mut out.report.added_vars,
+            &mut out.report.removed_vars,
+        );
         let mut gone = Vec::new();
         self.module_snapshot
-            .update(py, &modules, &mut out.added_imports, &mut gone);
-        out.variable_count = self.var_snapshot.non_dunder_len();
+            .update(py, &modules, &mut out.report.added_imports, &mut gone);
+        out.report.variable_count = self.var_snapshot.non_dunder_len();
         let t_diff = Instant::now();
         if code.len() <= MAX_REGISTERED_SOURCE {
             self.pending_sources.push((name, code.to_owned()));
@@ -402,15 +400,13 @@ impl Executor {
         match error {
             Some(e) => {
                 self.register_sources(py, true);
-                let mut err = self.describe(py, e);
-                if out.timed_out {
-                    err.message = format!(
-                        "cell timed out after {} ms and was interrupted (KeyboardInterrupt)",
-                        timeout.as_millis()
-                    );
-                } else if out.interrupted {
-                    err.message = "cell interrupted on request (KeyboardInterrupt)".to_owned();
+                out.report.error = Some(self.describe(py, e));
+                match stopped_by {
+                    Some(s) if s.timeout => out.report.mark_timed_out(timeout.as_millis()),
+                    Some(s) if s.interrupt => out.report.mark_interrupted(),
+                    _ => {}
                 }
+                let err = out.report.error.as_ref().expect("set above");
                 match &self.streamer {
                     Some(s) => s.send_text(OutputStream::Stderr, &err.traceback),
                     None => {
@@ -420,15 +416,14 @@ impl Executor {
                         out.stderr.push_str(&err.traceback);
                     }
                 }
-                out.error = Some(err);
                 // Formatting may import traceback/linecache: not the cell's imports.
                 self.rebaseline_modules(py);
             }
             None => self.register_sources(py, false),
         }
-        out.usage = self.usage.end(mark);
+        out.report.usage = self.usage.end(mark);
         let us = |a: Instant, b: Instant| b.duration_since(a).as_micros() as u64;
-        out.phases = PhaseTimings {
+        out.report.debug_info.phases_us = PhaseTimings {
             compile: us(t0, t_compiled),
             exec: us(t_compiled, t_exec),
             capture: us(t_exec, t_capture),
@@ -567,7 +562,8 @@ impl Executor {
             // Closed, replaced by something without flush(), or None: the support code
             // puts fresh streams on fds 1 and 2.
             if let Err(e) = self.support.flush_std.bind(py).call0() {
-                out.warnings
+                out.report
+                    .warnings
                     .push(format!("flushing sys.stdout/sys.stderr failed: {e}"));
             }
         }
@@ -587,25 +583,26 @@ impl Executor {
                     restored_fd,
                 }) => {
                     if dropped > 0 {
-                        out.warnings.push(format!(
+                        out.report.warnings.push(format!(
                             "{label}: {dropped} bytes were dropped from the middle (output limit per cell)"
                         ));
                     }
                     if restored_fd {
-                        out.warnings.push(format!(
+                        out.report.warnings.push(format!(
                             "the cell closed or redirected fd {}; it was pointed back at the {label} capture",
                             if label == "stdout" { 1 } else { 2 }
                         ));
                     }
                 }
                 Err(e) => out
+                    .report
                     .warnings
                     .push(format!("reading captured {label} failed: {e}")),
             }
             *target = match String::from_utf8(bytes) {
                 Ok(s) => s,
                 Err(e) => {
-                    out.warnings.push(format!(
+                    out.report.warnings.push(format!(
                         "{label} was not valid UTF-8; invalid bytes were replaced with U+FFFD"
                     ));
                     String::from_utf8_lossy(e.as_bytes()).into_owned()
@@ -623,7 +620,7 @@ impl Executor {
                 Ok((size, restored)) => {
                     sizes[i] = size;
                     if restored {
-                        out.warnings.push(format!(
+                        out.report.warnings.push(format!(
                             "the cell closed or redirected fd {}; it was pointed back at the {label} capture",
                             i + 1
                         ));
@@ -631,7 +628,8 @@ impl Executor {
                 }
                 Err(e) => {
                     sizes[i] = stream.cursor();
-                    out.warnings
+                    out.report
+                        .warnings
                         .push(format!("reading captured {label} failed: {e}"));
                 }
             }
@@ -639,7 +637,7 @@ impl Executor {
         let finished = streamer.finish(sizes);
         for (f, label) in finished.iter().zip(["stdout", "stderr"]) {
             if f.dropped > 0 {
-                out.warnings.push(format!(
+                out.report.warnings.push(format!(
                     "{label}: {} bytes were dropped from the middle (output limit per cell)",
                     f.dropped
                 ));
@@ -693,9 +691,12 @@ impl Executor {
                         data,
                     })
                     .collect();
-                out.warnings.extend(notes);
+                out.report.warnings.extend(notes);
             }
-            Err(e) => out.warnings.push(format!("collecting figures failed: {e}")),
+            Err(e) => out
+                .report
+                .warnings
+                .push(format!("collecting figures failed: {e}")),
         }
     }
 

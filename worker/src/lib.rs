@@ -10,6 +10,7 @@
 //!   output limit.
 //! - [`sink`]: worker mode: output streamed in chunks while a cell runs.
 //! - [`usage`]: CPU time and peak RSS per cell.
+//! - [`sys`]: OS and sync helpers shared with the kernel (signal masks, poll, locks).
 //! - [`executor`]: [`Executor`], which ties these together for one cell at a time.
 //! - [`serve`]: the `flowrepl-worker` process: frames in, cells run, frames out.
 //! - [`logging`]: diagnostics to the original stderr (kernel and worker).
@@ -29,10 +30,11 @@ pub mod serve;
 pub mod sink;
 pub mod snapshot;
 pub mod stdio;
+pub mod sys;
 pub mod tail;
 pub mod usage;
 
-pub use executor::{CellOutcome, Executor, ExecutorConfig, ExecutorError, PythonInfo};
+pub use executor::{CallError, CellOutcome, Executor, ExecutorConfig, ExecutorError};
 pub use interpreter::{resolve_python, InitError};
 pub use monitor::Interrupter;
 pub use tail::OutputTail;

@@ -39,7 +39,7 @@ const IDLE_TICKS_BEFORE_SLOW: u32 = 20;
 /// or child processes), which the output limit bounds too.
 const SLOW_TICK: Duration = Duration::from_secs(1);
 const RESEND: Duration = Duration::from_secs(1);
-const PAGE: u64 = 4096;
+use crate::sys::{lock, PAGE};
 
 #[derive(Debug)]
 struct State {
@@ -225,12 +225,8 @@ impl Interrupter {
     }
 }
 
-fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn run(shared: &Shared) {
-    block_sigint();
+    crate::sys::block_sigint();
     let mut idle_ticks = 0;
     loop {
         let mut running = false;
@@ -299,17 +295,5 @@ fn limit_output(shared: &Shared, starts: &[u64], released: &mut [u64]) {
         if to > from && punch_hole(fd, from, to).is_ok() {
             *done = to;
         }
-    }
-}
-
-/// Blocks SIGINT on the calling thread, so that SIGINT aimed at the process is handled by
-/// Python on its main thread.
-pub fn block_sigint() {
-    // SAFETY: plain libc calls on a local signal set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }

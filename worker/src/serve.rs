@@ -5,7 +5,8 @@
 //! both are moved to private descriptors at once, and fds 1 and 2 become the cells' capture
 //! files, as in the kernel's in-process mode. The loop: read an Execute frame, run the cell
 //! on this (Python's main) thread while the monitor streams its output as Output frames,
-//! send the rest and a Done frame, repeat. Shutdown or EOF ends it.
+//! send the rest and a Done frame, repeat. Shutdown or EOF ends it, after the cells' exit
+//! handlers ran ([`Executor::finish`]).
 //!
 //! SIGINT is blocked on this thread except while a cell runs, so the kernel's interrupt
 //! cannot land while a frame is being written; one that arrives between cells stays pending
@@ -14,7 +15,7 @@
 use crate::executor::{CellOutcome, Executor, ExecutorConfig, ImageLimits};
 use crate::sink::OutputSink;
 use flowrepl_protocol::frame::{
-    self, CellReport, Frame, OutputStream, VariablesReport, WorkerHello,
+    self, DoneReport, Frame, OutputStream, VariablesReport, WorkerHello,
 };
 use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
@@ -91,7 +92,7 @@ struct Channel {
 
 impl Channel {
     fn with<R>(&self, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
-        let mut g = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = crate::sys::lock(&self.out);
         let r = f(&mut g.1);
         if g.1.len() >= FLUSH_AT {
             write_or_exit(&mut g);
@@ -100,7 +101,7 @@ impl Channel {
     }
 
     fn send(&self) {
-        let mut g = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = crate::sys::lock(&self.out);
         write_or_exit(&mut g);
     }
 }
@@ -132,16 +133,6 @@ impl OutputSink for Channel {
     }
 }
 
-fn sigint_mask(how: libc::c_int) {
-    // SAFETY: plain libc calls on a local signal set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
-    }
-}
-
 /// Re-arms RLIMIT_CPU so that this cell may use `seconds` more CPU seconds (the limit counts
 /// the whole process life). Past it the kernel sends SIGXCPU, which ends the worker.
 fn arm_cpu_limit(seconds: u64, used_ms: f64) {
@@ -160,19 +151,9 @@ fn arm_cpu_limit(seconds: u64, used_ms: f64) {
     }
 }
 
-fn report(o: CellOutcome, cpu_total_ms: f64) -> CellReport {
-    CellReport {
-        result: o.result,
-        error: o.error,
-        kind: o.kind,
-        timed_out: o.timed_out,
-        added_vars: o.added_vars,
-        removed_vars: o.removed_vars,
-        added_imports: o.added_imports,
-        variable_count: o.variable_count,
-        phases: o.phases,
-        warnings: o.warnings,
-        usage: o.usage,
+fn done_report(o: CellOutcome, cpu_total_ms: f64) -> DoneReport {
+    DoneReport {
+        report: o.report,
         cpu_total_ms,
         images: o.images,
     }
@@ -190,7 +171,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
     };
     crate::logging::init(stdio.diagnostics);
     // Before any thread starts, so that every thread we start inherits it.
-    sigint_mask(libc::SIG_BLOCK);
+    crate::sys::block_sigint();
     let channel = Arc::new(Channel {
         out: Mutex::new((stdio.output, Vec::with_capacity(FLUSH_AT))),
         cell: AtomicU64::new(0),
@@ -214,9 +195,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             buf,
             &WorkerHello {
                 pid: std::process::id(),
-                python_version: info.version,
-                python_executable: info.executable,
-                python_prefix: info.prefix,
+                python: info,
             },
         )
     });
@@ -242,7 +221,11 @@ fn serve(
         let mut header = [0u8; frame::HEADER_BYTES];
         match input.read_exact(&mut header) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                // The kernel closed the channel without a Shutdown frame: exit all the same.
+                executor.finish();
+                return Ok(());
+            }
             Err(e) => return Err(e),
         }
         let len = frame::frame_len(header).map_err(io::Error::other)?;
@@ -259,15 +242,15 @@ fn serve(
                 if let Some(s) = args.cpu_seconds {
                     arm_cpu_limit(s, executor.cpu_total_ms());
                 }
-                sigint_mask(libc::SIG_UNBLOCK);
+                crate::sys::unblock_sigint();
                 let outcome = executor.execute(code, Duration::from_millis(timeout_ms));
-                sigint_mask(libc::SIG_BLOCK);
-                let mut rep = report(outcome, executor.cpu_total_ms());
+                crate::sys::block_sigint();
+                let mut rep = done_report(outcome, executor.cpu_total_ms());
                 channel.with(|buf| {
                     if frame::encode_done(buf, id, &rep).is_err() {
                         if !rep.images.is_empty() {
                             rep.images.clear();
-                            rep.warnings.push(
+                            rep.report.warnings.push(
                                 "the cell's images were left out: they did not fit in a frame"
                                     .into(),
                             );
@@ -275,7 +258,7 @@ fn serve(
                                 return Ok(());
                             }
                         }
-                        if let Some(r) = &mut rep.result {
+                        if let Some(r) = &mut rep.report.result {
                             let mut cut = MAX_RESULT_ON_OVERFLOW;
                             while !r.is_char_boundary(cut) {
                                 cut -= 1;
@@ -283,7 +266,7 @@ fn serve(
                             r.truncate(cut);
                             r.push('…');
                         }
-                        rep.warnings.push(format!(
+                        rep.report.warnings.push(format!(
                             "the result's repr was cut to {MAX_RESULT_ON_OVERFLOW} bytes: it did not fit in a frame"
                         ));
                         frame::encode_done(buf, id, &rep).map_err(io::Error::other)
@@ -304,7 +287,7 @@ fn serve(
                     },
                     Err(e) => VariablesReport {
                         variables: Vec::new(),
-                        error: Some(e),
+                        error: Some(e.0),
                     },
                 };
                 channel
@@ -320,7 +303,10 @@ fn serve(
                     .map_err(io::Error::other)?;
                 channel.send();
             }
-            Frame::Shutdown => return Ok(()),
+            Frame::Shutdown => {
+                executor.finish();
+                return Ok(());
+            }
             other => {
                 return Err(io::Error::other(format!(
                     "unexpected frame from the kernel: {other:?}"

@@ -25,7 +25,7 @@ pub trait OutputSink: Send + Sync {
     fn flush(&self);
 }
 
-const PAGE: u64 = 4096;
+use crate::sys::PAGE;
 const STREAMS: [OutputStream; 2] = [OutputStream::Stdout, OutputStream::Stderr];
 
 #[derive(Debug)]
@@ -81,7 +81,7 @@ impl Streamer {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sys::lock(&self.state)
     }
 
     /// A cell starts; its output begins at `starts` (the capture cursors).

@@ -78,6 +78,26 @@ def reset_namespace(ns):
     ns["__annotations__"] = {}
 
 
+def finish(ns):
+    """Kernel exit: what a Python process does on its way out. Runs the atexit handlers (in
+    their usual order), then drops the session's objects so that files left open are flushed
+    and closed by their finalizers, then flushes stdio. Errors are reported on stderr, as
+    Python does, and never stop the rest."""
+    import atexit
+    import gc
+
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    try:
+        reset_namespace(ns)
+        gc.collect()
+    except BaseException:
+        pass
+    flush_std()
+
+
 def flush_std():
     """Flush sys.stdout/sys.stderr after a cell; replace them if the cell closed or broke them."""
     for name, fd in (("stdout", 1), ("stderr", 2)):

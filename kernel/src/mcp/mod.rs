@@ -30,8 +30,9 @@ pub mod tools;
 pub mod transport;
 
 use crate::config::Config;
-use crate::session::{CellControl, RestartReply, Session};
-use flowrepl_protocol::{ExecuteParams, VariableInfo};
+use crate::engine::Control;
+use crate::session::{Answer, Responder, Session};
+use flowrepl_protocol::{Call, ExecuteResult, Image, RpcError};
 use rmcp::model::CallToolResult;
 use rmcp::ServiceExt;
 use std::fs::File;
@@ -43,24 +44,14 @@ use tokio::sync::oneshot;
 
 /// Work for the main thread.
 pub enum Job {
-    /// Run a cell and answer with its rendered tool result.
-    Execute {
-        /// The cell.
-        params: ExecuteParams,
-        /// Its place in the queue, shared with the handler for cancellation.
-        ticket: Arc<Ticket>,
+    /// Run a call and answer with its rendered tool result.
+    Call {
+        /// What to do.
+        call: Call,
+        /// `execute_code`: its place in the queue, shared with the handler for cancellation.
+        ticket: Option<Arc<Ticket>>,
         /// Where the result goes.
         reply: oneshot::Sender<CallToolResult>,
-    },
-    /// `restart_session`.
-    Restart {
-        /// Where the answer goes.
-        reply: oneshot::Sender<Result<RestartReply, String>>,
-    },
-    /// `list_variables`.
-    ListVariables {
-        /// Where the answer goes.
-        reply: oneshot::Sender<Result<Vec<VariableInfo>, String>>,
     },
     /// The client went away.
     Stop,
@@ -120,7 +111,7 @@ impl Ticket {
 /// What the handlers share with the main thread.
 pub struct Shared {
     /// Reaches the running cell.
-    pub control: CellControl,
+    pub control: Arc<dyn Control>,
     /// Output cut from results, for `read_output`.
     store: Mutex<OutputStore>,
     /// The ticket of the cell running now.
@@ -136,6 +127,8 @@ pub struct Shared {
     closing: AtomicBool,
     /// After SIGINT, how long a cell has to stop (`FLOWREPL_KILL_GRACE_MS`).
     pub kill_grace: Duration,
+    /// In-process or worker.
+    pub mode: flowrepl_protocol::Mode,
 }
 
 impl Shared {
@@ -189,7 +182,7 @@ pub fn serve(
         .clone()
         .unwrap_or_else(|| unreachable!("mcp mode"));
     let shared = Arc::new(Shared {
-        control: session.control(),
+        control: Arc::clone(session.board().control()),
         store: Mutex::new(OutputStore::new((mcp.keep_output_mb as usize) << 20)),
         running: Mutex::new(None),
         next_ticket: AtomicU64::new(0),
@@ -198,6 +191,7 @@ pub fn serve(
         instructions: instructions(config),
         closing: AtomicBool::new(false),
         kill_grace: config.kill_grace,
+        mode: session.mode(),
     });
     let (jobs, queue) = std::sync::mpsc::channel();
     let server = tools::KernelServer::new(jobs.clone(), Arc::clone(&shared));
@@ -209,7 +203,7 @@ pub fn serve(
         .name("flowrepl-mcp".into())
         .spawn(move || {
             // Process-directed SIGINT belongs to the cell's thread.
-            flowrepl_worker::monitor::block_sigint();
+            flowrepl_worker::sys::block_sigint();
             let at_eof = Arc::clone(&shared_mcp);
             let on_eof = Box::new(move || {
                 tracing::info!("stdin closed: stopping the running cell");
@@ -231,37 +225,72 @@ pub fn serve(
             let _ = jobs.send(Job::Stop);
         })?;
     for job in queue {
-        match job {
-            Job::Execute {
-                params,
-                ticket,
-                reply,
-            } => {
-                if shared.closing.load(Ordering::Acquire) || !ticket.start() {
-                    continue; // cancelled while queued, or the client is gone
-                }
-                *shared.running() = Some(ticket.id);
-                let (mut result, images) = session.execute_with_images(&params);
-                {
-                    let mut running = shared.running();
-                    *running = None;
-                    ticket.finish();
-                }
-                let tool_result =
-                    render::execute_result(&mut result, images, shared.max_chars, &shared.store);
-                let _ = reply.send(tool_result);
-                session.record(params, result);
+        let Job::Call {
+            call,
+            ticket,
+            reply,
+        } = job
+        else {
+            break;
+        };
+        if let Some(t) = &ticket {
+            if shared.closing.load(Ordering::Acquire) || !t.start() {
+                continue; // cancelled while queued, or the client is gone
             }
-            Job::Restart { reply } => {
-                let _ = reply.send(session.restart());
-            }
-            Job::ListVariables { reply } => {
-                let _ = reply.send(session.list_variables());
-            }
-            Job::Stop => break,
+            *shared.running() = Some(t.id);
         }
+        let mut to = McpReply {
+            shared: &shared,
+            ticket,
+            reply: Some(reply),
+        };
+        session.dispatch(call, &mut to)?;
     }
     Ok(())
+}
+
+/// Answers one tool call on the main thread.
+struct McpReply<'a> {
+    shared: &'a Shared,
+    ticket: Option<Arc<Ticket>>,
+    reply: Option<oneshot::Sender<CallToolResult>>,
+}
+
+impl McpReply<'_> {
+    fn send(&mut self, result: CallToolResult) {
+        if let Some(r) = self.reply.take() {
+            let _ = r.send(result);
+        }
+    }
+}
+
+impl Responder for McpReply<'_> {
+    fn cell_ended(&mut self) -> bool {
+        // Under the lock a cancel takes to interrupt: it can no longer reach this cell.
+        let mut running = self.shared.running();
+        *running = None;
+        if let Some(t) = &self.ticket {
+            t.finish();
+        }
+        false
+    }
+
+    fn executed(&mut self, result: &mut ExecuteResult, images: Vec<Image>) -> std::io::Result<()> {
+        let r = render::execute_result(result, images, self.shared.max_chars, &self.shared.store);
+        self.send(r);
+        Ok(())
+    }
+
+    fn answer(&mut self, answer: Answer) -> std::io::Result<()> {
+        let r = tools::answer_result(answer);
+        self.send(r);
+        Ok(())
+    }
+
+    fn failed(&mut self, error: RpcError) -> std::io::Result<()> {
+        self.send(tools::error_text(error.message));
+        Ok(())
+    }
 }
 
 /// The `instructions` of the initialize result: what the session is, for the model.

@@ -149,7 +149,7 @@ fn budget_parts(r: &ExecuteResult, max_chars: usize, store: &Mutex<OutputStore>)
     let texts = [
         (StreamName::Stdout, r.stdout.as_str()),
         (StreamName::Stderr, r.stderr.as_str()),
-        (StreamName::Result, r.result.as_deref().unwrap_or("")),
+        (StreamName::Result, r.report.result.as_deref().unwrap_or("")),
     ];
     // Fast path: bytes bound characters.
     if texts.iter().map(|(_, t)| t.len()).sum::<usize>() <= max_chars {
@@ -194,7 +194,7 @@ fn text_block(r: &ExecuteResult, stdout: &str, stderr: &str, result: Option<&str
         end_line(&mut t);
         let _ = write!(t, "Out[{}]: {v}", r.execution_count);
     }
-    for w in &r.warnings {
+    for w in &r.report.warnings {
         end_line(&mut t);
         let _ = write!(t, "[warning] {w}");
     }
@@ -236,7 +236,7 @@ pub fn execute_result(
         cut_stderr.as_ref().map_or(&r.stderr, |c| &c.0),
         match &cut_result {
             Some(c) => Some(c.0.as_str()),
-            None => r.result.as_deref(),
+            None => r.report.result.as_deref(),
         },
     );
     // structuredContent: the same object with the cut texts swapped in for the moment.
@@ -253,10 +253,10 @@ pub fn execute_result(
         output_cut.push(info);
     }
     if let Some((s, info)) = cut_result {
-        saved_result = r.result.replace(s);
+        saved_result = r.report.result.replace(s);
         output_cut.push(info);
     }
-    let saved_traceback = r.error.as_mut().and_then(|e| {
+    let saved_traceback = r.report.error.as_mut().and_then(|e| {
         let chars = e.traceback.chars().count();
         if chars <= max_chars {
             return None;
@@ -285,9 +285,9 @@ pub fn execute_result(
         r.stderr = s;
     }
     if saved_result.is_some() {
-        r.result = saved_result;
+        r.report.result = saved_result;
     }
-    if let (Some(t), Some(e)) = (saved_traceback, r.error.as_mut()) {
+    if let (Some(t), Some(e)) = (saved_traceback, r.report.error.as_mut()) {
         e.traceback = t;
     }
     let mut content = Vec::with_capacity(1 + images.len());

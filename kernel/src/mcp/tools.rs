@@ -7,9 +7,9 @@ use super::render::{self, McpExecuteResult};
 use super::schema;
 use super::store::{Page, ReadError, StreamName};
 use super::{Job, Shared, Ticket};
-use crate::session::RestartReply;
+use crate::session::{not_stopped, unstoppable_for, Answer};
 use flowrepl_protocol::call::MAX_TIMEOUT_MS;
-use flowrepl_protocol::{ExecuteParams, VariableInfo};
+use flowrepl_protocol::{Call, ExecuteParams, RestartReply, VariableInfo, VariablesReply};
 use flowrepl_worker::OutputTail;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::schema_for_input;
@@ -63,15 +63,6 @@ pub struct ReadOutputArgs {
     pub length: Option<usize>,
 }
 
-/// `list_variables`' structured result.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct VariablesOut {
-    /// Names in the session, sorted, without `__dunder__` names.
-    pub variables: Vec<VariableInfo>,
-    /// How many.
-    pub count: usize,
-}
-
 /// `interrupt`'s structured result.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct InterruptOut {
@@ -107,8 +98,21 @@ fn parse_args<T: serde::de::DeserializeOwned>(args: JsonObject) -> Result<T, Err
         .map_err(|e| ErrorData::invalid_params(format!("invalid arguments: {e}"), None))
 }
 
-fn error_text(text: String) -> CallToolResult {
+/// A tool result with `isError` and one text block.
+pub fn error_text(text: String) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+/// The tool result of a call other than `execute_code`.
+pub fn answer_result(answer: Answer) -> CallToolResult {
+    match answer {
+        Answer::Restart(r) => structured(r.message.clone(), &r, false),
+        Answer::Variables(v) => structured(variables_text(&v.variables), &v, false),
+        other => {
+            let text = serde_json::to_string(&other).unwrap_or_default();
+            structured(text, &other, false)
+        }
+    }
 }
 
 #[tool_router]
@@ -122,10 +126,15 @@ impl KernelServer {
         }
     }
 
-    async fn ask<T>(&self, job: impl FnOnce(oneshot::Sender<T>) -> Job) -> Result<T, ErrorData> {
+    /// Runs `call` on the main thread (after the cells queued before it).
+    async fn ask(&self, call: Call) -> Result<CallToolResult, ErrorData> {
         let (tx, rx) = oneshot::channel();
         self.jobs
-            .send(job(tx))
+            .send(Job::Call {
+                call,
+                ticket: None,
+                reply: tx,
+            })
             .map_err(|_| internal("the kernel is shutting down"))?;
         rx.await
             .map_err(|_| internal("the kernel is shutting down"))
@@ -157,12 +166,12 @@ impl KernelServer {
         let ticket = Arc::new(Ticket::new(self.shared.next_ticket()));
         let (tx, mut rx) = oneshot::channel();
         self.jobs
-            .send(Job::Execute {
-                params: ExecuteParams {
+            .send(Job::Call {
+                call: Call::Execute(ExecuteParams {
                     code: args.code,
                     timeout_ms: args.timeout_ms,
-                },
-                ticket: Arc::clone(&ticket),
+                }),
+                ticket: Some(Arc::clone(&ticket)),
                 reply: tx,
             })
             .map_err(|_| internal("the kernel is shutting down"))?;
@@ -188,13 +197,11 @@ impl KernelServer {
                     // the calls behind it waiting without a word (the JSON-RPC front's
                     // CellNotStopped). Worker mode kills such cells instead.
                     let grace = self.shared.kill_grace;
-                    let stuck = self.shared.control.sigint_since().is_some_and(|t| t.elapsed() > grace);
+                    let stuck = unstoppable_for(&*self.shared.control, grace).is_some();
                     if stuck && ticket.withdraw() {
-                        let message = format!(
-                            "CellNotStopped: this code did not run. The previous cell was sent KeyboardInterrupt more than {} ms ago and is still running: it ignores SIGINT or is blocked in a call that never checks for signals. In-process mode cannot kill it; later calls wait until it ends (its result goes to the task log). Restart the server with worker mode (USE_SUBPROCESS_WORKER=1) to make such cells killable.",
-                            grace.as_millis()
-                        );
-                        return Ok(error_text(message));
+                        let report = not_stopped(self.shared.mode, grace, false);
+                        let text = report.error.map(|e| e.traceback).unwrap_or_default();
+                        return Ok(error_text(text.trim_end().to_owned()));
                     }
                 }
                 _ = heartbeat.tick(), if token.is_some() && !cancelled => {
@@ -281,30 +288,17 @@ impl KernelServer {
         annotations(title = "Restart the Python session", destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]
     async fn restart_session(&self) -> Result<CallToolResult, ErrorData> {
-        match self.ask(|reply| Job::Restart { reply }).await? {
-            Ok(r) => Ok(structured(r.message.clone(), &r, false)),
-            Err(e) => Ok(error_text(format!("restart failed: {e}"))),
-        }
+        self.ask(Call::Restart).await
     }
 
     #[tool(
         name = "list_variables",
         description = "List the variables of the session: name, type, a short repr, and the length or shape of sized values (lists, strings, arrays, data frames). Waits for a running cell to finish first.",
-        output_schema = schema::shallow::<VariablesOut>(),
+        output_schema = schema::shallow::<VariablesReply>(),
         annotations(title = "List session variables", read_only_hint = true, open_world_hint = false)
     )]
     async fn list_variables(&self) -> Result<CallToolResult, ErrorData> {
-        match self.ask(|reply| Job::ListVariables { reply }).await? {
-            Ok(variables) => {
-                let text = variables_text(&variables);
-                let out = VariablesOut {
-                    count: variables.len(),
-                    variables,
-                };
-                Ok(structured(text, &out, false))
-            }
-            Err(e) => Ok(error_text(format!("listing variables failed: {e}"))),
-        }
+        self.ask(Call::ListVariables).await
     }
 }
 

@@ -177,8 +177,8 @@ fn worker_streams_output_while_the_cell_runs() {
     match frame::decode(&p).unwrap() {
         Frame::Done { id, report } => {
             assert_eq!(id, 7);
-            assert!(report.error.is_none());
-            assert_eq!(report.usage.pid, child.id());
+            assert!(report.report.error.is_none());
+            assert_eq!(report.report.usage.pid, child.id());
         }
         other => panic!("expected done, got {other:?}"),
     }

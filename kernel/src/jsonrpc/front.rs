@@ -9,7 +9,7 @@
 //! The two never read at the same time: the watcher reads only while `busy` is set and it
 //! holds the reader lock, and it re-checks `busy` after taking the lock; the request thread
 //! clears `busy` before taking the lock and looks at the queue first. The reader keeps
-//! partial lines between the two ([`crate::line_reader`]).
+//! partial lines between the two ([`super::line_reader`]).
 //!
 //! In-process, a cell that does not stop within the grace period after SIGINT (it ignores
 //! SIGINT, or blocks in a C call that never checks for signals) cannot be killed without
@@ -20,21 +20,20 @@
 //! Like the monitor, the watcher is not woken per cell: it ticks every 50 ms and, after a
 //! second without cells, sleeps until the request thread wakes it at the next cell.
 
-use crate::line_reader::{Line, LineReader};
-use crate::records::Flusher;
-use crate::server::ReplyWriter;
-use crate::session::CellControl;
+use super::line_reader::{Line, LineReader};
+use super::writer::ReplyWriter;
+use crate::session::{not_stopped, unstoppable_for, StatusBoard};
 use flowrepl_protocol::jsonrpc::Response;
 use flowrepl_protocol::{
-    Call, DebugInfo, ErrorCode, ExecError, ExecuteResult, ExecutionKind, Id, Request, RpcError,
-    StatusInfo,
+    Call, ErrorCode, ExecuteResult, Id, InterruptReply, Request, RpcError, StatusInfo,
 };
+use flowrepl_worker::sys::lock;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::Duration;
@@ -88,10 +87,6 @@ impl Item {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// State shared by the request thread and the watcher.
 pub struct Front {
     reader: Mutex<LineReader<File>>,
@@ -100,10 +95,7 @@ pub struct Front {
     queue: Mutex<VecDeque<Item>>,
     busy: AtomicBool,
     deep_sleep: AtomicBool,
-    status: StatusInfo,
-    started_cells: AtomicU64,
-    control: CellControl,
-    flusher: Flusher,
+    board: Arc<StatusBoard>,
     max_request_bytes: usize,
     kill_grace: Duration,
     /// The running cell's request id, until it is answered.
@@ -118,9 +110,7 @@ impl Front {
         input: File,
         output: File,
         max_request_bytes: usize,
-        status: StatusInfo,
-        control: CellControl,
-        flusher: Flusher,
+        board: Arc<StatusBoard>,
         kill_grace: Duration,
     ) -> Front {
         Front {
@@ -130,10 +120,7 @@ impl Front {
             queue: Mutex::new(VecDeque::new()),
             busy: AtomicBool::new(false),
             deep_sleep: AtomicBool::new(false),
-            status,
-            started_cells: AtomicU64::new(0),
-            control,
-            flusher,
+            board,
             max_request_bytes,
             kill_grace,
             cell_id: Mutex::new(None),
@@ -162,7 +149,6 @@ impl Front {
 
     /// A cell starts: the watcher takes over stdin.
     pub fn begin_cell(&self, watcher: &thread::Thread, id: Option<&Id>) {
-        self.started_cells.fetch_add(1, Ordering::Relaxed);
         *lock(&self.cell_id) = id.cloned();
         self.busy.store(true, Ordering::SeqCst);
         if self.deep_sleep.load(Ordering::SeqCst) {
@@ -182,13 +168,12 @@ impl Front {
 
     /// In-process: answers a cell that ignored SIGINT for the grace period.
     fn check_stuck(&self) {
-        let Some(since) = self.control.sigint_since() else {
-            return;
-        };
-        let waited = since.elapsed();
-        if waited < self.kill_grace || self.answered_early.load(Ordering::SeqCst) {
+        if self.answered_early.load(Ordering::SeqCst) {
             return;
         }
+        let Some(waited) = unstoppable_for(&**self.board.control(), self.kill_grace) else {
+            return;
+        };
         let mut id = lock(&self.cell_id);
         if !self.busy.load(Ordering::SeqCst) {
             return;
@@ -199,60 +184,42 @@ impl Front {
             waited_ms = waited.as_millis() as u64,
             "the cell does not respond to SIGINT; answering CellNotStopped"
         );
-        let message = format!(
-            "the cell did not stop within {} ms of SIGINT: it ignores SIGINT or is blocked in a call that never checks for signals. In-process mode cannot kill it without killing the kernel, so it may still be running: `status` says busy, other requests wait until it ends, and its real result goes to the task log. Run with USE_SUBPROCESS_WORKER=1 to make such cells killable.",
-            self.kill_grace.as_millis()
-        );
+        let status = &self.board;
+        let report = not_stopped(self.mode(), self.kill_grace, true);
         let result = ExecuteResult {
             success: false,
             stdout: String::new(),
-            stderr: format!("CellNotStopped: {message}\n"),
-            result: None,
-            error: Some(ExecError {
-                kind: "CellNotStopped".into(),
-                traceback: format!("CellNotStopped: {message}\n"),
-                message,
-            }),
-            execution_count: self.started_cells.load(Ordering::Relaxed),
+            stderr: report
+                .error
+                .as_ref()
+                .map(|e| e.traceback.clone())
+                .unwrap_or_default(),
+            report,
+            execution_count: status.executions(),
             elapsed_ms: 0.0,
-            mode: self.status.mode,
-            timed_out: false,
-            interrupted: false,
+            mode: self.mode(),
             stopped_by: None,
-            added_vars: Vec::new(),
-            removed_vars: Vec::new(),
-            added_imports: Vec::new(),
-            variable_count: 0,
             timestamp: String::new(),
-            warnings: Vec::new(),
-            usage: Default::default(),
             state_lost: false,
             images: Vec::new(),
-            debug_info: DebugInfo {
-                execution: ExecutionKind::RuntimeError,
-                execution_mode: self.status.mode,
-                elapsed_ms: 0.0,
-                phases_us: Default::default(),
-            },
         };
         if let Err(e) = self.writer().send_execute(&id, &result) {
             tracing::warn!(error = %e, "writing CellNotStopped failed");
         }
     }
 
-    /// The `status` answer; waits for pending log records first.
+    fn mode(&self) -> flowrepl_protocol::Mode {
+        self.board.status_mode()
+    }
+
+    /// The `status` answer while a cell may run; waits for pending log records first.
     pub fn status(&self) -> StatusInfo {
-        self.flusher.flush();
-        let mut s = self.status.clone();
-        s.execution_count = self.started_cells.load(Ordering::Relaxed);
-        s.busy = self.busy.load(Ordering::SeqCst);
-        s.worker_pid = self.control.worker_pid();
-        s
+        self.board.status(self.busy.load(Ordering::SeqCst))
     }
 
     /// Answers `interrupt`: SIGINT to the running cell, if any.
     pub fn interrupt(&self) -> InterruptReply {
-        let interrupted = self.control.interrupt();
+        let interrupted = self.board.control().interrupt();
         tracing::info!(interrupted, "interrupt requested");
         InterruptReply { interrupted }
     }
@@ -266,7 +233,7 @@ impl Front {
     }
 
     fn watch(&self) {
-        flowrepl_worker::monitor::block_sigint();
+        flowrepl_worker::sys::block_sigint();
         let mut idle_ticks = 0;
         let mut eof = false;
         loop {
@@ -292,7 +259,7 @@ impl Front {
             }
             // Requests already buffered (pipelined behind the running cell) come first.
             self.take_lines(false, &mut eof);
-            if !eof && poll_readable(self.input_fd, TICK) {
+            if !eof && flowrepl_worker::sys::poll_readable(self.input_fd, TICK).unwrap_or(true) {
                 self.take_lines(true, &mut eof);
             }
         }
@@ -359,23 +326,4 @@ impl Front {
             tracing::warn!(error = %e, "writing a reply while busy failed");
         }
     }
-}
-
-/// The answer to `interrupt`.
-#[derive(Debug, Serialize)]
-pub struct InterruptReply {
-    /// A running cell was sent SIGINT.
-    pub interrupted: bool,
-}
-
-/// Waits up to `timeout` for `fd` to be readable (or at EOF).
-fn poll_readable(fd: RawFd, timeout: Duration) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) };
-    n > 0 && p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
 }

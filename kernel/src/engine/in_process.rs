@@ -1,0 +1,90 @@
+//! In-process engine: the executor embedded in the kernel, on Python's main thread.
+//!
+//! Fds 1 and 2 of the kernel are the cells' capture files; the protocol uses private copies
+//! of the original stdio. A cell that ignores SIGINT cannot be stopped without stopping the
+//! kernel: [`Control::unstoppable_since`] tells the fronts, which answer `CellNotStopped`.
+
+use super::{CellRun, Control, Engine, EngineError};
+use crate::config::Config;
+use flowrepl_protocol::{Mode, PythonInfo, RestartReply, VariableInfo};
+use flowrepl_worker::{Executor, ExecutorConfig, ExecutorError, Interrupter, OutputTail};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Embedded CPython.
+pub struct InProcess {
+    executor: Executor,
+    control: Arc<InProcessControl>,
+}
+
+impl InProcess {
+    /// Starts Python on the calling thread, which must run every cell from then on.
+    pub fn start(config: &Config) -> Result<InProcess, ExecutorError> {
+        let executor = Executor::start(&ExecutorConfig {
+            python: config.python.clone(),
+            max_output_bytes: config.max_output_bytes,
+            sink: None,
+            images: config.image_limits(),
+        })?;
+        let control = Arc::new(InProcessControl(executor.interrupter()));
+        Ok(InProcess { executor, control })
+    }
+}
+
+impl Engine for InProcess {
+    fn mode(&self) -> Mode {
+        Mode::InProcess
+    }
+
+    fn python(&self) -> PythonInfo {
+        self.executor.info().clone()
+    }
+
+    fn control(&self) -> Arc<dyn Control> {
+        self.control.clone()
+    }
+
+    fn run(&mut self, code: &str, timeout: Duration) -> CellRun {
+        CellRun::ended(self.executor.execute(code, timeout))
+    }
+
+    fn list_variables(&mut self) -> Result<Vec<VariableInfo>, EngineError> {
+        Ok(self.executor.list_variables()?)
+    }
+
+    fn restart(&mut self) -> Result<RestartReply, EngineError> {
+        self.executor.reset_namespace()?;
+        Ok(RestartReply {
+            restarted: true,
+            pid: std::process::id(),
+            state_lost: true,
+            message: "the namespace was cleared; modules already imported stay loaded in-process (use worker mode for a fresh interpreter)".into(),
+        })
+    }
+
+    fn finish(&mut self) {
+        self.executor.finish();
+    }
+}
+
+/// The monitor's interrupter.
+#[derive(Debug)]
+struct InProcessControl(Interrupter);
+
+impl Control for InProcessControl {
+    fn interrupt(&self) -> bool {
+        self.0.interrupt()
+    }
+
+    fn unstoppable_since(&self) -> Option<Instant> {
+        self.0.sigint_since()
+    }
+
+    fn output_tail(&self) -> Option<OutputTail> {
+        self.0.output_tail()
+    }
+
+    fn worker_pid(&self) -> Option<u32> {
+        None
+    }
+}

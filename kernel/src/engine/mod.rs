@@ -1,0 +1,127 @@
+//! The engine seam: where cells run, behind one interface.
+//!
+//! Every front (JSON-RPC, MCP) reaches Python through the [`Session`](crate::session), and
+//! the session through [`Engine`]: run a cell, list variables, restart, describe the
+//! interpreter, finish. Two implementations sit behind it:
+//! - [`in_process::InProcess`]: embedded CPython on the calling thread (Python's main thread).
+//! - [`worker::Worker`]: a keep-alive `flowrepl-worker` subprocess, with its lifecycle, the
+//!   stop ladder and crash recovery.
+//!
+//! While a cell runs, other threads reach it through a [`Control`] (interrupt, its output so
+//! far, whether it ignores SIGINT). Failures around a cell are typed
+//! [`Fault`](flowrepl_protocol::Fault)s in the cell's report; the engine never fails a cell
+//! any other way. Nothing here knows about fronts, requests or the task log.
+
+pub mod in_process;
+pub mod worker;
+
+use crate::config::Config;
+use flowrepl_protocol::{Mode, PythonInfo, RestartReply, StoppedBy, VariableInfo};
+use flowrepl_worker::{CellOutcome, OutputTail};
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A cell as an engine reports it.
+#[derive(Debug)]
+pub struct CellRun {
+    /// What the executor saw (or the fault, when it could not say).
+    pub outcome: CellOutcome,
+    /// How it was stopped, if it was.
+    pub stopped_by: Option<StoppedBy>,
+    /// The worker died or was killed: all state is gone.
+    pub state_lost: bool,
+}
+
+impl CellRun {
+    /// A cell that ended in its executor: stopped by SIGINT if it timed out or was
+    /// interrupted, state kept.
+    pub fn ended(outcome: CellOutcome) -> CellRun {
+        let r = &outcome.report;
+        CellRun {
+            stopped_by: (r.timed_out || r.interrupted).then_some(StoppedBy::Interrupt),
+            outcome,
+            state_lost: false,
+        }
+    }
+}
+
+/// Why an engine could not do what was asked (between cells; a cell's own failures are in
+/// its report).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The executor's Python code raised.
+    #[error(transparent)]
+    Python(#[from] flowrepl_worker::CallError),
+    /// Worker mode: the worker could not be started or used.
+    #[error(transparent)]
+    Worker(#[from] worker::WorkerError),
+    /// Worker mode: the worker died while doing it; a fresh one is starting.
+    #[error("the worker {how} {during}; its state was lost and a fresh worker is starting")]
+    WorkerDied {
+        /// "exited with code 3", "was killed by signal 9 (SIGKILL)".
+        how: String,
+        /// What it was doing.
+        during: &'static str,
+    },
+    /// Worker mode: no answer in time.
+    #[error("the worker did not answer within {0:?} (a slow repr?)")]
+    Timeout(Duration),
+}
+
+/// Where cells run. One per kernel, driven from one thread (Python's main thread
+/// in-process).
+pub trait Engine {
+    /// In-process or worker.
+    fn mode(&self) -> Mode;
+    /// The interpreter cells run in.
+    fn python(&self) -> PythonInfo;
+    /// A handle for other threads to reach the running cell.
+    fn control(&self) -> Arc<dyn Control>;
+    /// Runs a cell with a wall-clock `timeout`. Never fails: what went wrong is in the
+    /// report (an exception, or a [`Fault`](flowrepl_protocol::Fault)).
+    fn run(&mut self, code: &str, timeout: Duration) -> CellRun;
+    /// The namespace's names with type, short repr and size (between cells).
+    fn list_variables(&mut self) -> Result<Vec<VariableInfo>, EngineError>;
+    /// Drops all state: a fresh worker, or an empty namespace in-process.
+    fn restart(&mut self) -> Result<RestartReply, EngineError>;
+    /// The session ends: the cells' `atexit` handlers run and open files are flushed (worker
+    /// mode: within the kill grace period, then the worker's group is killed).
+    fn finish(&mut self);
+}
+
+/// Reaches the running cell from another thread (the JSON-RPC watcher, MCP handlers).
+pub trait Control: Send + Sync + Debug {
+    /// Sends SIGINT to the running cell; false if none runs. Never reaches a later cell.
+    fn interrupt(&self) -> bool;
+    /// In-process: when the running cell was first sent SIGINT, if it was and is still
+    /// running. Worker mode kills such cells, so it answers `None`.
+    fn unstoppable_since(&self) -> Option<Instant>;
+    /// While a cell runs: what it has written so far (for progress reports).
+    fn output_tail(&self) -> Option<OutputTail>;
+    /// Worker mode: the current worker's pid.
+    fn worker_pid(&self) -> Option<u32>;
+}
+
+/// Starts the engine the configuration asks for (waiting until a worker is ready).
+pub fn start(config: &Config, diagnostics: std::fs::File) -> Result<Box<dyn Engine>, StartError> {
+    match &config.worker {
+        None => Ok(Box::new(in_process::InProcess::start(config)?)),
+        Some(w) => Ok(Box::new(worker::Worker::start(config, w, diagnostics)?)),
+    }
+}
+
+/// Why no engine could be started.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Embedded Python did not start.
+    #[error(transparent)]
+    Executor(#[from] flowrepl_worker::ExecutorError),
+    /// The worker did not start.
+    #[error(transparent)]
+    Worker(#[from] worker::WorkerError),
+    /// Fds 1 and 2 could not be pointed away from the protocol channel.
+    #[error("cannot redirect fds 1 and 2")]
+    Stdio(#[source] std::io::Error),
+}

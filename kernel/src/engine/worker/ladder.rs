@@ -1,0 +1,152 @@
+//! The stop ladder of a worker cell, as a pure function of times (no process, no clock).
+//!
+//! 1. The worker's own monitor sends SIGINT when the cell's timeout passes; an `interrupt`
+//!    request sends SIGINT from the kernel.
+//! 2. A cell that has not ended `grace` after its timeout, or `grace` after the first
+//!    interrupt, is killed (SIGKILL to the worker's process group).
+//!
+//! Between those moments the kernel waits on the worker's pipe; [`Ladder::step`] says for how
+//! long, so that an interrupt requested from another thread is noticed within
+//! [`INTERRUPT_CHECK`].
+
+use std::time::{Duration, Instant};
+
+/// While no interrupt is pending, the request thread looks for one this often.
+pub const INTERRUPT_CHECK: Duration = Duration::from_millis(100);
+/// After the kill, how long to wait for the pipe to close.
+const AFTER_KILL: Duration = Duration::from_secs(1);
+/// The shortest wait (a zero poll would spin).
+const MIN_WAIT: Duration = Duration::from_millis(1);
+
+/// Why the ladder killed a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillReason {
+    /// Its timeout passed and SIGINT did not stop it.
+    Timeout,
+    /// An interrupt was requested and SIGINT did not stop it.
+    Interrupt,
+}
+
+/// What to do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Read the pipe for at most this long, then ask again.
+    Wait(Duration),
+    /// Kill the worker's process group now.
+    Kill(KillReason),
+}
+
+/// One running cell's ladder.
+#[derive(Debug, Clone, Copy)]
+pub struct Ladder {
+    kill_at: Instant,
+    grace: Duration,
+    killed: Option<KillReason>,
+}
+
+impl Ladder {
+    /// A cell started at `started` with `timeout`; SIGINT gets `grace` to work.
+    pub fn new(started: Instant, timeout: Duration, grace: Duration) -> Ladder {
+        Ladder {
+            kill_at: started + timeout + grace,
+            grace,
+            killed: None,
+        }
+    }
+
+    /// Whether (and why) the ladder has killed the cell.
+    pub fn killed(&self) -> Option<KillReason> {
+        self.killed
+    }
+
+    /// What to do at `now`, given when an interrupt was first requested (if one was). A
+    /// [`Step::Kill`] is returned once; after it, waits are for the pipe to close.
+    pub fn step(&mut self, now: Instant, interrupted_at: Option<Instant>) -> Step {
+        if self.killed.is_some() {
+            return Step::Wait(AFTER_KILL);
+        }
+        let reason = if now >= self.kill_at {
+            Some(KillReason::Timeout)
+        } else if interrupted_at.is_some_and(|t| now >= t + self.grace) {
+            Some(KillReason::Interrupt)
+        } else {
+            None
+        };
+        if let Some(r) = reason {
+            self.killed = Some(r);
+            return Step::Kill(r);
+        }
+        let until_interrupt_kill = match interrupted_at {
+            Some(t) => (t + self.grace).saturating_duration_since(now),
+            None => INTERRUPT_CHECK,
+        };
+        let wait = until_interrupt_kill.min(self.kill_at.saturating_duration_since(now));
+        Step::Wait(wait.max(MIN_WAIT))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn ladder(t0: Instant) -> Ladder {
+        Ladder::new(t0, 1000 * MS, 200 * MS)
+    }
+
+    #[test]
+    fn waits_in_short_steps_until_timeout_plus_grace_then_kills_once() {
+        let t0 = Instant::now();
+        let mut l = ladder(t0);
+        assert_eq!(l.step(t0, None), Step::Wait(INTERRUPT_CHECK));
+        // Close to the deadline the wait is cut to end exactly at it.
+        assert_eq!(l.step(t0 + 1150 * MS, None), Step::Wait(50 * MS));
+        assert_eq!(l.killed(), None);
+        assert_eq!(
+            l.step(t0 + 1200 * MS, None),
+            Step::Kill(KillReason::Timeout)
+        );
+        assert_eq!(l.killed(), Some(KillReason::Timeout));
+        assert_eq!(l.step(t0 + 1300 * MS, None), Step::Wait(AFTER_KILL));
+    }
+
+    #[test]
+    fn an_interrupt_gets_the_grace_period_then_the_kill() {
+        let t0 = Instant::now();
+        let mut l = ladder(t0);
+        let asked = t0 + 100 * MS;
+        assert_eq!(l.step(asked, Some(asked)), Step::Wait(200 * MS));
+        assert_eq!(l.step(asked + 150 * MS, Some(asked)), Step::Wait(50 * MS));
+        assert_eq!(
+            l.step(asked + 200 * MS, Some(asked)),
+            Step::Kill(KillReason::Interrupt)
+        );
+        assert_eq!(l.killed(), Some(KillReason::Interrupt));
+    }
+
+    #[test]
+    fn the_timeout_wins_when_it_comes_first() {
+        let t0 = Instant::now();
+        let mut l = ladder(t0);
+        let asked = t0 + 1100 * MS; // grace would end at 1300, the timeout's at 1200
+        assert_eq!(l.step(asked, Some(asked)), Step::Wait(100 * MS));
+        assert_eq!(
+            l.step(t0 + 1200 * MS, Some(asked)),
+            Step::Kill(KillReason::Timeout)
+        );
+    }
+
+    #[test]
+    fn never_a_zero_wait() {
+        let t0 = Instant::now();
+        let mut l = Ladder::new(t0, Duration::ZERO, Duration::from_nanos(10));
+        assert_eq!(l.step(t0, None), Step::Wait(MIN_WAIT));
+        let mut l = ladder(t0);
+        let asked = t0;
+        assert_eq!(
+            l.step(t0 + 200 * MS - Duration::from_nanos(1), Some(asked)),
+            Step::Wait(MIN_WAIT)
+        );
+    }
+}

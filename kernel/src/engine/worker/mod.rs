@@ -1,0 +1,763 @@
+//! Worker mode: cells run in a keep-alive `flowrepl-worker` and are stopped for sure.
+//!
+//! The request thread writes an Execute frame, then waits on the worker's pipe with `poll`,
+//! collecting Output frames until the Done frame with the same id. While it waits, other
+//! threads reach the cell through [`WorkerControl`] (SIGINT to the worker, which its main
+//! thread turns into `KeyboardInterrupt`). When SIGINT does not stop the cell, the
+//! [`ladder`] kills the worker's process group, and a fresh worker is started at once, in
+//! the background; the next cell waits for it.
+//!
+//! A worker that dies by itself (`os._exit`, a segfault, SIGKILL from outside, SIGXCPU) closes
+//! its pipe, so the kernel sees it at once: the result is `WorkerDied` (or a limit's
+//! [`Fault`]) with the exit code or signal, and the output received until then.
+//!
+//! # Lifecycle
+//! [`State`]: `Absent` → `Starting` (spawned, no Ready frame yet) → `Ready` → (death, kill,
+//! restart, finish) → `Absent`. Only `Ready` runs cells; a cell waits for `Starting` to
+//! become `Ready`. At the end (and on `restart`) a `Ready` worker gets a Shutdown frame and
+//! the kill grace period to run its cells' exit handlers before its group is killed.
+
+pub mod ladder;
+pub mod process;
+
+use super::{CellRun, Control, Engine, EngineError};
+use crate::config::{Config, WorkerConfig};
+use flowrepl_protocol::frame::{self, DoneReport, Frame, FrameBuffer, OutputStream, WorkerHello};
+use flowrepl_protocol::{
+    CellReport, ExecutionKind, Fault, Mode, PythonInfo, ResourceUsage, RestartReply, StoppedBy,
+    VariableInfo,
+};
+use flowrepl_worker::tail::{last_line, TAIL_BYTES};
+use flowrepl_worker::{CellOutcome, OutputTail};
+use ladder::{KillReason, Ladder, Step};
+use process::{Ended, Limits, SpawnConfig, WorkerProcess};
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long a starting worker may take to say it is ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `list_variables` may take (it runs the reprs of the user's objects).
+const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Default)]
+struct ControlState {
+    pid: Option<libc::pid_t>,
+    running: bool,
+    interrupted_at: Option<Instant>,
+    /// The running cell's output so far (updated once per read of the pipe).
+    tail: OutputTail,
+}
+
+/// Shared with the fronts: the running worker's pid and the interrupt of the running cell.
+#[derive(Debug, Default)]
+pub struct WorkerControl {
+    state: Mutex<ControlState>,
+}
+
+impl WorkerControl {
+    fn lock(&self) -> MutexGuard<'_, ControlState> {
+        flowrepl_worker::sys::lock(&self.state)
+    }
+}
+
+impl Control for WorkerControl {
+    /// SIGINT to the worker if a cell runs. Sent under the lock that [`Worker`] holds to mark
+    /// the cell ended, so it never reaches a later cell (the worker discards a SIGINT that
+    /// arrives between cells).
+    fn interrupt(&self) -> bool {
+        let mut st = self.lock();
+        let Some(pid) = st.pid.filter(|_| st.running) else {
+            return false;
+        };
+        // SAFETY: plain syscall; the worker is our unreaped child while `running`.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+        st.interrupted_at.get_or_insert_with(Instant::now);
+        true
+    }
+
+    fn unstoppable_since(&self) -> Option<Instant> {
+        None
+    }
+
+    fn output_tail(&self) -> Option<OutputTail> {
+        let st = self.lock();
+        st.running.then(|| st.tail.clone())
+    }
+
+    fn worker_pid(&self) -> Option<u32> {
+        self.lock().pid.map(|p| p as u32)
+    }
+}
+
+/// Why the worker could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The executable could not be started.
+    #[error("cannot start {exe}")]
+    Spawn {
+        /// The executable.
+        exe: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// It died or spoke nonsense before it was ready.
+    #[error("the worker {0} before it was ready (see the kernel's stderr)")]
+    DiedAtStart(String),
+    /// It did not become ready in time.
+    #[error("the worker was not ready after {0:?}")]
+    NotReady(Duration),
+    /// The pipe failed.
+    #[error("worker pipe")]
+    Io(#[from] io::Error),
+}
+
+/// Where the worker is in its life.
+#[derive(Debug)]
+pub enum State {
+    /// No worker (before the first start, after a death or kill).
+    Absent,
+    /// Spawned; its Ready frame has not come yet.
+    Starting(WorkerProcess),
+    /// Ready for cells.
+    Ready {
+        /// The process.
+        proc: WorkerProcess,
+        /// What it said when ready.
+        hello: WorkerHello,
+    },
+}
+
+impl State {
+    fn process(&self) -> Option<&WorkerProcess> {
+        match self {
+            State::Absent => None,
+            State::Starting(p) | State::Ready { proc: p, .. } => Some(p),
+        }
+    }
+
+    fn process_mut(&mut self) -> Option<&mut WorkerProcess> {
+        match self {
+            State::Absent => None,
+            State::Starting(p) | State::Ready { proc: p, .. } => Some(p),
+        }
+    }
+}
+
+/// What reading the worker's pipe gave.
+enum Wait {
+    Frames,
+    Eof,
+    Timeout,
+}
+
+/// The kernel's side of worker mode.
+pub struct Worker {
+    spawn: SpawnConfig,
+    diagnostics: File,
+    grace: Duration,
+    state: State,
+    /// The interpreter of the last worker that was ready (kept while a new one starts).
+    python: PythonInfo,
+    frames: FrameBuffer,
+    control: Arc<WorkerControl>,
+    next_id: u64,
+    send_buf: Vec<u8>,
+    last_cpu_total_ms: f64,
+}
+
+/// What one cell's frames added up to.
+struct Collecting {
+    id: u64,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    done: Option<Box<DoneReport>>,
+}
+
+impl Worker {
+    /// Starts a worker and waits until it is ready. Fds 1 and 2 of the kernel are pointed at
+    /// `/dev/null` first: no Python runs here, and a stray write must not reach stdout.
+    pub fn start(
+        config: &Config,
+        worker: &WorkerConfig,
+        diagnostics: File,
+    ) -> Result<Worker, super::StartError> {
+        let null = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .map_err(super::StartError::Stdio)?;
+        for fd in [1, 2] {
+            flowrepl_worker::stdio::dup2(null.as_raw_fd(), fd).map_err(super::StartError::Stdio)?;
+        }
+        let mut w = Worker {
+            spawn: SpawnConfig {
+                exe: worker.exe.clone(),
+                python: config.python.clone(),
+                max_output_bytes: config.max_output_bytes,
+                limits: worker.limits,
+                images: config.image_limits(),
+            },
+            diagnostics,
+            grace: config.kill_grace,
+            state: State::Absent,
+            python: PythonInfo::default(),
+            frames: FrameBuffer::new(),
+            control: Arc::new(WorkerControl::default()),
+            next_id: 0,
+            send_buf: Vec::with_capacity(4096),
+            last_cpu_total_ms: 0.0,
+        };
+        w.ensure_ready()?;
+        Ok(w)
+    }
+
+    fn limits(&self) -> Limits {
+        self.spawn.limits
+    }
+
+    /// `Absent` → `Starting`.
+    fn spawn_worker(&mut self) -> Result<(), WorkerError> {
+        let p = WorkerProcess::spawn(&self.spawn, &self.diagnostics).map_err(|source| {
+            WorkerError::Spawn {
+                exe: self.spawn.exe.display().to_string(),
+                source,
+            }
+        })?;
+        tracing::info!(pid = p.pid, "worker started");
+        self.control.lock().pid = Some(p.pid);
+        self.frames.clear();
+        self.last_cpu_total_ms = 0.0;
+        self.state = State::Starting(p);
+        Ok(())
+    }
+
+    /// Starts a worker if there is none, and waits for its Ready frame (`Starting` →
+    /// `Ready`).
+    fn ensure_ready(&mut self) -> Result<(), WorkerError> {
+        if matches!(self.state, State::Absent) {
+            self.spawn_worker()?;
+        }
+        if matches!(self.state, State::Ready { .. }) {
+            return Ok(());
+        }
+        let until = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(payload) = self.frames.next_payload().map_err(io::Error::other)? {
+                match frame::decode(payload) {
+                    Ok(Frame::Ready(hello)) => {
+                        tracing::debug!(pid = hello.pid, "worker ready");
+                        let State::Starting(proc) =
+                            std::mem::replace(&mut self.state, State::Absent)
+                        else {
+                            unreachable!("only a starting worker sends Ready");
+                        };
+                        self.python = hello.python.clone();
+                        self.state = State::Ready { proc, hello };
+                        return Ok(());
+                    }
+                    other => {
+                        let why = format!("sent {other:?} instead of Ready");
+                        self.drop_worker();
+                        return Err(WorkerError::DiedAtStart(why));
+                    }
+                }
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.drop_worker();
+                return Err(WorkerError::NotReady(READY_TIMEOUT));
+            }
+            match self.read_frames(left)? {
+                Wait::Frames | Wait::Timeout => {}
+                Wait::Eof => {
+                    let ended = self.drop_worker();
+                    let how = ended.map(|e| e.describe()).unwrap_or_default();
+                    return Err(WorkerError::DiedAtStart(how));
+                }
+            }
+        }
+    }
+
+    /// Kills and reaps the current worker, if any (→ `Absent`).
+    fn drop_worker(&mut self) -> Option<Ended> {
+        let state = std::mem::replace(&mut self.state, State::Absent);
+        self.control.lock().pid = None;
+        self.frames.clear();
+        match state {
+            State::Absent => None,
+            State::Starting(mut p) | State::Ready { proc: mut p, .. } => p.kill_and_reap(),
+        }
+    }
+
+    /// Ends a ready worker gracefully: a Shutdown frame, then up to the grace period for its
+    /// exit handlers and flushes (its pipe closes when it exits), then SIGKILL to its group.
+    fn stop_worker(&mut self) {
+        if let State::Ready { proc, .. } = &mut self.state {
+            self.send_buf.clear();
+            frame::encode_shutdown(&mut self.send_buf);
+            if proc.to_worker.write_all(&self.send_buf).is_ok() {
+                let until = Instant::now() + self.grace;
+                loop {
+                    let left = until.saturating_duration_since(Instant::now());
+                    // Whatever it still sends (a late Done) is not wanted: read until EOF.
+                    match self.read_frames(left) {
+                        Ok(Wait::Frames) => self.frames.clear(),
+                        Ok(Wait::Timeout) if !left.is_zero() => {}
+                        Ok(Wait::Eof) => break,
+                        Ok(Wait::Timeout) | Err(_) => {
+                            tracing::warn!(
+                                grace_ms = self.grace.as_millis() as u64,
+                                "the worker did not exit within the grace period after Shutdown; killing it"
+                            );
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(ended) = self.drop_worker() {
+            tracing::debug!(how = %ended.describe(), "worker ended");
+        }
+    }
+
+    /// Waits up to `wait` for the worker's pipe, then reads what is there.
+    fn read_frames(&mut self, wait: Duration) -> io::Result<Wait> {
+        let Some(p) = self.state.process() else {
+            return Ok(Wait::Eof);
+        };
+        let fd = p.from_worker.as_raw_fd();
+        if !flowrepl_worker::sys::poll_readable(fd, wait)? {
+            return Ok(Wait::Timeout);
+        }
+        let spare = self.frames.spare(frame::MAX_CHUNK_BYTES + 64);
+        // SAFETY: reading into spare capacity; `filled` is told exactly what was written.
+        let r = unsafe { libc::read(fd, spare.as_mut_ptr().cast(), spare.len()) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => Ok(Wait::Timeout),
+                _ => Ok(Wait::Eof),
+            };
+        }
+        if r == 0 {
+            return Ok(Wait::Eof);
+        }
+        // SAFETY: `r` bytes were written by read(2).
+        unsafe { self.frames.filled(r as usize) };
+        Ok(Wait::Frames)
+    }
+
+    /// Applies the buffered frames to `c`; false if the worker broke the protocol.
+    fn take_frames(&mut self, c: &mut Collecting) -> bool {
+        loop {
+            let payload = match self.frames.next_payload() {
+                Ok(Some(p)) => p,
+                Ok(None) => return true,
+                Err(e) => {
+                    tracing::error!(error = %e, "bad frame from the worker");
+                    return false;
+                }
+            };
+            match frame::decode(payload) {
+                Ok(Frame::Output { id, stream, bytes }) if id == c.id => match stream {
+                    OutputStream::Stdout => c.stdout.extend_from_slice(bytes),
+                    OutputStream::Stderr => c.stderr.extend_from_slice(bytes),
+                },
+                Ok(Frame::Done { id, report }) if id == c.id => {
+                    c.done = Some(report);
+                    return true;
+                }
+                Ok(other) => tracing::warn!(?other, "unexpected frame from the worker ignored"),
+                Err(e) => {
+                    tracing::error!(error = %e, "bad frame from the worker");
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Publishes the running cell's output so far to [`WorkerControl::output_tail`].
+    fn update_tail(&self, c: &Collecting) {
+        let mut st = self.control.lock();
+        for (i, bytes) in [&c.stdout, &c.stderr].into_iter().enumerate() {
+            if st.tail.bytes[i] != bytes.len() as u64 {
+                st.tail.bytes[i] = bytes.len() as u64;
+                st.tail.last_line[i] = last_line(&bytes[bytes.len().saturating_sub(TAIL_BYTES)..]);
+            }
+        }
+    }
+
+    /// If the worker died while idle, notices it now (one `poll`), so that the cell runs on
+    /// a fresh worker instead of failing. Returns a warning to attach to the cell.
+    fn check_idle_worker(&mut self) -> Option<String> {
+        let p = self.state.process()?;
+        if !flowrepl_worker::sys::poll_hangup(p.from_worker.as_raw_fd()) {
+            return None;
+        }
+        let ended = self.drop_worker()?;
+        Some(format!(
+            "the worker {} while idle, after the previous cell; every variable and import was lost and this cell ran on a fresh worker",
+            ended.describe()
+        ))
+    }
+
+    /// A cell that ended with a Done frame: its report, plus the kernel's knowledge of
+    /// interrupts and limits.
+    fn finished_run(
+        &self,
+        done: DoneReport,
+        stdout: String,
+        stderr: String,
+        interrupted: bool,
+    ) -> CellRun {
+        let mut r = done.report;
+        let limits = self.limits();
+        if let Some(e) = &mut r.error {
+            if e.kind == "KeyboardInterrupt" && interrupted && !r.timed_out {
+                r.mark_interrupted();
+            } else if e.kind == "MemoryError" {
+                if let Some(mb) = limits.memory_mb {
+                    e.message = format!(
+                        "the cell ran out of memory under the worker's limit of {mb} MB of address space (FLOWREPL_MEMORY_MB); peak RSS during the cell {:.1} MB; Python raised MemoryError{}; the session is intact",
+                        r.usage.peak_rss_kb as f64 / 1024.0,
+                        if e.message.is_empty() { String::new() } else { format!(": {}", e.message) }
+                    );
+                    e.kind = Fault::MemoryLimitExceeded.as_str().to_owned();
+                }
+            } else if e.kind == "BlockingIOError"
+                && e.message.contains("Resource temporarily unavailable")
+            {
+                if let Some(n) = limits.max_procs {
+                    e.message = format!(
+                        "the cell could not start a process: the worker's limit is {n} processes (FLOWREPL_MAX_PROCS); Python raised BlockingIOError: {}",
+                        e.message
+                    );
+                    e.kind = Fault::ProcessLimitExceeded.as_str().to_owned();
+                }
+            }
+        }
+        CellRun::ended(CellOutcome {
+            stdout,
+            stderr,
+            images: done.images,
+            report: r,
+        })
+    }
+
+    /// The fault of a cell whose worker ended before its Done frame, and its message.
+    fn death(
+        &self,
+        pid: u32,
+        ended: Option<&Ended>,
+        killed: Option<KillReason>,
+        timeout: Duration,
+        elapsed: Duration,
+    ) -> (Fault, String) {
+        let grace = self.grace.as_millis();
+        match killed {
+            Some(KillReason::Timeout) => (
+                Fault::WorkerKilled,
+                format!(
+                    "cell timed out after {} ms and did not stop within {grace} ms of SIGINT, so the worker's process group was killed (SIGKILL)",
+                    timeout.as_millis()
+                ),
+            ),
+            Some(KillReason::Interrupt) => (
+                Fault::WorkerKilled,
+                format!(
+                    "cell was interrupted on request and did not stop within {grace} ms of SIGINT, so the worker's process group was killed (SIGKILL)"
+                ),
+            ),
+            None => {
+                let limits = self.limits();
+                if let (Some(e), Some(secs)) = (ended, limits.cpu_seconds) {
+                    if e.signal == Some(libc::SIGXCPU) {
+                        let used = (e.cpu_total_ms - self.last_cpu_total_ms).max(0.0) / 1000.0;
+                        return (
+                            Fault::CpuLimitExceeded,
+                            format!(
+                                "the cell used {used:.1} s of CPU, over the worker's limit of {secs} s per cell (FLOWREPL_CPU_SECONDS), and the worker was ended by SIGXCPU"
+                            ),
+                        );
+                    }
+                }
+                let how = ended.map(Ended::describe).unwrap_or_else(|| "ended".into());
+                let mut msg = format!(
+                    "the worker process (pid {pid}) {how} during the cell (after {:.0} ms)",
+                    elapsed.as_secs_f64() * 1000.0
+                );
+                if let (Some(mb), Some(e)) = (limits.memory_mb, ended) {
+                    if matches!(e.signal, Some(libc::SIGKILL | libc::SIGSEGV | libc::SIGABRT | libc::SIGBUS)) {
+                        msg.push_str(&format!(
+                            " (a memory limit of {mb} MB was set: it may have run out of memory)"
+                        ));
+                    }
+                }
+                (Fault::WorkerDied, msg)
+            }
+        }
+    }
+}
+
+/// A cell that did not run or whose worker died: the fault as its error (also appended to
+/// `stderr`), with the output received until then.
+fn fault_run(
+    fault: Fault,
+    message: String,
+    stdout: String,
+    mut stderr: String,
+    warnings: Vec<String>,
+) -> CellRun {
+    let mut report = fault.report(Mode::Worker, message);
+    report.warnings = warnings;
+    if let Some(e) = &report.error {
+        if !stderr.is_empty() && !stderr.ends_with('\n') {
+            stderr.push('\n');
+        }
+        stderr.push_str(&e.traceback);
+    }
+    CellRun {
+        outcome: CellOutcome {
+            stdout,
+            stderr,
+            images: Vec::new(),
+            report,
+        },
+        stopped_by: None,
+        state_lost: fault.loses_state(),
+    }
+}
+
+impl Engine for Worker {
+    fn mode(&self) -> Mode {
+        Mode::Worker
+    }
+
+    fn python(&self) -> PythonInfo {
+        self.python.clone()
+    }
+
+    fn control(&self) -> Arc<dyn Control> {
+        self.control.clone()
+    }
+
+    fn run(&mut self, code: &str, timeout: Duration) -> CellRun {
+        let mut warnings = Vec::new();
+        let mut state_lost = false;
+        if let Some(w) = self.check_idle_worker() {
+            warnings.push(w);
+            state_lost = true;
+        }
+        if let Err(e) = self.ensure_ready() {
+            let message = format!("the cell did not run: {}", flowrepl_worker::sys::chain(&e));
+            return fault_run(
+                Fault::WorkerUnavailable,
+                message,
+                String::new(),
+                String::new(),
+                warnings,
+            );
+        }
+        self.next_id += 1;
+        let mut c = Collecting {
+            id: self.next_id,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            done: None,
+        };
+        self.send_buf.clear();
+        if let Err(e) =
+            frame::encode_execute(&mut self.send_buf, c.id, timeout.as_millis() as u64, code)
+        {
+            let mut run = fault_run(
+                Fault::CellTooLarge,
+                e.to_string(),
+                String::new(),
+                String::new(),
+                warnings,
+            );
+            run.state_lost = state_lost;
+            return run;
+        }
+        let started = Instant::now();
+        {
+            let mut st = self.control.lock();
+            st.running = true;
+            st.interrupted_at = None;
+            st.tail = OutputTail::default();
+        }
+        let proc = self
+            .state
+            .process_mut()
+            .expect("ensure_ready left a worker");
+        let mut alive = proc.to_worker.write_all(&self.send_buf).is_ok();
+        if self.send_buf.capacity() > (1 << 20) {
+            self.send_buf = Vec::with_capacity(4096);
+        }
+        let mut ladder = Ladder::new(started, timeout, self.grace);
+        while alive && c.done.is_none() {
+            let interrupted_at = self.control.lock().interrupted_at;
+            let wait = match ladder.step(Instant::now(), interrupted_at) {
+                Step::Wait(d) => d,
+                Step::Kill(reason) => {
+                    tracing::warn!(
+                        ?reason,
+                        grace_ms = self.grace.as_millis() as u64,
+                        "cell did not stop after SIGINT; killing the worker's process group"
+                    );
+                    if let Some(p) = self.state.process() {
+                        p.kill_group();
+                    }
+                    continue;
+                }
+            };
+            match self.read_frames(wait) {
+                Ok(Wait::Frames) => {
+                    alive = self.take_frames(&mut c);
+                    if c.done.is_none() {
+                        self.update_tail(&c);
+                    }
+                }
+                Ok(Wait::Timeout) => {}
+                Ok(Wait::Eof) | Err(_) => alive = false,
+            }
+        }
+        let interrupted = {
+            let mut st = self.control.lock();
+            st.running = false;
+            st.interrupted_at.take().is_some()
+        };
+        let elapsed = started.elapsed();
+        let stdout = decode_output(c.stdout, "stdout", &mut warnings);
+        let stderr = decode_output(c.stderr, "stderr", &mut warnings);
+        if let Some(done) = c.done {
+            self.last_cpu_total_ms = done.cpu_total_ms;
+            let mut run = self.finished_run(*done, stdout, stderr, interrupted);
+            warnings.append(&mut run.outcome.report.warnings);
+            run.outcome.report.warnings = warnings;
+            run.state_lost = state_lost;
+            return run;
+        }
+        let dead_pid = self.state.process().map_or(0, |p| p.pid as u32);
+        let ended = self.drop_worker();
+        let killed = ladder.killed();
+        let (fault, message) = self.death(dead_pid, ended.as_ref(), killed, timeout, elapsed);
+        warnings.push(format!(
+            "{message}; every variable and import was lost; a fresh worker is starting for the next cell"
+        ));
+        let usage = ended.map(|e| ResourceUsage {
+            pid: dead_pid,
+            cpu_ms: ((e.cpu_total_ms - self.last_cpu_total_ms).max(0.0) * 1000.0).round() / 1000.0,
+            peak_rss_kb: e.peak_rss_kb,
+        });
+        if let Err(e) = self.spawn_worker() {
+            warnings.push(format!(
+                "a new worker could not be started: {}",
+                flowrepl_worker::sys::chain(&e)
+            ));
+        }
+        let mut run = fault_run(fault, message, stdout, stderr, warnings);
+        let report: &mut CellReport = &mut run.outcome.report;
+        report.timed_out = killed == Some(KillReason::Timeout);
+        report.interrupted = killed == Some(KillReason::Interrupt);
+        report.usage = usage.unwrap_or_default();
+        report.debug_info.execution = ExecutionKind::RuntimeError;
+        run.stopped_by = killed.map(|_| StoppedBy::Kill);
+        run.state_lost = true;
+        run
+    }
+
+    fn list_variables(&mut self) -> Result<Vec<VariableInfo>, EngineError> {
+        if let Some(w) = self.check_idle_worker() {
+            tracing::warn!("{w}");
+        }
+        self.ensure_ready()?;
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send_buf.clear();
+        frame::encode_variables(&mut self.send_buf, id);
+        let proc = self
+            .state
+            .process_mut()
+            .expect("ensure_ready left a worker");
+        proc.to_worker
+            .write_all(&self.send_buf)
+            .map_err(WorkerError::Io)?;
+        let until = Instant::now() + LIST_TIMEOUT;
+        loop {
+            while let Some(payload) = self
+                .frames
+                .next_payload()
+                .map_err(io::Error::other)
+                .map_err(WorkerError::Io)?
+            {
+                match frame::decode(payload) {
+                    Ok(Frame::VariablesReply { id: got, report }) if got == id => {
+                        return match report.error {
+                            None => Ok(report.variables),
+                            Some(e) => Err(flowrepl_worker::CallError(e).into()),
+                        };
+                    }
+                    Ok(other) => tracing::warn!(?other, "unexpected frame from the worker ignored"),
+                    Err(e) => return Err(WorkerError::Io(io::Error::other(e)).into()),
+                }
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(EngineError::Timeout(LIST_TIMEOUT));
+            }
+            match self.read_frames(left).map_err(WorkerError::Io)? {
+                Wait::Frames | Wait::Timeout => {}
+                Wait::Eof => {
+                    let ended = self.drop_worker();
+                    let how = ended.map(|e| e.describe()).unwrap_or_default();
+                    if let Err(e) = self.spawn_worker() {
+                        tracing::error!(error = %flowrepl_worker::sys::chain(&e), "a new worker could not be started");
+                    }
+                    return Err(EngineError::WorkerDied {
+                        how,
+                        during: "while listing variables",
+                    });
+                }
+            }
+        }
+    }
+
+    fn restart(&mut self) -> Result<RestartReply, EngineError> {
+        self.stop_worker();
+        self.ensure_ready()?;
+        Ok(RestartReply {
+            restarted: true,
+            pid: self.control.worker_pid().unwrap_or(0),
+            state_lost: true,
+            message: "a fresh worker process was started; every variable and import was dropped"
+                .into(),
+        })
+    }
+
+    fn finish(&mut self) {
+        self.stop_worker();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.drop_worker();
+    }
+}
+
+/// Decodes a stream's bytes, replacing invalid UTF-8 (with a warning).
+fn decode_output(bytes: Vec<u8>, label: &str, warnings: &mut Vec<String>) -> String {
+    match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => {
+            warnings.push(format!(
+                "{label} was not valid UTF-8; invalid bytes were replaced with U+FFFD"
+            ));
+            String::from_utf8_lossy(e.as_bytes()).into_owned()
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! The JSON-RPC front: one request per line in, one reply per request out, in order
+//! (except `status` and `interrupt` sent while a cell runs, answered at once by the watcher;
+//! see [`front`]).
+//!
+//! The request thread is the one that owns the engine (Python's main thread in-process): read
+//! a line, dispatch it ([`Session::dispatch`]), write the reply. No runtime and no thread hop
+//! sits on the request path, which is what keeps a round trip close to a bare pipe ping-pong.
+
+pub mod front;
+pub mod line_reader;
+pub mod writer;
+
+use crate::session::{Answer, Flow, Responder, Session};
+use flowrepl_protocol::jsonrpc::Notification;
+use flowrepl_protocol::{ExecuteResult, Id, Image, RpcError, READY_MARKER};
+use front::{Front, Item};
+use std::io;
+use std::sync::Arc;
+use std::thread::Thread;
+
+/// How the loop ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// `shutdown` was called.
+    Shutdown,
+    /// Stdin reached EOF.
+    Eof,
+}
+
+/// Answers one request on the front.
+struct Reply<'a> {
+    front: &'a Front,
+    watcher: &'a Thread,
+    id: Option<Id>,
+}
+
+impl Responder for Reply<'_> {
+    fn cell_starts(&mut self) {
+        self.front.begin_cell(self.watcher, self.id.as_ref());
+    }
+
+    fn cell_ended(&mut self) -> bool {
+        self.front.end_cell()
+    }
+
+    fn executed(&mut self, result: &mut ExecuteResult, _images: Vec<Image>) -> io::Result<()> {
+        match &self.id {
+            Some(id) => self.front.writer().send_execute(id, result),
+            None => Ok(()),
+        }
+    }
+
+    fn answer(&mut self, answer: Answer) -> io::Result<()> {
+        self.front.reply(self.id.as_ref(), &answer)
+    }
+
+    fn failed(&mut self, error: RpcError) -> io::Result<()> {
+        match self.id.take() {
+            Some(id) => self.front.writer().error(&error.with_id(Some(id))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Serves requests until `shutdown` or EOF.
+pub fn serve(session: &mut Session, front: &Arc<Front>) -> io::Result<Ended> {
+    let watcher = front.spawn_watcher()?;
+    let mut ready = front.status();
+    ready.message = Some(READY_MARKER.to_owned());
+    front.writer().send(&Notification {
+        jsonrpc: "2.0",
+        method: "ready",
+        params: &ready,
+    })?;
+    loop {
+        let (id, call) = match front.next_item()? {
+            Item::Eof => return Ok(Ended::Eof),
+            Item::Blank => continue,
+            Item::Bad(e) => {
+                front.writer().error(&e)?;
+                continue;
+            }
+            Item::Request { id, call } => (id, call),
+        };
+        let mut reply = Reply {
+            front,
+            watcher: watcher.thread(),
+            id,
+        };
+        let flow = match call {
+            Ok(call) => session.dispatch(call, &mut reply)?,
+            Err(e) => {
+                reply.failed(e)?;
+                Flow::Continue
+            }
+        };
+        if flow == Flow::Shutdown {
+            return Ok(Ended::Shutdown);
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! Writing protocol lines to the private copy of the original stdout, one `write_all` each.
+
+use flowrepl_protocol::jsonrpc::ErrorResponse;
+use flowrepl_protocol::{ExecuteResult, Id, RpcError};
+use serde::Serialize;
+use std::fs::File;
+use std::io::{self, Write};
+
+/// Writes protocol lines to the private copy of the original stdout.
+pub struct ReplyWriter {
+    out: File,
+    buf: Vec<u8>,
+}
+
+impl ReplyWriter {
+    /// Writes to `out`.
+    pub fn new(out: File) -> Self {
+        ReplyWriter {
+            out,
+            buf: Vec::with_capacity(4096),
+        }
+    }
+
+    /// Serializes `msg` and writes it with its `\n` in one `write_all`.
+    pub fn send<T: Serialize>(&mut self, msg: &T) -> io::Result<()> {
+        self.buf.clear();
+        serde_json::to_writer(&mut self.buf, msg).map_err(io::Error::other)?;
+        self.flush_buf()
+    }
+
+    /// Writes an `execute_code` reply with the fast writer (stdout can be megabytes).
+    pub fn send_execute(&mut self, id: &Id, result: &ExecuteResult) -> io::Result<()> {
+        self.buf.clear();
+        flowrepl_protocol::json::write_execute_response(&mut self.buf, id, result);
+        self.flush_buf()
+    }
+
+    /// Writes an error reply.
+    pub fn error(&mut self, err: &RpcError) -> io::Result<()> {
+        self.send(&ErrorResponse::new(err))
+    }
+
+    fn flush_buf(&mut self) -> io::Result<()> {
+        self.buf.push(b'\n');
+        let r = self.out.write_all(&self.buf);
+        if self.buf.capacity() > (8 << 20) {
+            self.buf = Vec::with_capacity(4096);
+        }
+        r
+    }
+}

@@ -1,0 +1,108 @@
+//! Small OS and sync helpers shared by the kernel and the worker, on `nix` where it has the
+//! call: signal masks, `poll`, the page size, poison-tolerant locks, error chains.
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use std::os::fd::{BorrowedFd, RawFd};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+/// The page size assumed for punching holes in capture files and `clear_refs` arithmetic
+/// (every Linux target this runs on uses 4 KiB pages).
+pub const PAGE: u64 = 4096;
+
+/// Locks `m`, going on with the data if another thread panicked while holding it: every
+/// state guarded this way stays consistent between statements.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn sigint() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set
+}
+
+/// Blocks SIGINT on the calling thread (and the threads it starts afterwards), so that a
+/// process-directed SIGINT is delivered to the thread that runs cells.
+pub fn block_sigint() {
+    // Cannot fail with a valid set and `how`.
+    let _ = sigint().thread_block();
+}
+
+/// Unblocks SIGINT on the calling thread.
+pub fn unblock_sigint() {
+    let _ = sigint().thread_unblock();
+}
+
+/// Waits up to `wait` for `fd` to be readable, at EOF or in error. `EINTR` counts as not
+/// ready (the caller loops).
+pub fn poll_readable(fd: RawFd, wait: Duration) -> std::io::Result<bool> {
+    let timeout = PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX);
+    poll(
+        fd,
+        timeout,
+        PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR,
+    )
+}
+
+/// Whether the other end of the pipe `fd` has closed (no wait).
+pub fn poll_hangup(fd: RawFd) -> bool {
+    poll(
+        fd,
+        PollTimeout::ZERO,
+        PollFlags::POLLHUP | PollFlags::POLLERR,
+    )
+    .unwrap_or(false)
+}
+
+fn poll(fd: RawFd, timeout: PollTimeout, wanted: PollFlags) -> std::io::Result<bool> {
+    // SAFETY: the caller owns `fd` for the duration of the call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    match nix::poll::poll(&mut fds, timeout) {
+        Ok(0) | Err(nix::Error::EINTR) => Ok(false),
+        Ok(_) => Ok(fds[0].revents().is_some_and(|r| r.intersects(wanted))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// An error and its sources, joined with `: ` (for one-line messages).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn poll_sees_data_and_hangup() {
+        let (r, w) = std::io::pipe().unwrap();
+        let fd = r.as_raw_fd();
+        assert!(!poll_readable(fd, Duration::from_millis(1)).unwrap());
+        assert!(!poll_hangup(fd));
+        (&w).write_all(b"x").unwrap();
+        assert!(poll_readable(fd, Duration::from_secs(5)).unwrap());
+        drop(w);
+        assert!(poll_hangup(fd));
+    }
+
+    #[test]
+    fn chain_joins_sources() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] std::io::Error);
+        let e = Outer(std::io::Error::other("inner"));
+        assert_eq!(chain(&e), "outer: inner");
+    }
+}
