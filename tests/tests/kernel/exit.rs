@@ -1,0 +1,99 @@
+//! The session's end is a Python exit: `atexit` handlers run and files left open are flushed,
+//! on `shutdown`, on EOF, and (worker mode) when `restart` replaces the worker. In both modes.
+
+use flowrepl_tests::Kernel;
+use serde_json::json;
+use std::path::Path;
+
+const MODES: [&str; 2] = ["in_process", "worker"];
+
+/// Registers an exit handler that writes `<dir>/atexit` and leaves `<dir>/buffered` open with
+/// unflushed data.
+fn arm(k: &mut Kernel, dir: &Path) {
+    let code = format!(
+        "import atexit\nd = {dir:?}\natexit.register(lambda: open(d + '/atexit', 'w').write('handler ran'))\nf = open(d + '/buffered', 'w', buffering=1 << 20)\nf.write('buffered data')\n",
+        dir = dir.display().to_string()
+    );
+    k.ok(&code);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("buffered")).unwrap(),
+        "",
+        "still buffered"
+    );
+    assert!(!dir.join("atexit").exists());
+}
+
+fn assert_exited_like_python(dir: &Path, mode: &str) {
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    assert_eq!(read("atexit"), "handler ran", "{mode}: atexit handler");
+    assert_eq!(
+        read("buffered"),
+        "buffered data",
+        "{mode}: open file flushed"
+    );
+}
+
+#[test]
+fn shutdown_runs_exit_handlers_and_flushes_files() {
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = Kernel::options().mode(mode).start();
+        arm(&mut k, dir.path());
+        assert_eq!(
+            k.call("shutdown", json!(null))["result"]["shutting_down"],
+            true
+        );
+        assert!(k.wait().success());
+        assert_exited_like_python(dir.path(), mode);
+    }
+}
+
+#[test]
+fn eof_runs_exit_handlers_and_flushes_files() {
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = Kernel::options().mode(mode).start();
+        arm(&mut k, dir.path());
+        assert!(k.close().success());
+        assert_exited_like_python(dir.path(), mode);
+    }
+}
+
+#[test]
+fn worker_restart_runs_the_old_workers_exit_handlers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = Kernel::options().worker().start();
+    arm(&mut k, dir.path());
+    let r = k.call("restart", json!(null));
+    assert_eq!(r["result"]["restarted"], true, "{r}");
+    assert_exited_like_python(dir.path(), "worker");
+    // The new worker is a fresh interpreter.
+    let r = k.execute("f");
+    assert_eq!(r["error"]["type"], "NameError", "{r}");
+}
+
+#[test]
+fn a_hanging_exit_handler_is_killed_after_the_grace_period() {
+    let mut k = Kernel::options()
+        .worker()
+        .env("FLOWREPL_KILL_GRACE_MS", "300")
+        .start();
+    let pid = k
+        .ok("import os, atexit, time\natexit.register(lambda: time.sleep(3600))\nos.getpid()")
+        ["result"]
+        .as_str()
+        .unwrap()
+        .parse::<u32>()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    assert!(k.close().success());
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert!(
+        !flowrepl_tests::alive(pid),
+        "the worker {pid} outlived the kernel"
+    );
+}
