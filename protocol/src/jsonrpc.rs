@@ -102,6 +102,47 @@ impl RpcError {
         self.id = id;
         self
     }
+
+    /// A request line of `len` bytes over the `limit` (`FLOWREPL_MAX_REQUEST_BYTES`).
+    pub fn request_too_large(len: u64, limit: usize) -> Self {
+        RpcError::new(
+            ErrorCode::RequestTooLarge,
+            format!(
+                "request too large: {len} bytes (limit {limit}; see FLOWREPL_MAX_REQUEST_BYTES)"
+            ),
+        )
+    }
+}
+
+/// How much of an over-long request line is kept to find its id ([`id_in_prefix`]).
+pub const ID_SEARCH_BYTES: usize = 64 << 10;
+
+/// The `id` of a request from the first bytes of its line (which may end anywhere), when the
+/// id comes before the cut: clients write `jsonrpc`, `id` and `method` before `params`.
+pub fn id_in_prefix(prefix: &[u8]) -> Option<Id> {
+    use serde::de::{IgnoredAny, MapAccess, Visitor};
+    struct Find<'a>(&'a mut Option<Id>);
+    impl<'de> Visitor<'de> for Find<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON-RPC request object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == "id" {
+                    *self.0 = Some(map.next_value::<Id>()?);
+                    return Ok(());
+                }
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+    let mut found = None;
+    let mut de = serde_json::Deserializer::from_slice(prefix);
+    // A cut line fails to parse after the id was seen (or before: then there is none).
+    let _ = serde::Deserializer::deserialize_map(&mut de, Find(&mut found));
+    found
 }
 
 /// One parsed request line. `method` and `params` borrow from the line.
@@ -292,6 +333,25 @@ pub struct Notification<'a, T: Serialize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_from_cut_lines() {
+        let line =
+            br#"{"jsonrpc":"2.0","id":"req_7","method":"tools/call","params":{"code":"xxxxxxxx"#;
+        assert_eq!(id_in_prefix(line), Some(Id::String("req_7".into())));
+        assert_eq!(
+            id_in_prefix(br#"{"id":12,"params":"#),
+            Some(Id::Number(12.into()))
+        );
+        assert_eq!(id_in_prefix(br#"{"method":"x","id":null}"#), Some(Id::Null));
+        assert_eq!(id_in_prefix(br#"{"params":{"code":"aaaa"#), None);
+        assert_eq!(
+            id_in_prefix(br#"{"params":{"id":3},"id":4}"#),
+            Some(Id::Number(4.into()))
+        );
+        assert_eq!(id_in_prefix(b"not json"), None);
+        assert_eq!(id_in_prefix(b"[1,2]"), None);
+    }
 
     fn code_of(line: &str) -> i64 {
         Request::parse(line.as_bytes()).unwrap_err().code.code()

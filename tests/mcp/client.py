@@ -117,6 +117,28 @@ async def errors(s, opts):
 
 
 @scenario
+async def large_requests(s, opts):
+    """A cell of 50 MB runs under the default limit; a call over FLOWREPL_MAX_REQUEST_BYTES
+    (when set) is a -32001 error and the session goes on."""
+    limit = int(opts.env_map.get("FLOWREPL_MAX_REQUEST_BYTES", str(256 << 20)))
+    size = 50 << 20 if limit > (60 << 20) else 2 * limit
+    code = "big = '" + "x" * size + "'\nlen(big)"
+    if size < limit:
+        r = await run_cell(s, code)
+        assert text_of(r) == f"Out[1]: {size}", text_of(r)[:200]
+        return {"ran": True}
+    try:
+        await s.call_tool("execute_code", {"code": code})
+    except MCPError as e:
+        assert e.error.code == -32001 and "too large" in e.error.message, e
+    else:
+        raise AssertionError("a request over the limit was accepted")
+    r = await run_cell(s, "40 + 2")
+    assert text_of(r) == "Out[1]: 42", text_of(r)
+    return {"ran": False}
+
+
+@scenario
 async def budget(s, opts):
     budget = opts.max_chars
     code = "for i in range(20000):\n    print(f'line {i:05d} ' + 'é' * (i % 7))"
@@ -356,6 +378,7 @@ async def main():
     for kv in opts.env:
         k, _, v = kv.partition("=")
         env[k] = v
+    opts.env_map = env
     opts.max_chars = int(env.get("FLOWREPL_MCP_MAX_CHARS", "20000"))
     opts.max_images = int(env.get("FLOWREPL_MCP_MAX_IMAGES", "8"))
     args = ["mcp"] + (["--worker"] if opts.worker else [])

@@ -24,9 +24,7 @@ use super::line_reader::{Line, LineReader};
 use super::writer::ReplyWriter;
 use crate::session::{not_stopped, unstoppable_for, StatusBoard};
 use flowrepl_protocol::jsonrpc::Response;
-use flowrepl_protocol::{
-    Call, ErrorCode, ExecuteResult, Id, InterruptReply, Request, RpcError, StatusInfo,
-};
+use flowrepl_protocol::{Call, ExecuteResult, Id, InterruptReply, Request, RpcError, StatusInfo};
 use flowrepl_worker::sys::lock;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -65,12 +63,7 @@ impl Item {
             Line::Eof => Item::Eof,
             Line::TooLong { len } => {
                 tracing::warn!(len, "request line over the limit discarded");
-                Item::Bad(RpcError::new(
-                    ErrorCode::RequestTooLarge,
-                    format!(
-                        "request too large: {len} bytes (limit {max_request_bytes}; see FLOWREPL_MAX_REQUEST_BYTES)"
-                    ),
-                ))
+                Item::Bad(RpcError::request_too_large(len, max_request_bytes))
             }
             Line::Complete(l) if l.iter().all(u8::is_ascii_whitespace) => Item::Blank,
             Line::Complete(l) => match Request::parse(l) {

@@ -196,6 +196,7 @@ pub fn serve(
     let (jobs, queue) = std::sync::mpsc::channel();
     let server = tools::KernelServer::new(jobs.clone(), Arc::clone(&shared));
     let shared_mcp = Arc::clone(&shared);
+    let max_request_bytes = config.max_request_bytes;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -212,7 +213,8 @@ pub fn serve(
             });
             runtime.block_on(async move {
                 let (reader, writer) = transport::open(input, output, on_eof);
-                match server.serve((reader, writer)).await {
+                let channel = transport::LineTransport::new(reader, writer, max_request_bytes);
+                match server.serve(channel).await {
                     Ok(running) => {
                         let reason = running.waiting().await;
                         tracing::info!(?reason, "MCP client went away");

@@ -5,12 +5,24 @@
 //! `/proc/self/fd` with `O_NONBLOCK` on new open file descriptions (so the flag stays ours,
 //! not the parent's) and driven by tokio's reactor; otherwise (a file, a tty) through tokio's
 //! blocking file adapter.
+//!
+//! [`LineTransport`] is the rmcp transport over them: one JSON-RPC message per line, lines up
+//! to `FLOWREPL_MAX_REQUEST_BYTES` (rmcp's own stdio transport drops lines over 16 MiB without
+//! a word, so a 50 MB cell never got an answer). A longer line is not stored: it is read to
+//! its end and answered with error -32001 carrying its id when the id is within the line's
+//! first [`ID_SEARCH_BYTES`], and the server goes on. Memory stays bounded by the limit.
 
+use flowrepl_protocol::jsonrpc::{id_in_prefix, ErrorResponse, ID_SEARCH_BYTES};
+use flowrepl_protocol::RpcError;
+use rmcp::service::{RoleServer, RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use tokio::io::{AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::unix::pipe;
 use tokio_util::either::Either;
@@ -81,5 +93,194 @@ impl<R: AsyncRead + Unpin> AsyncRead for AtEof<R> {
             }
         }
         r
+    }
+}
+
+/// Bytes of a line over the limit, until its end.
+struct Oversized {
+    len: u64,
+    head: Vec<u8>,
+}
+
+/// The MCP server's transport: bounded NDJSON lines in, serialized messages out.
+pub struct LineTransport<R, W> {
+    read: BufReader<R>,
+    /// The line being read (kept across cancelled `receive` calls: rmcp polls it inside
+    /// `select!`).
+    line: Vec<u8>,
+    over: Option<Oversized>,
+    max: usize,
+    write: Arc<tokio::sync::Mutex<W>>,
+}
+
+impl<R, W> LineTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    /// Lines of at most `max` bytes (without the `\n`).
+    pub fn new(read: R, write: W, max: usize) -> Self {
+        LineTransport {
+            read: BufReader::with_capacity(256 << 10, read),
+            line: Vec::new(),
+            over: None,
+            max,
+            write: Arc::new(tokio::sync::Mutex::new(write)),
+        }
+    }
+
+    /// Writes a line in the background (in order with [`Transport::send`]'s, under the same
+    /// lock), so that a cancelled `receive` never leaves half a reply.
+    fn reply_raw(&self, mut bytes: Vec<u8>) {
+        bytes.push(b'\n');
+        let write = Arc::clone(&self.write);
+        tokio::spawn(async move {
+            let mut w = write.lock().await;
+            if let Err(e) = async {
+                w.write_all(&bytes).await?;
+                w.flush().await
+            }
+            .await
+            {
+                tracing::warn!(error = %e, "writing an error reply failed");
+            }
+        });
+    }
+
+    /// Answers a line that was over the limit.
+    fn too_large(&self, over: Oversized) {
+        let id = id_in_prefix(&over.head);
+        tracing::warn!(
+            len = over.len,
+            ?id,
+            "MCP request line over the limit discarded"
+        );
+        let err = RpcError::request_too_large(over.len, self.max).with_id(id);
+        let bytes = serde_json::to_vec(&ErrorResponse::new(&err)).expect("errors serialize");
+        self.reply_raw(bytes);
+    }
+
+    /// Answers a line that is JSON but not a message rmcp knows (-32600, with its id).
+    fn invalid(&self, line: &[u8], e: &serde_json::Error) {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) else {
+            // Not JSON at all: no id to answer to; other MCP SDKs ignore such input too.
+            tracing::debug!(error = %e, "unparsable MCP input ignored");
+            return;
+        };
+        let Some(id) = v
+            .get("id")
+            .and_then(|i| serde_json::from_value(i.clone()).ok())
+        else {
+            tracing::debug!(error = %e, "malformed MCP notification ignored");
+            return;
+        };
+        let err = RpcError::new(
+            flowrepl_protocol::ErrorCode::InvalidRequest,
+            format!("invalid request: {e}"),
+        )
+        .with_id(Some(id));
+        let bytes = serde_json::to_vec(&ErrorResponse::new(&err)).expect("errors serialize");
+        self.reply_raw(bytes);
+    }
+
+    /// Reads until a whole line within the limit is in `self.line`; false at EOF.
+    async fn read_line(&mut self) -> std::io::Result<bool> {
+        loop {
+            let available = self.read.fill_buf().await?;
+            if available.is_empty() {
+                return Ok(false);
+            }
+            let newline = memchr::memchr(b'\n', available);
+            let take = newline.map_or(available.len(), |i| i + 1);
+            let content = &available[..newline.unwrap_or(available.len())];
+            if let Some(over) = &mut self.over {
+                over.len += content.len() as u64;
+                let room = ID_SEARCH_BYTES.saturating_sub(over.head.len());
+                over.head
+                    .extend_from_slice(&content[..room.min(content.len())]);
+            } else if self.line.len() + content.len() > self.max {
+                let len = (self.line.len() + content.len()) as u64;
+                // Drops the buffered part (memory stays bounded by the limit).
+                let mut head = std::mem::take(&mut self.line);
+                head.truncate(ID_SEARCH_BYTES);
+                head.shrink_to_fit();
+                let room = ID_SEARCH_BYTES.saturating_sub(head.len());
+                head.extend_from_slice(&content[..room.min(content.len())]);
+                self.over = Some(Oversized { len, head });
+            } else {
+                self.line.extend_from_slice(content);
+            }
+            self.read.consume(take);
+            if newline.is_some() {
+                if let Some(over) = self.over.take() {
+                    self.too_large(over);
+                    continue;
+                }
+                return Ok(true);
+            }
+        }
+    }
+}
+
+impl<R, W> Transport<RoleServer> for LineTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let write = Arc::clone(&self.write);
+        async move {
+            let mut bytes = serde_json::to_vec(&item).map_err(std::io::Error::other)?;
+            bytes.push(b'\n');
+            let mut w = write.lock().await;
+            w.write_all(&bytes).await?;
+            w.flush().await
+        }
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        loop {
+            match self.read_line().await {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e) => {
+                    tracing::error!(error = %e, "reading the MCP channel failed");
+                    return None;
+                }
+            }
+            let line = std::mem::take(&mut self.line);
+            let text = line.strip_suffix(b"\r").unwrap_or(&line);
+            if text.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let parsed = serde_json::from_slice(text);
+            match parsed {
+                Ok(msg) => {
+                    self.recycle(line);
+                    return Some(msg);
+                }
+                Err(e) => self.invalid(text, &e),
+            }
+            self.recycle(line);
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.write.lock().await.shutdown().await
+    }
+}
+
+impl<R, W> LineTransport<R, W> {
+    /// Keeps a small line buffer for the next line; drops a big one.
+    fn recycle(&mut self, mut line: Vec<u8>) {
+        if line.capacity() <= (1 << 20) {
+            line.clear();
+            self.line = line;
+        }
     }
 }

@@ -282,3 +282,97 @@ fn closing_stdin_during_a_cell_stops_it_and_exits() {
         assert!(records[0].interrupted);
     }
 }
+
+#[test]
+fn a_fifty_megabyte_call_runs_and_a_call_over_the_limit_is_refused() {
+    let (facts, log, _logs) = Scenario::default().run("large_requests");
+    assert_eq!(facts["ran"], true);
+    assert_eq!(read_log(&log)[0].result.as_deref(), Some("52428800"));
+    for mode in MODES {
+        let (facts, log, _logs) = Scenario::mode(mode)
+            .env("FLOWREPL_MAX_REQUEST_BYTES", (1 << 20).to_string())
+            .run("large_requests");
+        assert_eq!(facts["ran"], false, "{mode}");
+        assert_eq!(
+            read_log(&log).len(),
+            1,
+            "{mode}: the refused call ran nothing"
+        );
+    }
+}
+
+#[test]
+fn a_line_over_the_limit_gets_its_id_back_and_memory_stays_bounded() {
+    let mut child = Command::new(flowrepl_bin())
+        .arg("mcp")
+        .env("FLOWREPL_MAX_REQUEST_BYTES", (4 << 20).to_string())
+        .env("FLOWREPL_LOG_DIR", tempfile::tempdir().unwrap().path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let send = |stdin: &mut std::process::ChildStdin, v: Value| {
+        stdin.write_all(format!("{v}\n").as_bytes()).unwrap();
+    };
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}),
+    );
+    out.read_line(&mut line).unwrap();
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    // 200 MB in one line, written in pieces: the kernel must not hold it.
+    stdin
+        .write_all(br#"{"jsonrpc":"2.0","id":"big-1","method":"tools/call","params":{"name":"execute_code","arguments":{"code":"x = '"#)
+        .unwrap();
+    let chunk = vec![b'x'; 1 << 20];
+    for _ in 0..200 {
+        stdin.write_all(&chunk).unwrap();
+    }
+    stdin.write_all(b"'\"}}}\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let reply: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(reply["id"], "big-1", "{reply}");
+    assert_eq!(reply["error"]["code"], -32001, "{reply}");
+    let rss_kb = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("VmHWM:").map(|v| {
+                v.trim()
+                    .trim_end_matches(" kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap()
+            })
+        })
+        .unwrap();
+    assert!(
+        rss_kb < 120 << 10,
+        "peak RSS {rss_kb} kB while a 200 MB line went by"
+    );
+    // The server goes on.
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "execute_code", "arguments": {"code": "6 * 7"}}}),
+    );
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let reply: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(reply["id"], 2, "{reply}");
+    assert_eq!(
+        reply["result"]["structuredContent"]["result"], "42",
+        "{reply}"
+    );
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+}
