@@ -24,44 +24,22 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Path of the `flowrepl` binary, built (once per test process) with the same profile as
-/// the tests, so `cargo test` alone always tests the current code.
+/// Path of the `flowrepl` binary that this build made: `cargo test --workspace` builds it and
+/// `flowrepl-worker` into the same target directory as this test (the `kernel` and `worker`
+/// packages have integration tests of their own, so cargo builds their binaries first).
 pub fn flowrepl_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let exe = std::env::current_exe().unwrap();
-        let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf(); // target/<profile>
-        let profile = match profile_dir.file_name().unwrap().to_str().unwrap() {
-            "debug" => "dev".to_owned(),
-            other => other.to_owned(),
-        };
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "flowrepl",
-                "--bin",
-                "flowrepl",
-                "-p",
-                "flowrepl-worker",
-                "--bin",
-                "flowrepl-worker",
-                "--profile",
-                &profile,
-            ])
-            .current_dir(workspace_root())
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "building flowrepl failed");
-        let bin = profile_dir.join("flowrepl");
-        assert!(bin.exists(), "{bin:?} missing after build");
-        assert!(
-            profile_dir.join("flowrepl-worker").exists(),
-            "flowrepl-worker missing after build"
-        );
-        bin
+        let profile_dir = exe.parent().unwrap().parent().unwrap(); // target/<profile>/deps/..
+        for name in ["flowrepl", "flowrepl-worker"] {
+            assert!(
+                profile_dir.join(name).is_file(),
+                "{name} is not in {}: run the tests with `cargo test --workspace`, which builds it",
+                profile_dir.display()
+            );
+        }
+        profile_dir.join("flowrepl")
     })
 }
 

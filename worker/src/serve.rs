@@ -31,55 +31,36 @@ const FLUSH_AT: usize = 1 << 20;
 const MAX_RESULT_ON_OVERFLOW: usize = 1 << 20;
 
 /// Command line of `flowrepl-worker` (set by the kernel; not meant for people).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, clap::Parser)]
+#[command(
+    name = "flowrepl-worker",
+    version,
+    about = "The keep-alive subprocess of flowrepl's worker mode; started by `flowrepl --worker`, spoken to in frames on stdin/stdout."
+)]
 pub struct WorkerArgs {
-    /// `--python PATH`: the interpreter or venv to emulate.
+    /// The interpreter or venv to emulate.
+    #[arg(long, value_name = "PATH")]
     pub python: PathBuf,
-    /// `--max-output-bytes N`.
+    /// Output kept per stream and cell, in bytes.
+    #[arg(long, default_value_t = 256 << 20)]
     pub max_output_bytes: u64,
-    /// `--cpu-seconds N`: CPU limit per cell (RLIMIT_CPU, re-armed before each cell).
+    /// CPU seconds per cell (RLIMIT_CPU, re-armed before each cell).
+    #[arg(long)]
     pub cpu_seconds: Option<u64>,
-    /// `--max-images N --max-image-pixels N`: collect figures as PNG images after each cell
-    /// (MCP mode); off when absent or 0.
-    pub images: Option<ImageLimits>,
+    /// Figures collected as PNG images per cell (MCP mode); 0: off.
+    #[arg(long, default_value_t = 0)]
+    pub max_images: u32,
+    /// Pixels per collected image.
+    #[arg(long, default_value_t = 4_000_000)]
+    pub max_image_pixels: u64,
 }
 
 impl WorkerArgs {
-    /// Parses `--python P [--max-output-bytes N] [--cpu-seconds N] [--max-images N]
-    /// [--max-image-pixels N]`.
-    pub fn parse(mut args: impl Iterator<Item = std::ffi::OsString>) -> Result<WorkerArgs, String> {
-        let mut python = None;
-        let mut max_output_bytes = 256 << 20;
-        let mut cpu_seconds = None;
-        let mut max_images = 0;
-        let mut max_pixels = 4_000_000;
-        while let Some(flag) = args.next() {
-            let mut value = || {
-                args.next()
-                    .ok_or_else(|| format!("{} needs a value", flag.to_string_lossy()))
-            };
-            let number = |v: std::ffi::OsString| {
-                v.to_str()
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| format!("not a number: {}", v.to_string_lossy()))
-            };
-            match flag.to_str() {
-                Some("--python") => python = Some(PathBuf::from(value()?)),
-                Some("--max-output-bytes") => max_output_bytes = number(value()?)?,
-                Some("--cpu-seconds") => cpu_seconds = Some(number(value()?)?),
-                Some("--max-images") => max_images = number(value()?)?,
-                Some("--max-image-pixels") => max_pixels = number(value()?)?,
-                _ => return Err(format!("unknown argument {}", flag.to_string_lossy())),
-            }
-        }
-        Ok(WorkerArgs {
-            python: python.ok_or("--python is required")?,
-            max_output_bytes,
-            cpu_seconds,
-            images: (max_images > 0).then(|| ImageLimits {
-                max_images: max_images.min(u32::MAX as u64) as u32,
-                max_pixels,
-            }),
+    /// Figure collection, when on.
+    pub fn images(&self) -> Option<ImageLimits> {
+        (self.max_images > 0).then_some(ImageLimits {
+            max_images: self.max_images,
+            max_pixels: self.max_image_pixels,
         })
     }
 }
@@ -180,7 +161,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         python: args.python.clone(),
         max_output_bytes: args.max_output_bytes,
         sink: Some(channel.clone()),
-        images: args.images,
+        images: args.images(),
     };
     let mut executor = match Executor::start(&config) {
         Ok(e) => e,
