@@ -22,6 +22,7 @@ use flowrepl_protocol::{ExecuteParams, ExecuteResult, Mode};
 use flowrepl_task_logger::{
     ExecutionRecord, LogError, TaskLog, FORMAT_VERSION, RECORD_TYPE_EXECUTION,
 };
+use flowrepl_worker::sys::chain;
 use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -293,16 +294,4 @@ fn record<'a>(
             })
             .collect(),
     }
-}
-
-/// An error and its sources, joined with `: `.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
