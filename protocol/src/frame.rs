@@ -29,7 +29,9 @@
 //! not block SIGINT) runs the cell.
 
 use crate::execute::{CellReport, Image, VariableInfo};
+use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
+use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 
 /// Largest frame accepted, in bytes (`length` field): a cell's source can be as large as the
 /// largest request line.
@@ -335,72 +337,120 @@ pub fn decode(payload: &[u8]) -> Result<Frame<'_>, FrameError> {
     }
 }
 
-/// Splits frames off a byte stream that arrives in pieces (the kernel reads the worker's pipe
-/// without blocking, between polls). Holds at most one frame plus one read.
-#[derive(Debug, Default)]
-pub struct FrameBuffer {
-    buf: Vec<u8>,
-    start: usize,
+/// Reads frames from a byte stream: the kernel from the worker's pipe (one `read` after each
+/// `poll`, [`FrameReader::fill`] + [`FrameReader::buffered`]), the worker from the kernel's
+/// (blocking, [`FrameReader::read_frame`]).
+///
+/// The header is exactly the default of tokio-util's [`LengthDelimitedCodec`] (a 4-byte
+/// big-endian length of what follows), so its decoder splits frames off a [`BytesMut`],
+/// used synchronously: each frame comes out as its own `BytesMut` without a copy, and the
+/// buffer is reserved for a whole large frame once its header is read. Holds at most one
+/// frame plus one read.
+#[derive(Debug)]
+pub struct FrameReader<R> {
+    inner: R,
+    buf: BytesMut,
+    codec: LengthDelimitedCodec,
+    /// The length of the frame being received, once its header was read (the codec then
+    /// holds the header; `buf` holds the body so far).
+    expect: Option<usize>,
 }
 
-impl FrameBuffer {
-    /// An empty buffer.
-    pub fn new() -> FrameBuffer {
-        FrameBuffer {
-            buf: Vec::with_capacity(MAX_CHUNK_BYTES * 2),
-            start: 0,
+/// Why reading a frame failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The stream failed.
+    #[error("reading frames")]
+    Io(#[from] std::io::Error),
+    /// The stream does not carry valid frames.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// The stream ended inside a frame.
+    #[error("the stream ended inside a frame ({0} bytes of it were read)")]
+    Truncated(usize),
+}
+
+impl<R: std::io::Read> FrameReader<R> {
+    /// Frames from `inner`.
+    pub fn new(inner: R) -> FrameReader<R> {
+        FrameReader {
+            inner,
+            buf: BytesMut::with_capacity(MAX_CHUNK_BYTES * 2),
+            codec: LengthDelimitedCodec::builder()
+                .big_endian()
+                .length_field_length(HEADER_BYTES)
+                .max_frame_length(MAX_FRAME_BYTES as usize)
+                .new_codec(),
+            expect: None,
         }
     }
 
-    /// Room to read into: at least `min` bytes of spare capacity after what is buffered.
-    /// Call [`FrameBuffer::filled`] with how many bytes were written into it.
-    pub fn spare(&mut self, min: usize) -> &mut [std::mem::MaybeUninit<u8>] {
-        if self.start > 0 && (self.start == self.buf.len() || self.start >= self.buf.len() / 2) {
-            self.buf.drain(..self.start);
-            self.start = 0;
-        }
-        self.buf.reserve(min);
-        self.buf.spare_capacity_mut()
+    /// The stream.
+    pub fn get_ref(&self) -> &R {
+        &self.inner
     }
 
-    /// `n` bytes were written into [`FrameBuffer::spare`].
-    ///
-    /// # Safety
-    /// The first `n` bytes of the spare capacity must have been initialised.
-    pub unsafe fn filled(&mut self, n: usize) {
-        // SAFETY: per this function's contract.
-        unsafe { self.buf.set_len(self.buf.len() + n) };
+    /// The next complete frame's payload (`kind` + `body`) already buffered; no I/O.
+    pub fn buffered(&mut self) -> Result<Option<BytesMut>, FrameError> {
+        if self.expect.is_none() && self.buf.len() >= HEADER_BYTES {
+            // Checked here so that the error says which limit, not the codec's io::Error.
+            let len = frame_len(self.buf[..HEADER_BYTES].try_into().expect("4 bytes"))?;
+            self.expect = Some(len);
+        }
+        let frame = self
+            .codec
+            .decode(&mut self.buf)
+            .expect("lengths are checked above");
+        if frame.is_some() {
+            self.expect = None;
+        }
+        if self.buf.is_empty() && self.buf.capacity() > 8 * MAX_CHUNK_BYTES {
+            // After a large frame, do not keep its buffer for the whole session.
+            self.buf = BytesMut::with_capacity(MAX_CHUNK_BYTES * 2);
+        }
+        Ok(frame)
     }
 
-    /// The next complete frame's payload (`kind` + `body`), if one is buffered.
-    pub fn next_payload(&mut self) -> Result<Option<&[u8]>, FrameError> {
-        let avail = &self.buf[self.start..];
-        if avail.len() < HEADER_BYTES {
-            return Ok(None);
-        }
-        let len = frame_len(avail[..HEADER_BYTES].try_into().expect("4 bytes"))?;
-        if avail.len() < HEADER_BYTES + len {
-            // Make room for the whole frame once, not read by read.
-            self.buf.reserve(HEADER_BYTES + len - avail.len());
-            return Ok(None);
-        }
-        let from = self.start + HEADER_BYTES;
-        self.start = from + len;
-        Ok(Some(&self.buf[from..from + len]))
+    /// One `read(2)` into the buffer; returns how many bytes came (0: end of stream).
+    pub fn fill(&mut self) -> std::io::Result<usize> {
+        // Read at most what the frame being received still needs (but at least a page and at
+        // most a few chunks), so that the zeroing below stays proportional to what arrives.
+        let missing = self
+            .expect
+            .map_or(0, |len| len.saturating_sub(self.buf.len()));
+        let want = missing.clamp(4096, 8 << 20);
+        let start = self.buf.len();
+        self.buf.resize(start + want, 0);
+        let r = loop {
+            match self.inner.read(&mut self.buf[start..]) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => break r,
+            }
+        };
+        self.buf.truncate(start + *r.as_ref().unwrap_or(&0));
+        r
     }
 
-    /// Bytes buffered but not yet returned as frames.
+    /// Blocks until the next frame: `Ok(None)` at a clean end of stream, an error at an end
+    /// inside a frame.
+    pub fn read_frame(&mut self) -> Result<Option<BytesMut>, ReadError> {
+        loop {
+            if let Some(f) = self.buffered()? {
+                return Ok(Some(f));
+            }
+            if self.fill()? == 0 {
+                return match (self.expect, self.buf.len()) {
+                    (None, 0) => Ok(None),
+                    (None, n) => Err(ReadError::Truncated(n)),
+                    (Some(_), n) => Err(ReadError::Truncated(HEADER_BYTES + n)),
+                };
+            }
+        }
+    }
+
+    /// Bytes received but not yet returned as frames.
     pub fn pending(&self) -> usize {
-        self.buf.len() - self.start
-    }
-
-    /// Drops everything (after the worker died).
-    pub fn clear(&mut self) {
-        self.buf.clear();
-        self.start = 0;
-        if self.buf.capacity() > 8 * MAX_CHUNK_BYTES {
-            self.buf = Vec::with_capacity(MAX_CHUNK_BYTES * 2);
-        }
+        self.buf.len() + self.expect.map_or(0, |_| HEADER_BYTES)
     }
 }
 
@@ -536,27 +586,62 @@ mod tests {
         ));
     }
 
+    /// Hands out its bytes one at a time.
+    struct Trickle<'a>(&'a [u8]);
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            match (self.0.split_first(), out.first_mut()) {
+                (Some((b, rest)), Some(o)) => {
+                    *o = *b;
+                    self.0 = rest;
+                    Ok(1)
+                }
+                _ => Ok(0),
+            }
+        }
+    }
+
     #[test]
-    fn buffer_splits_frames_arriving_byte_by_byte() {
+    fn reader_splits_frames_arriving_byte_by_byte() {
         let mut stream = Vec::new();
         encode_output(&mut stream, 1, OutputStream::Stdout, &[b'a'; 1000]);
         encode_done(&mut stream, 1, &report()).unwrap();
-        let mut fb = FrameBuffer::new();
+        encode_shutdown(&mut stream);
+        let mut r = FrameReader::new(Trickle(&stream));
         let mut got = Vec::new();
-        for &b in &stream {
-            let spare = fb.spare(1);
-            spare[0].write(b);
-            // SAFETY: one byte written above.
-            unsafe { fb.filled(1) };
-            while let Some(p) = fb.next_payload().unwrap() {
-                got.push(match decode(p).unwrap() {
-                    Frame::Output { bytes, .. } => bytes.len(),
-                    Frame::Done { .. } => 0,
-                    other => panic!("{other:?}"),
-                });
-            }
+        while let Some(p) = r.read_frame().unwrap() {
+            got.push(match decode(&p).unwrap() {
+                Frame::Output { bytes, .. } => bytes.len(),
+                Frame::Done { report: d, .. } => {
+                    assert_eq!(*d, report());
+                    0
+                }
+                Frame::Shutdown => 1,
+                other => panic!("{other:?}"),
+            });
         }
-        assert_eq!(got, [1000, 0]);
-        assert_eq!(fb.pending(), 0);
+        assert_eq!(got, [1000, 0, 1]);
+        assert_eq!(r.pending(), 0);
+    }
+
+    #[test]
+    fn reader_reports_truncation_and_oversized_frames() {
+        let mut stream = Vec::new();
+        encode_output(&mut stream, 1, OutputStream::Stdout, b"abc");
+        stream.truncate(stream.len() - 1);
+        let mut r = FrameReader::new(&stream[..]);
+        assert!(matches!(r.read_frame(), Err(ReadError::Truncated(n)) if n == stream.len()));
+        let big = (MAX_FRAME_BYTES + 1).to_be_bytes();
+        let mut r = FrameReader::new(&big[..]);
+        assert!(matches!(
+            r.read_frame(),
+            Err(ReadError::Frame(FrameError::TooLarge(n))) if n == MAX_FRAME_BYTES as u64 + 1
+        ));
+        let mut r = FrameReader::new(&[0u8, 0, 0, 0][..]);
+        assert!(matches!(
+            r.read_frame(),
+            Err(ReadError::Frame(FrameError::Empty))
+        ));
     }
 }

@@ -15,10 +15,10 @@
 use crate::executor::{CellOutcome, Executor, ExecutorConfig, ImageLimits};
 use crate::sink::OutputSink;
 use flowrepl_protocol::frame::{
-    self, DoneReport, Frame, OutputStream, VariablesReport, WorkerHello,
+    self, DoneReport, Frame, FrameReader, OutputStream, VariablesReport, WorkerHello,
 };
 use std::fs::File;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -196,23 +196,16 @@ fn serve(
     input: File,
     args: &WorkerArgs,
 ) -> io::Result<()> {
-    let mut input = BufReader::with_capacity(64 << 10, input);
-    let mut body = Vec::new();
+    let mut input = FrameReader::new(input);
     loop {
-        let mut header = [0u8; frame::HEADER_BYTES];
-        match input.read_exact(&mut header) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+        let body = match input.read_frame().map_err(io::Error::other)? {
+            Some(body) => body,
+            None => {
                 // The kernel closed the channel without a Shutdown frame: exit all the same.
                 executor.finish();
                 return Ok(());
             }
-            Err(e) => return Err(e),
-        }
-        let len = frame::frame_len(header).map_err(io::Error::other)?;
-        body.clear();
-        body.resize(len, 0);
-        input.read_exact(&mut body)?;
+        };
         match frame::decode(&body).map_err(io::Error::other)? {
             Frame::Execute {
                 id,
@@ -256,9 +249,6 @@ fn serve(
                     }
                 })?;
                 channel.send();
-                if body.capacity() > (4 << 20) {
-                    body = Vec::new();
-                }
             }
             Frame::Variables { id } => {
                 let listing = match executor.list_variables() {

@@ -1,7 +1,7 @@
 //! Worker mode: the same results as in-process, from a separate process, with output
 //! streamed over the frame pipe.
 
-use flowrepl_protocol::frame::{self, Frame, FrameBuffer, OutputStream};
+use flowrepl_protocol::frame::{self, Frame, FrameReader, OutputStream};
 use flowrepl_tests::{alive, base_python, flowrepl_bin, read_log, Kernel, MODES};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
@@ -106,22 +106,11 @@ fn output_limit_applies_in_worker_mode_too() {
     }
 }
 
-fn read_frame(r: &mut impl Read, fb: &mut FrameBuffer) -> Vec<u8> {
-    loop {
-        if let Some(p) = fb.next_payload().unwrap() {
-            return p.to_vec();
-        }
-        let spare = fb.spare(65536);
-        let mut tmp = vec![0u8; spare.len().min(65536)];
-        let n = r.read(&mut tmp).unwrap();
-        assert!(n > 0, "worker closed its pipe");
-        let spare = fb.spare(n);
-        for (d, s) in spare.iter_mut().zip(&tmp[..n]) {
-            d.write(*s);
-        }
-        // SAFETY: n bytes written just above.
-        unsafe { fb.filled(n) };
-    }
+fn read_frame(r: &mut FrameReader<impl Read>) -> Vec<u8> {
+    r.read_frame()
+        .unwrap()
+        .expect("worker closed its pipe")
+        .to_vec()
 }
 
 /// Talks frames to `flowrepl-worker` directly: output written before a long sleep must
@@ -137,10 +126,9 @@ fn worker_streams_output_while_the_cell_runs() {
         .spawn()
         .unwrap();
     let mut to = child.stdin.take().unwrap();
-    let mut from = child.stdout.take().unwrap();
-    let mut fb = FrameBuffer::new();
+    let mut from = FrameReader::new(child.stdout.take().unwrap());
     assert!(matches!(
-        frame::decode(&read_frame(&mut from, &mut fb)).unwrap(),
+        frame::decode(&read_frame(&mut from)).unwrap(),
         Frame::Ready(h) if h.pid == child.id()
     ));
     let mut buf = Vec::new();
@@ -153,7 +141,7 @@ fn worker_streams_output_while_the_cell_runs() {
     .unwrap();
     let sent = Instant::now();
     to.write_all(&buf).unwrap();
-    let p = read_frame(&mut from, &mut fb);
+    let p = read_frame(&mut from);
     let early_after = sent.elapsed();
     match frame::decode(&p).unwrap() {
         Frame::Output { id, stream, bytes } => {
@@ -168,12 +156,12 @@ fn worker_streams_output_while_the_cell_runs() {
         early_after < Duration::from_millis(1000),
         "first output took {early_after:?}: not streamed while the cell ran"
     );
-    let p = read_frame(&mut from, &mut fb);
+    let p = read_frame(&mut from);
     assert!(matches!(
         frame::decode(&p).unwrap(),
         Frame::Output { id: 7, bytes, .. } if bytes == b"late\n"
     ));
-    let p = read_frame(&mut from, &mut fb);
+    let p = read_frame(&mut from);
     match frame::decode(&p).unwrap() {
         Frame::Done { id, report } => {
             assert_eq!(id, 7);

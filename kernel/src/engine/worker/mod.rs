@@ -22,7 +22,7 @@ pub mod process;
 
 use super::{CellRun, Control, Engine, EngineError};
 use crate::config::{Config, WorkerConfig};
-use flowrepl_protocol::frame::{self, DoneReport, Frame, FrameBuffer, OutputStream, WorkerHello};
+use flowrepl_protocol::frame::{self, DoneReport, Frame, FrameError, OutputStream, WorkerHello};
 use flowrepl_protocol::{
     CellReport, ExecutionKind, Fault, Mode, PythonInfo, ResourceUsage, RestartReply, StoppedBy,
     VariableInfo,
@@ -162,7 +162,6 @@ pub struct Worker {
     state: State,
     /// The interpreter of the last worker that was ready (kept while a new one starts).
     python: PythonInfo,
-    frames: FrameBuffer,
     control: Arc<WorkerControl>,
     next_id: u64,
     send_buf: Vec<u8>,
@@ -204,7 +203,6 @@ impl Worker {
             grace: config.kill_grace,
             state: State::Absent,
             python: PythonInfo::default(),
-            frames: FrameBuffer::new(),
             control: Arc::new(WorkerControl::default()),
             next_id: 0,
             send_buf: Vec::with_capacity(4096),
@@ -228,7 +226,6 @@ impl Worker {
         })?;
         tracing::info!(pid = p.pid, "worker started");
         self.control.lock().pid = Some(p.pid);
-        self.frames.clear();
         self.last_cpu_total_ms = 0.0;
         self.state = State::Starting(p);
         Ok(())
@@ -245,8 +242,8 @@ impl Worker {
         }
         let until = Instant::now() + READY_TIMEOUT;
         loop {
-            if let Some(payload) = self.frames.next_payload().map_err(io::Error::other)? {
-                match frame::decode(payload) {
+            if let Some(payload) = self.next_buffered().map_err(io::Error::other)? {
+                match frame::decode(&payload) {
                     Ok(Frame::Ready(hello)) => {
                         tracing::debug!(pid = hello.pid, "worker ready");
                         let State::Starting(proc) =
@@ -285,7 +282,6 @@ impl Worker {
     fn drop_worker(&mut self) -> Option<Ended> {
         let state = std::mem::replace(&mut self.state, State::Absent);
         self.control.lock().pid = None;
-        self.frames.clear();
         match state {
             State::Absent => None,
             State::Starting(mut p) | State::Ready { proc: mut p, .. } => p.kill_and_reap(),
@@ -304,7 +300,7 @@ impl Worker {
                     let left = until.saturating_duration_since(Instant::now());
                     // Whatever it still sends (a late Done) is not wanted: read until EOF.
                     match self.read_frames(left) {
-                        Ok(Wait::Frames) => self.frames.clear(),
+                        Ok(Wait::Frames) => while let Ok(Some(_)) = self.next_buffered() {},
                         Ok(Wait::Timeout) if !left.is_zero() => {}
                         Ok(Wait::Eof) => break,
                         Ok(Wait::Timeout) | Err(_) => {
@@ -323,37 +319,34 @@ impl Worker {
         }
     }
 
-    /// Waits up to `wait` for the worker's pipe, then reads what is there.
+    /// The next frame the worker sent that is already buffered.
+    fn next_buffered(&mut self) -> Result<Option<bytes::BytesMut>, FrameError> {
+        match self.state.process_mut() {
+            Some(p) => p.from_worker.buffered(),
+            None => Ok(None),
+        }
+    }
+
+    /// Waits up to `wait` for the worker's pipe, then reads what is there (one `read`).
     fn read_frames(&mut self, wait: Duration) -> io::Result<Wait> {
-        let Some(p) = self.state.process() else {
+        let Some(p) = self.state.process_mut() else {
             return Ok(Wait::Eof);
         };
-        let fd = p.from_worker.as_raw_fd();
-        if !flowrepl_worker::sys::poll_readable(fd, wait)? {
+        if !flowrepl_worker::sys::poll_readable(p.from_worker.get_ref().as_raw_fd(), wait)? {
             return Ok(Wait::Timeout);
         }
-        let spare = self.frames.spare(frame::MAX_CHUNK_BYTES + 64);
-        // SAFETY: reading into spare capacity; `filled` is told exactly what was written.
-        let r = unsafe { libc::read(fd, spare.as_mut_ptr().cast(), spare.len()) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => Ok(Wait::Timeout),
-                _ => Ok(Wait::Eof),
-            };
+        match p.from_worker.fill() {
+            Ok(0) => Ok(Wait::Eof),
+            Ok(_) => Ok(Wait::Frames),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Wait::Timeout),
+            Err(_) => Ok(Wait::Eof),
         }
-        if r == 0 {
-            return Ok(Wait::Eof);
-        }
-        // SAFETY: `r` bytes were written by read(2).
-        unsafe { self.frames.filled(r as usize) };
-        Ok(Wait::Frames)
     }
 
     /// Applies the buffered frames to `c`; false if the worker broke the protocol.
     fn take_frames(&mut self, c: &mut Collecting) -> bool {
         loop {
-            let payload = match self.frames.next_payload() {
+            let payload = match self.next_buffered() {
                 Ok(Some(p)) => p,
                 Ok(None) => return true,
                 Err(e) => {
@@ -361,7 +354,7 @@ impl Worker {
                     return false;
                 }
             };
-            match frame::decode(payload) {
+            match frame::decode(&payload) {
                 Ok(Frame::Output { id, stream, bytes }) if id == c.id => match stream {
                     OutputStream::Stdout => c.stdout.extend_from_slice(bytes),
                     OutputStream::Stderr => c.stderr.extend_from_slice(bytes),
@@ -394,7 +387,7 @@ impl Worker {
     /// a fresh worker instead of failing. Returns a warning to attach to the cell.
     fn check_idle_worker(&mut self) -> Option<String> {
         let p = self.state.process()?;
-        if !flowrepl_worker::sys::poll_hangup(p.from_worker.as_raw_fd()) {
+        if !flowrepl_worker::sys::poll_hangup(p.from_worker.get_ref().as_raw_fd()) {
             return None;
         }
         let ended = self.drop_worker()?;
@@ -689,12 +682,11 @@ impl Engine for Worker {
         let until = Instant::now() + LIST_TIMEOUT;
         loop {
             while let Some(payload) = self
-                .frames
-                .next_payload()
+                .next_buffered()
                 .map_err(io::Error::other)
                 .map_err(WorkerError::Io)?
             {
-                match frame::decode(payload) {
+                match frame::decode(&payload) {
                     Ok(Frame::VariablesReply { id: got, report }) if got == id => {
                         return match report.error {
                             None => Ok(report.variables),

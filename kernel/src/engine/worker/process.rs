@@ -12,6 +12,7 @@
 //! for its own death signal (the kernel's death); then it kills the whole group, itself
 //! included. On every normal path the kernel kills the group itself and reaps both.
 
+use flowrepl_protocol::frame::FrameReader;
 use std::fs::File;
 use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -52,7 +53,7 @@ pub struct WorkerProcess {
     /// Frames to the worker.
     pub to_worker: File,
     /// Frames from the worker.
-    pub from_worker: File,
+    pub from_worker: FrameReader<File>,
     guard: Option<libc::pid_t>,
     reaped: bool,
 }
@@ -181,9 +182,9 @@ impl WorkerProcess {
         let to_worker = File::from(std::os::fd::OwnedFd::from(
             child.stdin.take().expect("piped stdin"),
         ));
-        let from_worker = File::from(std::os::fd::OwnedFd::from(
+        let from_worker = FrameReader::new(File::from(std::os::fd::OwnedFd::from(
             child.stdout.take().expect("piped stdout"),
-        ));
+        )));
         // The std handle is dropped without waiting: we reap with wait4 ourselves.
         drop(child);
         let guard = spawn_guard(pid, kernel);
