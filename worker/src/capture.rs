@@ -14,9 +14,11 @@
 //! holds about `max` bytes (plus what it writes in one 100 ms tick), not everything.
 
 use crate::stdio::dup2;
+use nix::fcntl::{fcntl, FallocateFlags, FcntlArg, OFlag};
+use nix::sys::memfd::{memfd_create, MFdFlags};
 use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 /// Of a cell's output `[start, size)` over the limit `max`: where the kept head ends and the
@@ -31,23 +33,11 @@ pub fn drop_marker(dropped: u64, max: u64) -> String {
 }
 
 /// `pread` into `buf` at `offset`, retried on EINTR; the number of bytes read.
-pub fn pread_into(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+pub fn pread_into(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     loop {
-        // SAFETY: pread writes at most `buf.len()` bytes into `buf`.
-        let n = unsafe {
-            libc::pread(
-                fd,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                offset as libc::off_t,
-            )
-        };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
+        match nix::sys::uio::pread(fd, buf, offset as libc::off_t) {
+            Err(nix::Error::EINTR) => continue,
+            r => return Ok(r?),
         }
     }
 }
@@ -78,9 +68,11 @@ pub struct Collected {
     pub restored_fd: bool,
 }
 
-fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+/// `fstat` of a raw descriptor: the target fd (1 or 2) may have been closed by the cell, so
+/// it is not borrowed as a `BorrowedFd` (which must be open); `EBADF` then says so.
+fn fstat_raw(fd: RawFd) -> io::Result<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fstat fills `st` on success.
+    // SAFETY: fstat fills `st` on success and only reads `fd`.
     if unsafe { libc::fstat(fd, st.as_mut_ptr()) } < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -89,47 +81,28 @@ fn fstat(fd: RawFd) -> io::Result<libc::stat> {
 }
 
 /// Size of the file behind `fd`.
-pub fn file_size(fd: RawFd) -> io::Result<u64> {
-    Ok(fstat(fd)?.st_size as u64)
+pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    Ok(nix::sys::stat::fstat(fd)?.st_size as u64)
 }
 
 /// Releases `[start, end)` of a memfd's memory; the file size does not change.
-pub fn punch_hole(fd: RawFd, start: u64, end: u64) -> io::Result<()> {
+pub fn punch_hole(fd: BorrowedFd<'_>, start: u64, end: u64) -> io::Result<()> {
     if end <= start {
         return Ok(());
     }
-    // SAFETY: plain syscall.
-    let r = unsafe {
-        libc::fallocate(
-            fd,
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            start as libc::off_t,
-            (end - start) as libc::off_t,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let mode = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+    nix::fcntl::fallocate(fd, mode, start as libc::off_t, (end - start) as libc::off_t)?;
     Ok(())
 }
 
 impl Stream {
     fn install(name: &CStr, target: RawFd) -> io::Result<Stream> {
-        // SAFETY: memfd_create returns a new descriptor that we own.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fresh descriptor.
-        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let memfd = memfd_create(name, MFdFlags::MFD_CLOEXEC)?;
         // O_APPEND on the shared open file description: every writer (children included)
         // appends, whatever the offset.
-        // SAFETY: plain syscall.
-        if unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_APPEND) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let st = fstat(fd)?;
-        dup2(fd, target)?;
+        fcntl(&memfd, FcntlArg::F_SETFL(OFlag::O_APPEND))?;
+        let st = nix::sys::stat::fstat(&memfd)?;
+        dup2(memfd.as_fd(), target)?;
         Ok(Stream {
             memfd: Arc::new(memfd),
             target,
@@ -153,15 +126,15 @@ impl Stream {
     /// Current size of the capture file, checking first that the target fd still points at
     /// it; if the cell closed or replaced it, it is pointed back.
     fn size_checked(&mut self, restored: &mut bool) -> io::Result<u64> {
-        match fstat(self.target) {
+        match fstat_raw(self.target) {
             Ok(st) if st.st_dev == self.dev && st.st_ino == self.ino => {
                 return Ok(st.st_size as u64)
             }
             _ => {}
         }
-        dup2(self.memfd.as_raw_fd(), self.target)?;
+        dup2(self.memfd.as_fd(), self.target)?;
         *restored = true;
-        file_size(self.memfd.as_raw_fd())
+        file_size(self.memfd.as_fd())
     }
 
     /// For streaming ([`crate::sink`]): the final size of the cell's output, with the same
@@ -198,7 +171,7 @@ impl Stream {
         self.cursor = size;
         if self.cursor - self.punched >= PUNCH_THRESHOLD {
             let end = self.cursor / PAGE * PAGE;
-            punch_hole(self.memfd.as_raw_fd(), self.punched, end)?;
+            punch_hole(self.memfd.as_fd(), self.punched, end)?;
             self.punched = end;
         }
         Ok(c)

@@ -824,7 +824,7 @@ fn flush_std_streams(py: Python<'_>) -> bool {
     for name in [c"stdout", c"stderr"] {
         // SAFETY: GIL held; PySys_GetObject returns a borrowed reference or NULL.
         let stream = unsafe { ffi::PySys_GetObject(name.as_ptr()) };
-        if stream.is_null() || stream == unsafe { ffi::Py_None() } {
+        if stream.is_null() || stream == py.None().as_ptr() {
             ok = false;
             continue;
         }

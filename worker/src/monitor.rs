@@ -25,7 +25,7 @@
 use crate::capture::{file_size, kept_ranges, pread_into, punch_hole};
 use crate::sink::Streamer;
 use crate::tail::{last_line, OutputTail, TAIL_BYTES};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -40,6 +40,8 @@ const IDLE_TICKS_BEFORE_SLOW: u32 = 20;
 const SLOW_TICK: Duration = Duration::from_secs(1);
 const RESEND: Duration = Duration::from_secs(1);
 use crate::sys::{lock, PAGE};
+use nix::sys::pthread::pthread_kill;
+use nix::sys::signal::Signal;
 
 #[derive(Debug)]
 struct State {
@@ -61,7 +63,7 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     streams: Vec<Arc<OwnedFd>>,
-    target: libc::pthread_t,
+    target: nix::sys::pthread::Pthread,
     max_output_bytes: u64,
     /// The monitor ticks slowly and must be woken to see a cell in time.
     slow: AtomicBool,
@@ -94,8 +96,7 @@ impl Monitor {
                 released: vec![0; streams.len()],
             }),
             streams,
-            // SAFETY: pthread_self has no preconditions.
-            target: unsafe { libc::pthread_self() },
+            target: nix::sys::pthread::pthread_self(),
             max_output_bytes,
             slow: AtomicBool::new(false),
             streamer,
@@ -182,8 +183,8 @@ impl Interrupter {
         if !st.running {
             return false;
         }
-        // SAFETY: `target` is the executing thread, alive for the process's life.
-        unsafe { libc::pthread_kill(self.shared.target, libc::SIGINT) };
+        // `target` is the executing thread, alive for the process's life.
+        let _ = pthread_kill(self.shared.target, Signal::SIGINT);
         st.interrupted = true;
         st.first_sent.get_or_insert_with(Instant::now);
         true
@@ -202,7 +203,7 @@ impl Interrupter {
         let mut tail = OutputTail::default();
         let mut buf = [0u8; TAIL_BYTES];
         for (i, fd) in self.shared.streams.iter().take(2).enumerate() {
-            let fd = fd.as_raw_fd();
+            let fd = fd.as_fd();
             let Ok(size) = file_size(fd) else { continue };
             tail.bytes[i] = size.saturating_sub(starts[i]);
             let from = size.saturating_sub(TAIL_BYTES as u64).max(starts[i]);
@@ -243,8 +244,7 @@ fn run(shared: &Shared) {
                 if now >= st.deadline {
                     let due = st.fired_at.is_none_or(|t| now.duration_since(t) >= RESEND);
                     if due {
-                        // SAFETY: `target` is the executing thread, alive for the process's life.
-                        unsafe { libc::pthread_kill(shared.target, libc::SIGINT) };
+                        let _ = pthread_kill(shared.target, Signal::SIGINT);
                         st.fired_at = Some(now);
                         st.first_sent.get_or_insert(now);
                     }
@@ -283,7 +283,7 @@ fn run(shared: &Shared) {
 fn limit_output(shared: &Shared, starts: &[u64], released: &mut [u64]) {
     let max = shared.max_output_bytes;
     for ((fd, &start), done) in shared.streams.iter().zip(starts).zip(released) {
-        let fd = fd.as_raw_fd();
+        let fd = fd.as_fd();
         let Ok(size) = file_size(fd) else { continue };
         if size.saturating_sub(start) <= max {
             continue;

@@ -117,19 +117,12 @@ impl OutputSink for Channel {
 /// Re-arms RLIMIT_CPU so that this cell may use `seconds` more CPU seconds (the limit counts
 /// the whole process life). Past it the kernel sends SIGXCPU, which ends the worker.
 fn arm_cpu_limit(seconds: u64, used_ms: f64) {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((_, hard)) = getrlimit(Resource::RLIMIT_CPU) else {
+        return;
     };
-    // SAFETY: getrlimit/setrlimit on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_CPU, &mut lim) != 0 {
-            return;
-        }
-        let want = (used_ms / 1000.0).ceil() as u64 + seconds;
-        lim.rlim_cur = want.min(lim.rlim_max);
-        libc::setrlimit(libc::RLIMIT_CPU, &lim);
-    }
+    let want = (used_ms / 1000.0).ceil() as u64 + seconds;
+    let _ = setrlimit(Resource::RLIMIT_CPU, want.min(hard), hard);
 }
 
 fn done_report(o: CellOutcome, cpu_total_ms: f64) -> DoneReport {

@@ -13,7 +13,7 @@
 
 use crate::capture::{drop_marker, kept_ranges, pread_into, punch_hole};
 use flowrepl_protocol::frame::{OutputStream, MAX_CHUNK_BYTES};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Where a worker's output goes. Called from the executing thread and the monitor thread,
@@ -104,7 +104,7 @@ impl Streamer {
         }
         let mut any = false;
         for i in 0..2 {
-            let Ok(size) = crate::capture::file_size(self.fds[i].as_raw_fd()) else {
+            let Ok(size) = crate::capture::file_size(self.fds[i].as_fd()) else {
                 continue;
             };
             let head_end = st.start[i] + self.max / 2;
@@ -150,7 +150,7 @@ impl Streamer {
 
     /// Sends `[sent, to)` of stream `i` from its capture file; releases what was sent.
     fn send_range(&self, st: &mut State, i: usize, to: u64) -> bool {
-        let fd = self.fds[i].as_raw_fd();
+        let fd = self.fds[i].as_fd();
         let mut any = false;
         while st.sent[i] < to {
             let want = ((to - st.sent[i]) as usize).min(MAX_CHUNK_BYTES);

@@ -7,9 +7,10 @@
 //! capture files ([`crate::capture`]). From then on nothing that writes to fd 1 — `print`,
 //! C `printf`, a child process, a stray `println!` — can reach the protocol channel.
 
+use nix::fcntl::{fcntl, FcntlArg};
 use std::fs::File;
 use std::io;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, RawFd};
 
 /// Private descriptors are duplicated at or above this number.
 pub const PRIVATE_FD_BASE: RawFd = 64;
@@ -26,26 +27,24 @@ pub struct ProtocolStdio {
 }
 
 /// Duplicates `fd` to a private close-on-exec descriptor.
-pub fn private_dup(fd: RawFd) -> io::Result<File> {
-    // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor that we own.
-    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, PRIVATE_FD_BASE) };
-    if new < 0 {
-        return Err(io::Error::last_os_error());
-    }
+pub fn private_dup(fd: BorrowedFd<'_>) -> io::Result<File> {
+    let new = fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(PRIVATE_FD_BASE))?;
     // SAFETY: `new` is a fresh descriptor owned by nobody else.
     Ok(unsafe { File::from_raw_fd(new) })
 }
 
-/// `dup2(src, dst)`, retried on EINTR.
-pub fn dup2(src: RawFd, dst: RawFd) -> io::Result<()> {
+/// Points standard descriptor `dst` (0, 1 or 2) at `src`, retried on EINTR.
+pub fn dup2(src: BorrowedFd<'_>, dst: RawFd) -> io::Result<()> {
     loop {
-        // SAFETY: plain syscall on descriptors; `dst` is replaced atomically.
-        if unsafe { libc::dup2(src, dst) } >= 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
+        let r = match dst {
+            0 => nix::unistd::dup2_stdin(src),
+            1 => nix::unistd::dup2_stdout(src),
+            2 => nix::unistd::dup2_stderr(src),
+            other => panic!("dup2 onto fd {other}: only the standard descriptors are replaced"),
+        };
+        match r {
+            Err(nix::Error::EINTR) => continue,
+            r => return Ok(r?),
         }
     }
 }
@@ -54,14 +53,12 @@ pub fn dup2(src: RawFd, dst: RawFd) -> io::Result<()> {
 const PIPE_BYTES: libc::c_int = 1 << 20;
 
 /// If `fd` is a pipe, asks for a 1 MiB buffer instead of 64 KiB, so that a 1 MB reply (or
-/// request) crosses in one write instead of sixteen writer/reader hand-offs. Best effort.
-fn grow_pipe(fd: RawFd) {
-    // SAFETY: F_GETPIPE_SZ/F_SETPIPE_SZ only act on pipes; on anything else they fail
-    // harmlessly with EBADF/EINVAL.
-    unsafe {
-        let size = libc::fcntl(fd, libc::F_GETPIPE_SZ);
+/// request) crosses in one write instead of sixteen writer/reader hand-offs. Best effort:
+/// on anything but a pipe the calls fail harmlessly.
+fn grow_pipe(fd: BorrowedFd<'_>) {
+    if let Ok(size) = fcntl(fd, FcntlArg::F_GETPIPE_SZ) {
         if size > 0 && size < PIPE_BYTES {
-            let _ = libc::fcntl(fd, libc::F_SETPIPE_SZ, PIPE_BYTES);
+            let _ = fcntl(fd, FcntlArg::F_SETPIPE_SZ(PIPE_BYTES));
         }
     }
 }
@@ -69,14 +66,13 @@ fn grow_pipe(fd: RawFd) {
 /// Moves fds 0, 1, 2 to private descriptors and puts `/dev/null` on fd 0. Fds 1 and 2 keep
 /// pointing at the originals until [`crate::capture::Capture::install`] replaces them.
 pub fn take_protocol_stdio() -> io::Result<ProtocolStdio> {
-    let input = private_dup(0)?;
-    let output = private_dup(1)?;
-    let diagnostics = private_dup(2)?;
+    let input = private_dup(io::stdin().as_fd())?;
+    let output = private_dup(io::stdout().as_fd())?;
+    let diagnostics = private_dup(io::stderr().as_fd())?;
     let null = File::open("/dev/null")?;
-    use std::os::fd::AsRawFd;
-    dup2(null.as_raw_fd(), 0)?;
+    dup2(null.as_fd(), 0)?;
     for f in [&input, &output] {
-        grow_pipe(f.as_raw_fd());
+        grow_pipe(f.as_fd());
     }
     Ok(ProtocolStdio {
         input,

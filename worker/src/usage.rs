@@ -8,6 +8,8 @@
 //! time. CPU time counts all threads of the process, not child processes.
 
 use flowrepl_protocol::ResourceUsage;
+use nix::sys::resource::{getrusage, UsageWho};
+use nix::sys::time::TimeVal;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
@@ -24,18 +26,18 @@ pub struct Mark {
     cpu_ms: f64,
 }
 
-fn rusage() -> libc::rusage {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills `ru`; RUSAGE_SELF cannot fail.
-    unsafe {
-        libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr());
-        ru.assume_init()
+/// CPU time (user + system, all threads) and peak RSS in KiB of this process.
+fn rusage() -> (f64, u64) {
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let ms = |t: TimeVal| t.tv_sec() as f64 * 1000.0 + t.tv_usec() as f64 / 1000.0;
+            (
+                ms(u.user_time()) + ms(u.system_time()),
+                u.max_rss().max(0) as u64,
+            )
+        }
+        Err(_) => (0.0, 0),
     }
-}
-
-fn cpu_ms(ru: &libc::rusage) -> f64 {
-    let tv = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 impl Default for UsageMeter {
@@ -61,23 +63,21 @@ impl UsageMeter {
         if let Some(f) = &self.clear_refs {
             let _ = f.write_at(b"5", 0);
         }
-        Mark {
-            cpu_ms: cpu_ms(&rusage()),
-        }
+        Mark { cpu_ms: rusage().0 }
     }
 
     /// What was used since `mark`.
     pub fn end(&self, mark: Mark) -> ResourceUsage {
-        let ru = rusage();
+        let (cpu_ms, peak_rss_kb) = rusage();
         ResourceUsage {
             pid: self.pid,
-            cpu_ms: ((cpu_ms(&ru) - mark.cpu_ms).max(0.0) * 1000.0).round() / 1000.0,
-            peak_rss_kb: ru.ru_maxrss.max(0) as u64,
+            cpu_ms: ((cpu_ms - mark.cpu_ms).max(0.0) * 1000.0).round() / 1000.0,
+            peak_rss_kb,
         }
     }
 
     /// CPU time of the process so far, in milliseconds.
     pub fn cpu_total_ms(&self) -> f64 {
-        cpu_ms(&rusage())
+        rusage().0
     }
 }

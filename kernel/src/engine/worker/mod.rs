@@ -30,10 +30,11 @@ use flowrepl_protocol::{
 use flowrepl_worker::tail::{last_line, TAIL_BYTES};
 use flowrepl_worker::{CellOutcome, OutputTail};
 use ladder::{KillReason, Ladder, Step};
+use nix::sys::signal::Signal;
 use process::{Ended, Limits, SpawnConfig, WorkerProcess};
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -72,8 +73,8 @@ impl Control for WorkerControl {
         let Some(pid) = st.pid.filter(|_| st.running) else {
             return false;
         };
-        // SAFETY: plain syscall; the worker is our unreaped child while `running`.
-        unsafe { libc::kill(pid, libc::SIGINT) };
+        // The worker is our unreaped child while `running`: its pid cannot have been reused.
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGINT);
         st.interrupted_at.get_or_insert_with(Instant::now);
         true
     }
@@ -189,7 +190,7 @@ impl Worker {
             .open("/dev/null")
             .map_err(super::StartError::Stdio)?;
         for fd in [1, 2] {
-            flowrepl_worker::stdio::dup2(null.as_raw_fd(), fd).map_err(super::StartError::Stdio)?;
+            flowrepl_worker::stdio::dup2(null.as_fd(), fd).map_err(super::StartError::Stdio)?;
         }
         let mut w = Worker {
             spawn: SpawnConfig {
@@ -467,7 +468,7 @@ impl Worker {
             None => {
                 let limits = self.limits();
                 if let (Some(e), Some(secs)) = (ended, limits.cpu_seconds) {
-                    if e.signal == Some(libc::SIGXCPU) {
+                    if e.signal == Some(Signal::SIGXCPU as i32) {
                         let used = (e.cpu_total_ms - self.last_cpu_total_ms).max(0.0) / 1000.0;
                         return (
                             Fault::CpuLimitExceeded,
@@ -483,7 +484,11 @@ impl Worker {
                     elapsed.as_secs_f64() * 1000.0
                 );
                 if let (Some(mb), Some(e)) = (limits.memory_mb, ended) {
-                    if matches!(e.signal, Some(libc::SIGKILL | libc::SIGSEGV | libc::SIGABRT | libc::SIGBUS)) {
+                    let signal = e.signal.and_then(|s| Signal::try_from(s).ok());
+                    if matches!(
+                        signal,
+                        Some(Signal::SIGKILL | Signal::SIGSEGV | Signal::SIGABRT | Signal::SIGBUS)
+                    ) {
                         msg.push_str(&format!(
                             " (a memory limit of {mb} MB was set: it may have run out of memory)"
                         ));

@@ -13,6 +13,10 @@
 //! included. On every normal path the kernel kills the group itself and reaps both.
 
 use flowrepl_protocol::frame::FrameReader;
+use nix::sys::prctl::set_pdeathsig;
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::{getpid, getppid, Pid};
 use std::fs::File;
 use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -82,50 +86,20 @@ impl Ended {
     }
 }
 
-/// The usual name of a signal number.
+/// The usual name of a signal number (`SIGSEGV`), or `signal` for one nix does not know.
 pub fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGXCPU => "SIGXCPU",
-        libc::SIGXFSZ => "SIGXFSZ",
-        libc::SIGSYS => "SIGSYS",
-        _ => "signal",
-    }
+    Signal::try_from(sig).map_or("signal", Signal::as_str)
 }
 
-fn set_limit(resource: libc::__rlimit_resource_t, value: u64) -> bool {
-    let lim = libc::rlimit {
-        rlim_cur: value,
-        rlim_max: value,
-    };
-    // SAFETY: plain syscall on a local struct (async-signal-safe).
-    unsafe { libc::setrlimit(resource, &lim) == 0 }
+/// Sets a resource limit, soft and hard.
+fn set_limit(resource: Resource, value: u64) -> nix::Result<()> {
+    setrlimit(resource, value, value)
 }
 
-fn lower_soft_limit(resource: libc::__rlimit_resource_t, value: u64) -> bool {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain syscalls on a local struct (async-signal-safe).
-    unsafe {
-        if libc::getrlimit(resource, &mut lim) != 0 {
-            return false;
-        }
-        lim.rlim_cur = value.min(lim.rlim_max);
-        libc::setrlimit(resource, &lim) == 0
-    }
+/// Lowers a soft limit to `value` (never above the hard limit).
+fn lower_soft_limit(resource: Resource, value: u64) -> nix::Result<()> {
+    let (_, hard) = getrlimit(resource)?;
+    setrlimit(resource, value.min(hard), hard)
 }
 
 impl WorkerProcess {
@@ -150,29 +124,23 @@ impl WorkerProcess {
             .stderr(diagnostics.try_clone()?)
             .process_group(0);
         let limits = config.limits;
-        // SAFETY: getpid has no preconditions.
-        let kernel = unsafe { libc::getpid() };
+        let kernel = getpid();
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-        // syscalls (prctl, getppid, setrlimit/getrlimit).
+        // syscalls (prctl, getppid, getrlimit/setrlimit, _exit) through thin wrappers that
+        // neither allocate nor lock.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                if libc::getppid() != kernel {
+                set_pdeathsig(Signal::SIGKILL)?;
+                if getppid() != kernel {
                     // The kernel died before the death signal was armed.
                     libc::_exit(0);
                 }
-                set_limit(libc::RLIMIT_CORE, 0);
+                let _ = set_limit(Resource::RLIMIT_CORE, 0);
                 if let Some(mb) = limits.memory_mb {
-                    if !set_limit(libc::RLIMIT_AS, mb.saturating_mul(1 << 20)) {
-                        return Err(io::Error::last_os_error());
-                    }
+                    set_limit(Resource::RLIMIT_AS, mb.saturating_mul(1 << 20))?;
                 }
                 if let Some(n) = limits.max_procs {
-                    if !lower_soft_limit(libc::RLIMIT_NPROC, n) {
-                        return Err(io::Error::last_os_error());
-                    }
+                    lower_soft_limit(Resource::RLIMIT_NPROC, n)?;
                 }
                 Ok(())
             });
@@ -187,7 +155,7 @@ impl WorkerProcess {
         )));
         // The std handle is dropped without waiting: we reap with wait4 ourselves.
         drop(child);
-        let guard = spawn_guard(pid, kernel);
+        let guard = spawn_guard(pid, kernel.as_raw());
         Ok(WorkerProcess {
             pid,
             to_worker,
@@ -197,16 +165,10 @@ impl WorkerProcess {
         })
     }
 
-    /// Sends `sig` to the worker alone.
-    pub fn signal(&self, sig: i32) {
-        // SAFETY: plain syscall; the pid is our unreaped child, so it cannot be reused.
-        unsafe { libc::kill(self.pid, sig) };
-    }
-
-    /// SIGKILL to the worker's whole process group (the worker, its guard, what cells started).
+    /// SIGKILL to the worker's whole process group (the worker, its guard, what cells
+    /// started). The group leader is our unreaped child, so its id cannot have been reused.
     pub fn kill_group(&self) {
-        // SAFETY: plain syscall; the group leader is our unreaped child.
-        unsafe { libc::kill(-self.pid, libc::SIGKILL) };
+        let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
     }
 
     /// Kills the group if needed and reaps the worker and its guard. Idempotent.
