@@ -266,6 +266,38 @@ impl Kernel {
         r
     }
 
+    /// Waits (bounded) until `status` says a cell runs: a request sent before has reached
+    /// the executor's thread. Use it instead of sleeping while a long cell starts.
+    pub fn wait_busy(&mut self) {
+        let until = Instant::now() + REPLY_TIMEOUT;
+        loop {
+            let st = self.call("status", Value::Null);
+            if st["result"]["busy"] == true {
+                return;
+            }
+            assert!(Instant::now() < until, "the cell never started: {st}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Sends `interrupt` until it reaches the running cell (`busy` is set a moment before the
+    /// cell's code starts, when nothing can be interrupted yet); returns when one did.
+    pub fn interrupt_running(&mut self) {
+        self.wait_busy();
+        let until = Instant::now() + REPLY_TIMEOUT;
+        loop {
+            let ack = self.call("interrupt", Value::Null);
+            if ack["result"]["interrupted"] == true {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "no cell could be interrupted: {ack}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     /// A barrier for the task log: records are written right after their reply, so once a
     /// later request is answered every earlier record is in the file.
     pub fn sync(&mut self) {

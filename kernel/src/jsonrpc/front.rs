@@ -252,20 +252,24 @@ impl Front {
             }
             // Requests already buffered (pipelined behind the running cell) come first.
             self.take_lines(false, &mut eof);
-            if !eof && flowrepl_worker::sys::poll_readable(self.input_fd, TICK).unwrap_or(true) {
+            if !eof && readable(self.input_fd, TICK) {
                 self.take_lines(true, &mut eof);
             }
         }
     }
 
     /// Under the reader lock and only while busy: handles the complete lines buffered, after
-    /// one `read(2)` if `read` (the caller polled first, so it does not block).
+    /// one `read(2)` if `read` and stdin is still readable. (The caller polled without the
+    /// lock; meanwhile the request thread may have ended the cell, read that very line and
+    /// started the next cell: a read then would block with the lock held, and no `status` or
+    /// `interrupt` would be answered until the cell ended. Under the lock only this thread
+    /// reads, so a poll that does not wait is exact.)
     fn take_lines(&self, read: bool, eof: &mut bool) {
         let mut reader = lock(&self.reader);
         if !self.busy.load(Ordering::SeqCst) {
             return;
         }
-        if read {
+        if read && readable(self.input_fd, Duration::ZERO) {
             if let Err(e) = reader.fill() {
                 tracing::warn!(error = %e, "reading requests while busy failed");
                 *eof = true;
@@ -291,8 +295,15 @@ impl Front {
                     id,
                     call: Ok(Call::Interrupt),
                 } => {
+                    // The acknowledgement goes out before the interrupted cell's reply: the
+                    // writer is held from the signal until the ack is written.
+                    let mut writer = self.writer();
                     let r = self.interrupt();
-                    self.reply_while_busy(id.as_ref(), &r);
+                    if let Some(id) = &id {
+                        if let Err(e) = writer.send(&Response::new(id, &r)) {
+                            tracing::warn!(error = %e, "writing a reply while busy failed");
+                        }
+                    }
                 }
                 Item::Eof => {
                     *eof = true;
@@ -319,4 +330,10 @@ impl Front {
             tracing::warn!(error = %e, "writing a reply while busy failed");
         }
     }
+}
+
+/// Whether `fd` has input (or is at EOF or in error) within `wait`. A failed poll counts as
+/// readable, so that the read reports the error.
+fn readable(fd: RawFd, wait: Duration) -> bool {
+    flowrepl_worker::sys::poll_readable(fd, wait).unwrap_or(true)
 }

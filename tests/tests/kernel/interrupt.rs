@@ -17,12 +17,8 @@ fn interrupts_and_keeps_state(code: &str) {
     let mut k = Kernel::start();
     k.ok("kept = 41");
     send(&mut k, "run", "execute_code", json!({"code": code}));
-    std::thread::sleep(Duration::from_millis(300));
+    k.interrupt_running();
     let t = Instant::now();
-    send(&mut k, "stop", "interrupt", Value::Null);
-    let ack = k.recv();
-    assert_eq!(ack["id"], "stop");
-    assert_eq!(ack["result"]["interrupted"], true, "{ack}");
     let r = k.recv();
     assert!(
         t.elapsed() < Duration::from_secs(5),
@@ -69,7 +65,7 @@ fn status_answers_while_busy() {
         "execute_code",
         json!({"code": "import time; time.sleep(1); 'slept'"}),
     );
-    std::thread::sleep(Duration::from_millis(200));
+    k.wait_busy();
     let t = Instant::now();
     send(&mut k, "s", "status", Value::Null);
     let s = k.recv();
@@ -126,7 +122,7 @@ fn eof_while_busy_finishes_the_cell_then_exits() {
         "execute_code",
         json!({"code": "import time; time.sleep(0.5); 'done'"}),
     );
-    std::thread::sleep(Duration::from_millis(100));
+    k.wait_busy();
     let log = k.log_file();
     // Close stdin while the cell runs: the reply still comes, then a clean exit.
     k.close_stdin();

@@ -8,11 +8,17 @@
 //! Between those moments the kernel waits on the worker's pipe; [`Ladder::step`] says for how
 //! long, so that an interrupt requested from another thread is noticed within
 //! [`INTERRUPT_CHECK`].
+//!
+//! While an interrupt is pending, SIGINT is sent again every [`RESEND`]: one that reached the
+//! worker just before its cell began (the kernel marks the cell running before it writes the
+//! Execute frame) was discarded there as a stale signal of an earlier cell.
 
 use std::time::{Duration, Instant};
 
 /// While no interrupt is pending, the request thread looks for one this often.
 pub const INTERRUPT_CHECK: Duration = Duration::from_millis(100);
+/// While an interrupt is pending, SIGINT is sent again this often.
+pub const RESEND: Duration = Duration::from_millis(250);
 /// After the kill, how long to wait for the pipe to close.
 const AFTER_KILL: Duration = Duration::from_secs(1);
 /// The shortest wait (a zero poll would spin).
@@ -32,6 +38,8 @@ pub enum KillReason {
 pub enum Step {
     /// Read the pipe for at most this long, then ask again.
     Wait(Duration),
+    /// Send SIGINT to the worker again (the interrupt may have been lost), then ask again.
+    Resend,
     /// Kill the worker's process group now.
     Kill(KillReason),
 }
@@ -42,6 +50,8 @@ pub struct Ladder {
     kill_at: Instant,
     grace: Duration,
     killed: Option<KillReason>,
+    /// The last SIGINT re-sent for a pending interrupt.
+    resent_at: Option<Instant>,
 }
 
 impl Ladder {
@@ -51,6 +61,7 @@ impl Ladder {
             kill_at: started + timeout + grace,
             grace,
             killed: None,
+            resent_at: None,
         }
     }
 
@@ -76,11 +87,20 @@ impl Ladder {
             self.killed = Some(r);
             return Step::Kill(r);
         }
-        let until_interrupt_kill = match interrupted_at {
-            Some(t) => (t + self.grace).saturating_duration_since(now),
+        let until_next = match interrupted_at {
+            Some(t) => {
+                let last = self.resent_at.map_or(t, |r| r.max(t));
+                if now >= last + RESEND {
+                    self.resent_at = Some(now);
+                    return Step::Resend;
+                }
+                (t + self.grace)
+                    .min(last + RESEND)
+                    .saturating_duration_since(now)
+            }
             None => INTERRUPT_CHECK,
         };
-        let wait = until_interrupt_kill.min(self.kill_at.saturating_duration_since(now));
+        let wait = until_next.min(self.kill_at.saturating_duration_since(now));
         Step::Wait(wait.max(MIN_WAIT))
     }
 }
@@ -123,6 +143,24 @@ mod tests {
             Step::Kill(KillReason::Interrupt)
         );
         assert_eq!(l.killed(), Some(KillReason::Interrupt));
+    }
+
+    #[test]
+    fn a_pending_interrupt_is_resent_until_the_kill() {
+        let t0 = Instant::now();
+        let mut l = Ladder::new(t0, 60_000 * MS, 1000 * MS);
+        let asked = t0;
+        assert_eq!(l.step(asked, Some(asked)), Step::Wait(RESEND));
+        assert_eq!(l.step(asked + RESEND, Some(asked)), Step::Resend);
+        assert_eq!(l.step(asked + RESEND, Some(asked)), Step::Wait(RESEND));
+        assert_eq!(l.step(asked + 2 * RESEND + MS, Some(asked)), Step::Resend);
+        assert_eq!(l.step(asked + 760 * MS, Some(asked)), Step::Resend);
+        // The wait never passes the kill (next re-send at 1010 ms, the kill at 1000 ms).
+        assert_eq!(l.step(asked + 900 * MS, Some(asked)), Step::Wait(100 * MS));
+        assert_eq!(
+            l.step(asked + 1000 * MS, Some(asked)),
+            Step::Kill(KillReason::Interrupt)
+        );
     }
 
     #[test]

@@ -58,9 +58,29 @@ pub struct WorkerControl {
     state: Mutex<ControlState>,
 }
 
+impl ControlState {
+    /// SIGINT to the worker if a cell runs. The worker is our unreaped child while
+    /// `running`: its pid cannot have been reused.
+    fn signal_running(&self) -> bool {
+        match self.pid.filter(|_| self.running) {
+            Some(pid) => {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGINT);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 impl WorkerControl {
     fn lock(&self) -> MutexGuard<'_, ControlState> {
         flowrepl_worker::sys::lock(&self.state)
+    }
+
+    /// Sends SIGINT again to the running cell (the stop ladder's re-send), under the same
+    /// lock as [`Control::interrupt`].
+    fn signal_running(&self) {
+        self.lock().signal_running();
     }
 }
 
@@ -70,11 +90,9 @@ impl Control for WorkerControl {
     /// arrives between cells).
     fn interrupt(&self) -> bool {
         let mut st = self.lock();
-        let Some(pid) = st.pid.filter(|_| st.running) else {
+        if !st.signal_running() {
             return false;
-        };
-        // The worker is our unreaped child while `running`: its pid cannot have been reused.
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGINT);
+        }
         st.interrupted_at.get_or_insert_with(Instant::now);
         true
     }
@@ -600,6 +618,10 @@ impl Engine for Worker {
             let interrupted_at = self.control.lock().interrupted_at;
             let wait = match ladder.step(Instant::now(), interrupted_at) {
                 Step::Wait(d) => d,
+                Step::Resend => {
+                    self.control.signal_running();
+                    continue;
+                }
                 Step::Kill(reason) => {
                     tracing::warn!(
                         ?reason,
