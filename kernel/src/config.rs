@@ -106,6 +106,7 @@ impl Config {
             cpu_seconds: cli.cpu_seconds,
             max_procs: cli.max_procs,
         };
+        let mut max_request_bytes = cli.max_request_bytes;
         let worker = if cli.worker || worker_env {
             let exe = match &cli.worker_bin {
                 Some(p) => p.clone(),
@@ -116,6 +117,13 @@ impl Config {
             };
             if !exe.is_file() {
                 return Err(ConfigError::WorkerMissing(exe.display().to_string()));
+            }
+            if max_request_bytes > flowrepl_protocol::frame::MAX_CELL_BYTES {
+                max_request_bytes = flowrepl_protocol::frame::MAX_CELL_BYTES;
+                tracing::warn!(
+                    max_request_bytes,
+                    "worker mode: FLOWREPL_MAX_REQUEST_BYTES is capped at the largest cell a worker frame carries"
+                );
             }
             Some(WorkerConfig { exe, limits })
         } else {
@@ -130,7 +138,7 @@ impl Config {
             kill_grace: std::time::Duration::from_millis(cli.kill_grace_ms),
             log_file,
             default_timeout_ms: cli.timeout_ms,
-            max_request_bytes: cli.max_request_bytes,
+            max_request_bytes,
             max_output_bytes: cli.max_output_bytes,
             python,
             mcp: cli

@@ -20,22 +20,19 @@ pub enum Fault {
     ProcessLimitExceeded,
     /// No worker could be started for the cell: it did not run.
     WorkerUnavailable,
-    /// The cell's source does not fit in a worker frame: it did not run.
-    CellTooLarge,
     /// In-process, the cell ignored SIGINT for the grace period; it may still be running.
     CellNotStopped,
 }
 
 impl Fault {
     /// Every fault, in the order of the docs.
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 7] = [
         Fault::WorkerDied,
         Fault::WorkerKilled,
         Fault::CpuLimitExceeded,
         Fault::MemoryLimitExceeded,
         Fault::ProcessLimitExceeded,
         Fault::WorkerUnavailable,
-        Fault::CellTooLarge,
         Fault::CellNotStopped,
     ];
 
@@ -48,7 +45,6 @@ impl Fault {
             Fault::MemoryLimitExceeded => "MemoryLimitExceeded",
             Fault::ProcessLimitExceeded => "ProcessLimitExceeded",
             Fault::WorkerUnavailable => "WorkerUnavailable",
-            Fault::CellTooLarge => "CellTooLarge",
             Fault::CellNotStopped => "CellNotStopped",
         }
     }

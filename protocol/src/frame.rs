@@ -36,6 +36,9 @@ use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 /// Largest frame accepted, in bytes (`length` field): a cell's source can be as large as the
 /// largest request line.
 pub const MAX_FRAME_BYTES: u32 = 512 << 20;
+/// Largest cell source an Execute frame carries (the frame limit less its kind, id and
+/// timeout). Worker mode caps the request line limit at this, so every cell fits.
+pub const MAX_CELL_BYTES: usize = MAX_FRAME_BYTES as usize - 17;
 /// Largest output chunk the worker sends.
 pub const MAX_CHUNK_BYTES: usize = 64 << 10;
 /// Size of the length prefix.

@@ -2,7 +2,9 @@
 //! leftover processes. Faults that only worker mode survives run in worker mode; the stop
 //! ladder's first step runs in both.
 
-use flowrepl_tests::{alive, kill, read_log, wait_for, zombie_children, Kernel, MODES};
+use flowrepl_tests::{
+    alive, flowrepl_bin, kill, read_log, wait_for, zombie_children, Kernel, MODES,
+};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -427,4 +429,63 @@ fn an_interrupt_as_the_cell_starts_is_answered_and_not_lost() {
         }
         assert_eq!(k.ok("kept")["result"], "1", "{mode}");
     }
+}
+
+/// `fork` past FLOWREPL_MAX_PROCS is `ProcessLimitExceeded`, and the session lives on. Linux
+/// does not apply RLIMIT_NPROC to root, so a cell running as root first drops to uid 65534
+/// (for all its threads); the limit then counts that user's processes, the worker included.
+/// (That user cannot read a stdlib under /root: what the cells and the traceback need is
+/// imported first.)
+#[test]
+fn a_fork_over_the_process_limit_is_process_limit_exceeded() {
+    let mut k = Kernel::options()
+        .worker()
+        .env("FLOWREPL_MAX_PROCS", "1")
+        .start();
+    k.ok("import os, traceback, linecache\nif os.getuid() == 0:\n    os.setuid(65534)\nkept = 7");
+    let r = k.execute("pid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)");
+    assert_eq!(r["error"]["type"], "ProcessLimitExceeded", "{r:#}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("limit is 1 processes (FLOWREPL_MAX_PROCS)"),
+        "{msg}"
+    );
+    assert_eq!(r["state_lost"], false);
+    assert_eq!(k.ok("kept")["result"], "7");
+}
+
+/// No worker can be started (its executable is gone): the cell did not run and says so as
+/// `WorkerUnavailable`; once the executable is back, the next cell runs on a fresh worker.
+#[test]
+fn a_cell_without_a_worker_is_worker_unavailable_until_one_can_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("flowrepl-worker");
+    let built = flowrepl_bin().with_file_name("flowrepl-worker");
+    std::fs::copy(&built, &exe).unwrap();
+    let mut k = Kernel::options()
+        .worker()
+        .env("FLOWREPL_WORKER_BIN", exe.display().to_string())
+        .start();
+    k.ok("x = 1");
+    std::fs::remove_file(&exe).unwrap();
+    let r = k.execute("import os; os._exit(1)");
+    assert_eq!(r["error"]["type"], "WorkerDied");
+    let warnings = r["warnings"].to_string();
+    assert!(
+        warnings.contains("a new worker could not be started"),
+        "{warnings}"
+    );
+    let r = k.execute("'ran'");
+    assert_eq!(r["error"]["type"], "WorkerUnavailable", "{r:#}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("the cell did not run"),
+        "{r:#}"
+    );
+    assert_eq!(r["state_lost"], true);
+    assert_eq!(r["result"], Value::Null);
+    std::fs::copy(&built, &exe).unwrap();
+    assert_eq!(k.ok("'ran'")["result"], "'ran'");
 }

@@ -230,3 +230,23 @@ fn usage_reports_cpu_and_a_per_cell_peak_in_both_modes() {
         assert_eq!(log[0].peak_rss_kb, Some(peak));
     }
 }
+
+/// Every cell a request line can carry fits in a worker frame: worker mode caps
+/// FLOWREPL_MAX_REQUEST_BYTES at the largest cell a frame carries, and says so.
+#[test]
+fn worker_mode_caps_the_request_limit_at_the_frame_limit() {
+    let mut k = Kernel::options()
+        .worker()
+        .env("FLOWREPL_MAX_REQUEST_BYTES", "4000000000")
+        .start();
+    assert_eq!(k.ok("1 + 1")["result"], "2");
+    let err = k.stderr();
+    assert!(
+        err.contains("capped at the largest cell a worker frame carries"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("max_request_bytes={}", frame::MAX_CELL_BYTES)),
+        "{err}"
+    );
+}

@@ -585,19 +585,8 @@ impl Engine for Worker {
             done: None,
         };
         self.send_buf.clear();
-        if let Err(e) =
-            frame::encode_execute(&mut self.send_buf, c.id, timeout.as_millis() as u64, code)
-        {
-            let mut run = fault_run(
-                Fault::CellTooLarge,
-                e.to_string(),
-                String::new(),
-                String::new(),
-                warnings,
-            );
-            run.state_lost = state_lost;
-            return run;
-        }
+        frame::encode_execute(&mut self.send_buf, c.id, timeout.as_millis() as u64, code)
+            .expect("worker mode caps request lines at frame::MAX_CELL_BYTES (config.rs)");
         let started = Instant::now();
         {
             let mut st = self.control.lock();
