@@ -64,13 +64,24 @@ impl Config {
     }
 }
 
+/// Resource limits applied to the worker only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// RLIMIT_AS in MiB.
+    pub memory_mb: Option<u64>,
+    /// RLIMIT_CPU per cell, in seconds (re-armed by the worker before each cell).
+    pub cpu_seconds: Option<u64>,
+    /// RLIMIT_NPROC.
+    pub max_procs: Option<u64>,
+}
+
 /// Worker mode settings.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     /// The `flowrepl-worker` executable.
     pub exe: PathBuf,
     /// Limits of the worker.
-    pub limits: crate::engine::worker::process::Limits,
+    pub limits: Limits,
 }
 
 /// Why the configuration is unusable.
@@ -101,7 +112,7 @@ impl Config {
             cli.python.as_deref(),
             std::env::var_os("VIRTUAL_ENV").as_deref(),
         )?;
-        let limits = crate::engine::worker::process::Limits {
+        let limits = Limits {
             memory_mb: cli.memory_mb,
             cpu_seconds: cli.cpu_seconds,
             max_procs: cli.max_procs,

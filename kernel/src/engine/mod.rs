@@ -1,7 +1,7 @@
 //! The engine seam: where cells run, behind one interface.
 //!
-//! Every front (JSON-RPC, MCP) reaches Python through the [`Session`](crate::session), and
-//! the session through [`Engine`]: run a cell, list variables, restart, describe the
+//! Every front (JSON-RPC, MCP) reaches Python through the session, and the session through
+//! [`Engine`]: run a cell, list variables, restart, describe the
 //! interpreter, finish. Two implementations sit behind it:
 //! - [`in_process::InProcess`]: embedded CPython on the calling thread (Python's main thread).
 //! - [`worker::Worker`]: a keep-alive `flowrepl-worker` subprocess, with its lifecycle, the

@@ -21,6 +21,7 @@ pub mod ladder;
 pub mod process;
 
 use super::{CellRun, Control, Engine, EngineError};
+use crate::config::Limits;
 use crate::config::{Config, WorkerConfig};
 use flowrepl_protocol::frame::{self, DoneReport, Frame, FrameError, OutputStream, WorkerHello};
 use flowrepl_protocol::{
@@ -31,7 +32,7 @@ use flowrepl_worker::tail::{last_line, TAIL_BYTES};
 use flowrepl_worker::{CellOutcome, OutputTail};
 use ladder::{KillReason, Ladder, Step};
 use nix::sys::signal::Signal;
-use process::{Ended, Limits, SpawnConfig, WorkerProcess};
+use process::{Ended, SpawnConfig, WorkerProcess};
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd};

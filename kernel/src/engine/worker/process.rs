@@ -12,6 +12,7 @@
 //! for its own death signal (the kernel's death); then it kills the whole group, itself
 //! included. On every normal path the kernel kills the group itself and reaps both.
 
+use crate::config::Limits;
 use flowrepl_protocol::frame::FrameReader;
 use nix::sys::prctl::set_pdeathsig;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
@@ -22,17 +23,6 @@ use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-
-/// Resource limits applied to the worker only.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Limits {
-    /// RLIMIT_AS in MiB.
-    pub memory_mb: Option<u64>,
-    /// RLIMIT_CPU per cell, in seconds (re-armed by the worker before each cell).
-    pub cpu_seconds: Option<u64>,
-    /// RLIMIT_NPROC.
-    pub max_procs: Option<u64>,
-}
 
 /// How to start a worker.
 #[derive(Debug, Clone)]
