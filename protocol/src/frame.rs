@@ -421,7 +421,7 @@ impl<R: std::io::Read> FrameReader<R> {
         let missing = self
             .expect
             .map_or(0, |len| len.saturating_sub(self.buf.len()));
-        let want = missing.clamp(4096, 8 << 20);
+        let want = missing.clamp(1024, 8 << 20);
         let start = self.buf.len();
         self.buf.resize(start + want, 0);
         let r = loop {
