@@ -32,6 +32,20 @@ pub fn drop_marker(dropped: u64, max: u64) -> String {
     format!("\n[flowrepl: {dropped} bytes of output dropped here: the cell wrote more than {max} bytes]\n")
 }
 
+/// A stream's bytes as text: invalid UTF-8 is replaced with U+FFFD, with a warning naming
+/// the stream (`label`).
+pub fn decode_output(bytes: Vec<u8>, label: &str, warnings: &mut Vec<String>) -> String {
+    match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => {
+            warnings.push(format!(
+                "{label} was not valid UTF-8; invalid bytes were replaced with U+FFFD"
+            ));
+            String::from_utf8_lossy(e.as_bytes()).into_owned()
+        }
+    }
+}
+
 /// `pread` into `buf` at `offset`, retried on EINTR; the number of bytes read.
 pub fn pread_into(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     loop {

@@ -599,15 +599,7 @@ impl Executor {
                     .warnings
                     .push(format!("reading captured {label} failed: {e}")),
             }
-            *target = match String::from_utf8(bytes) {
-                Ok(s) => s,
-                Err(e) => {
-                    out.report.warnings.push(format!(
-                        "{label} was not valid UTF-8; invalid bytes were replaced with U+FFFD"
-                    ));
-                    String::from_utf8_lossy(e.as_bytes()).into_owned()
-                }
-            };
+            *target = crate::capture::decode_output(bytes, label, &mut out.report.warnings);
         }
     }
 

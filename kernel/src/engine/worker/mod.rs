@@ -28,6 +28,7 @@ use flowrepl_protocol::{
     CellReport, ExecutionKind, Fault, Mode, PythonInfo, ResourceUsage, RestartReply, StoppedBy,
     VariableInfo,
 };
+use flowrepl_worker::capture::decode_output;
 use flowrepl_worker::tail::{last_line, TAIL_BYTES};
 use flowrepl_worker::{CellOutcome, OutputTail};
 use ladder::{KillReason, Ladder, Step};
@@ -755,18 +756,5 @@ impl Engine for Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         self.drop_worker();
-    }
-}
-
-/// Decodes a stream's bytes, replacing invalid UTF-8 (with a warning).
-fn decode_output(bytes: Vec<u8>, label: &str, warnings: &mut Vec<String>) -> String {
-    match String::from_utf8(bytes) {
-        Ok(s) => s,
-        Err(e) => {
-            warnings.push(format!(
-                "{label} was not valid UTF-8; invalid bytes were replaced with U+FFFD"
-            ));
-            String::from_utf8_lossy(e.as_bytes()).into_owned()
-        }
     }
 }
