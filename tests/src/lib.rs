@@ -200,6 +200,13 @@ impl Kernel {
         k
     }
 
+    /// Waits (bounded) until the kernel's stderr contains `needle` (it is read by a thread of
+    /// its own, so what was written before a reply may not have been read yet); returns it.
+    pub fn stderr_with(&self, needle: &str) -> String {
+        wait_for(Duration::from_secs(10), || self.stderr().contains(needle));
+        self.stderr()
+    }
+
     /// What the kernel wrote to stderr so far.
     pub fn stderr(&self) -> String {
         String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()

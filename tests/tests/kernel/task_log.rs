@@ -132,11 +132,8 @@ fn an_unwritable_log_never_fails_the_cell_and_logging_resumes() {
     let tmp = tempfile::tempdir().unwrap();
     let log_dir = blocked_log_dir(tmp.path());
     let mut k = Kernel::options().log_dir(&log_dir).start();
-    assert!(
-        k.stderr().contains("task log unavailable"),
-        "{}",
-        k.stderr()
-    );
+    let err = k.stderr_with("task log unavailable");
+    assert!(err.contains("task log unavailable"), "{err}");
     let r = k.ok("x = 1\nx");
     assert_eq!(r["result"], "1");
     let w = r["warnings"].as_array().unwrap();
@@ -175,7 +172,9 @@ fn a_full_disk_is_a_warning() {
             && w.contains("cannot write to task log"),
         "{w}"
     );
-    assert!(k.stderr().contains("task log record not written"));
+    assert!(k
+        .stderr_with("task log record not written")
+        .contains("task log record not written"));
 }
 
 #[test]
