@@ -28,10 +28,25 @@ pub struct Cli {
     #[arg(global = true, long, value_name = "PATH")]
     pub python: Option<PathBuf>,
 
-    /// Default cell timeout in milliseconds, when a request gives no timeout_ms.
-    #[arg(global = true, long, env = "FLOWREPL_TIMEOUT_MS", default_value_t = 300_000,
+    /// Default cell timeout in milliseconds, when a request gives no timeout_ms [default:
+    /// 300000; 295000 in drop-in mode, under its clients' 300 s].
+    #[arg(global = true, long, env = "FLOWREPL_TIMEOUT_MS",
           value_parser = clap::value_parser!(u64).range(1..=flowrepl_protocol::call::MAX_TIMEOUT_MS))]
-    pub timeout_ms: u64,
+    pub timeout_ms: Option<u64>,
+
+    /// Answer a failing cell called as `execute` the way the original `json_repl_session.py`
+    /// did: a JSON-RPC error -32603 with the whole result as `data` (on in drop-in mode).
+    #[arg(global = true, long, value_enum, value_name = "CLIENT")]
+    pub compat: Option<Compat>,
+
+    /// A Python file to run in the session before it is ready, after $PYTHONSTARTUP (may be
+    /// given more than once); the names it defines are the session's baseline.
+    #[arg(global = true, long, value_name = "FILE")]
+    pub startup: Vec<PathBuf>,
+
+    /// Drop-in mode: started as `flowrepl [interpreter flags] SCRIPT [args...]`.
+    #[arg(skip)]
+    pub dropin: Option<crate::dropin::Python>,
 
     /// Longest request line accepted, in bytes; longer lines get error -32001.
     #[arg(global = true, long, env = "FLOWREPL_MAX_REQUEST_BYTES", default_value_t = 256 << 20)]
@@ -71,6 +86,37 @@ pub struct Cli {
     /// Worker mode: the `flowrepl-worker` executable (default: next to `flowrepl`).
     #[arg(global = true, long, env = "FLOWREPL_WORKER_BIN", value_name = "PATH")]
     pub worker_bin: Option<PathBuf>,
+}
+
+/// Clients whose conventions flowrepl can follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Compat {
+    /// The original system's `json_repl_session.py` clients.
+    JsonRepl,
+}
+
+impl Cli {
+    /// The command line of this process: flowrepl's own flags, or a Python interpreter's
+    /// (drop-in mode, see [`crate::dropin`]). Exits 2 with a message when it is neither.
+    pub fn from_args() -> Cli {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        if !crate::dropin::looks_like_python(&args[1..]) {
+            return Cli::parse_from(args);
+        }
+        match crate::dropin::parse(&args[1..]) {
+            Ok(py) => {
+                // flowrepl's own settings still come from the environment.
+                let mut cli = Cli::parse_from(&args[..1]);
+                cli.dropin = Some(py);
+                cli
+            }
+            Err(e) => {
+                // Nothing runs yet: stderr is the real one and stdout stays clean.
+                eprintln!("flowrepl: {e}");
+                std::process::exit(2);
+            }
+        }
+    }
 }
 
 /// Alternative fronts.

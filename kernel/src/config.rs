@@ -3,6 +3,12 @@
 use crate::cli::Cli;
 use std::path::PathBuf;
 
+/// The default cell timeout.
+pub const DEFAULT_TIMEOUT_MS: u64 = 300_000;
+/// The default cell timeout in drop-in mode: its clients give up after 300 s, so a cell that
+/// times out (and, in worker mode, is killed within the 2 s grace period) is still answered.
+pub const DROPIN_TIMEOUT_MS: u64 = 295_000;
+
 /// Who this session belongs to, from the Flow backend's environment.
 #[derive(Debug, Clone)]
 pub struct Identity {
@@ -51,6 +57,12 @@ pub struct Config {
     pub kill_grace: std::time::Duration,
     /// `flowrepl mcp`, when serving MCP.
     pub mcp: Option<crate::cli::McpArgs>,
+    /// What the session starts from (drop-in `sys.argv` and `sys.path[0]`, startup files).
+    pub setup: flowrepl_worker::SessionSetup,
+    /// Answer failing `execute` calls as JSON-RPC errors (drop-in mode, `--compat json-repl`).
+    pub legacy_errors: bool,
+    /// Environment variables that carry drop-in interpreter flags to Python.
+    pub python_env: Vec<(&'static str, String)>,
 }
 
 impl Config {
@@ -96,6 +108,9 @@ pub enum ConfigError {
     /// The python could not be resolved.
     #[error(transparent)]
     Python(#[from] flowrepl_worker::InitError),
+    /// A `--startup` file is missing.
+    #[error("startup file {0} not found")]
+    StartupMissing(String),
 }
 
 impl Config {
@@ -143,12 +158,53 @@ impl Config {
             }
             None
         };
+        let mut startup = Vec::new();
+        match std::env::var_os("PYTHONSTARTUP").filter(|p| !p.is_empty()) {
+            Some(p) if std::path::Path::new(&p).is_file() => startup.push(PathBuf::from(p)),
+            Some(p) => tracing::warn!(
+                path = %std::path::Path::new(&p).display(),
+                "PYTHONSTARTUP names no file; ignored"
+            ),
+            None => {}
+        }
+        for f in &cli.startup {
+            if !f.is_file() {
+                return Err(ConfigError::StartupMissing(f.display().to_string()));
+            }
+            startup.push(f.clone());
+        }
+        // Absolute, so that a worker (or a cell's os.chdir) finds them.
+        let startup = startup
+            .into_iter()
+            .map(|f| std::path::absolute(&f).unwrap_or(f))
+            .collect();
+        let dropin = cli.dropin.as_ref();
+        let setup = flowrepl_worker::SessionSetup {
+            argv: dropin.map(|d| d.argv()),
+            path0: dropin.map(|d| {
+                let dir = d.script.parent().unwrap_or(std::path::Path::new(""));
+                std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())
+            }),
+            startup,
+        };
+        if let Some(d) = dropin {
+            if !d.ignored.is_empty() {
+                tracing::info!(ignored = ?d.ignored, "drop-in mode: interpreter options without effect on the session");
+            }
+        }
         Ok(Config {
+            setup,
+            legacy_errors: dropin.is_some() || cli.compat.is_some(),
+            python_env: dropin.map(|d| d.env.clone()).unwrap_or_default(),
             identity,
             worker,
             kill_grace: std::time::Duration::from_millis(cli.kill_grace_ms),
             log_file,
-            default_timeout_ms: cli.timeout_ms,
+            default_timeout_ms: cli.timeout_ms.unwrap_or(if dropin.is_some() {
+                DROPIN_TIMEOUT_MS
+            } else {
+                DEFAULT_TIMEOUT_MS
+            }),
             max_request_bytes,
             max_output_bytes: cli.max_output_bytes,
             python,

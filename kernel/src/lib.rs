@@ -3,10 +3,12 @@
 //! # Layout
 //! - [`cli`]: flags and their environment variables.
 //! - [`config`]: flags + environment → [`config::Config`] (identity, log path, limits, python).
+//! - [`dropin`]: started as `python [flags] SCRIPT` by the original system's clients.
 //! - [`engine`]: where cells run, behind one interface: in-process or a worker subprocess
 //!   (its lifecycle, the stop ladder, crash recovery).
 //! - [`session`]: engine + task log + counters, and the one dispatcher both fronts use.
 //! - [`records`]: the task-log record writer thread.
+//! - [`terminate`]: SIGTERM/SIGHUP write every record before the kernel ends.
 //! - [`jsonrpc`]: the JSON-RPC front (request loop, busy-time watcher, reply writer).
 //! - [`mcp`]: the MCP front (`flowrepl mcp`).
 //!
@@ -20,11 +22,13 @@
 
 pub mod cli;
 pub mod config;
+pub mod dropin;
 pub mod engine;
 pub mod jsonrpc;
 pub mod mcp;
 pub mod records;
 pub mod session;
+pub mod terminate;
 
 use std::process::ExitCode;
 
@@ -54,6 +58,11 @@ pub fn run(cli: cli::Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for (k, v) in &config.python_env {
+        // Drop-in interpreter flags, read by Python when it starts (here or in the worker).
+        // Set before Python or the worker starts, while no other thread reads the environment.
+        std::env::set_var(k, v);
+    }
     if config.mcp.is_some() && std::env::var_os("MPLBACKEND").is_none() {
         // Figures are rendered to PNG, never shown in a window. Set before Python or the
         // worker starts, while this process has no other thread that reads the environment.
@@ -73,6 +82,9 @@ pub fn run(cli: cli::Cli) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Err(e) = terminate::install(session.board(), config.kill_grace) {
+        tracing::warn!(error = %e, "SIGTERM handling not installed: a kill may lose queued records");
+    }
     if config.mcp.is_some() {
         return run_mcp(&mut session, &config, stdio.input, stdio.output);
     }
@@ -89,7 +101,7 @@ pub fn run(cli: cli::Cli) -> ExitCode {
         session.board(),
         config.kill_grace,
     ));
-    match jsonrpc::serve(&mut session, &front) {
+    match jsonrpc::serve(&mut session, &front, config.legacy_errors) {
         Ok(ended) => {
             let records = session.finish();
             tracing::info!(?ended, records, "flowrepl exiting");

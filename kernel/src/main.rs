@@ -1,6 +1,5 @@
-use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    flowrepl::run(flowrepl::cli::Cli::parse())
+    flowrepl::run(flowrepl::cli::Cli::from_args())
 }

@@ -195,6 +195,23 @@ impl Flusher {
             st = self.0.drained.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
+
+    /// [`Flusher::flush`], giving up at `deadline`; true if everything was handled.
+    pub fn flush_until(&self, deadline: std::time::Instant) -> bool {
+        let mut st = self.0.lock();
+        while st.done < st.queued {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .0
+                .drained
+                .wait_timeout(st, left)
+                .map_or_else(|p| p.into_inner().0, |(g, _)| g);
+        }
+        true
+    }
 }
 
 impl Drop for RecordWriter {

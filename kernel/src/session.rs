@@ -67,6 +67,8 @@ pub enum Flow {
 pub struct StatusBoard {
     template: StatusInfo,
     executions: AtomicU64,
+    /// Cells whose record was queued (or skipped, when the log is unusable).
+    settled: AtomicU64,
     control: Arc<dyn Control>,
     flusher: Flusher,
 }
@@ -86,6 +88,18 @@ impl StatusBoard {
     /// `execute_code` calls started so far (the session's one counter).
     pub fn executions(&self) -> u64 {
         self.executions.load(Ordering::Relaxed)
+    }
+
+    /// Waits until every cell started so far has had its record queued (or skipped), then
+    /// until the queued records are written; gives up at `deadline`. True if all were.
+    pub fn settle_until(&self, deadline: Instant) -> bool {
+        while self.settled.load(Ordering::Acquire) < self.executions() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.flusher.flush_until(deadline)
     }
 
     /// Reaches the running cell.
@@ -139,6 +153,7 @@ impl Session {
                 default_timeout_ms: config.default_timeout_ms,
             },
             executions: AtomicU64::new(0),
+            settled: AtomicU64::new(0),
             control: engine.control(),
             flusher: records.flusher(),
         });
@@ -171,17 +186,20 @@ impl Session {
     /// Fails only when the front cannot answer.
     pub fn dispatch(&mut self, call: Call, to: &mut impl Responder) -> io::Result<Flow> {
         match call {
-            Call::Execute(params) => {
+            Call::Execute(params, _) => {
                 to.cell_starts();
                 let (mut result, images) = self.execute(&params);
-                if to.cell_ended() {
+                let replied = if to.cell_ended() {
                     result.report.warnings.push(
                         "the request was answered with CellNotStopped before the cell ended; this is the cell's real result".into(),
                     );
+                    Ok(())
                 } else {
-                    to.executed(&mut result, images)?;
-                }
+                    to.executed(&mut result, images)
+                };
+                // Logged even when the reply could not be written (the client went away).
                 self.record(params, result);
+                replied?;
             }
             Call::Status => to.answer(Answer::Status(Box::new(self.board.status(false))))?,
             Call::Interrupt => {
@@ -249,6 +267,7 @@ impl Session {
         if std::mem::take(&mut self.record_this) {
             self.records.submit(params, result);
         }
+        self.board.settled.fetch_add(1, Ordering::Release);
     }
 
     /// The session ends: the cells' exit handlers run (see [`Engine::finish`]), then every

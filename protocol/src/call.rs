@@ -30,11 +30,21 @@ pub struct ExecuteParams {
     pub timeout_ms: Option<u64>,
 }
 
+/// The name an execute request used. Clients of the original `json_repl_session.py` call
+/// `execute` and, in compatibility mode, get a failing cell as a JSON-RPC error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecuteMethod {
+    /// `execute_code`.
+    ExecuteCode,
+    /// `execute` (the original REPL's name).
+    Execute,
+}
+
 /// One request, typed: what to do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Call {
     /// `execute_code` / `execute`: run a cell.
-    Execute(ExecuteParams),
+    Execute(ExecuteParams, ExecuteMethod),
     /// `status` / `ping`: describe the kernel.
     Status,
     /// `interrupt`: stop the running cell with `KeyboardInterrupt`.
@@ -79,7 +89,12 @@ impl Call {
                         ));
                     }
                 }
-                Ok(Call::Execute(params))
+                let method = if req.method == "execute" {
+                    ExecuteMethod::Execute
+                } else {
+                    ExecuteMethod::ExecuteCode
+                };
+                Ok(Call::Execute(params, method))
             }
             "status" | "ping" => no_params(req, Call::Status),
             "shutdown" => no_params(req, Call::Shutdown),
@@ -165,17 +180,17 @@ mod tests {
 
     #[test]
     fn execute_and_alias() {
-        let want = Call::Execute(ExecuteParams {
+        let params = ExecuteParams {
             code: "x = 1".into(),
             timeout_ms: None,
-        });
+        };
         assert_eq!(
             call(r#"{"id":1,"method":"execute_code","params":{"code":"x = 1"}}"#).unwrap(),
-            want
+            Call::Execute(params.clone(), ExecuteMethod::ExecuteCode)
         );
         assert_eq!(
             call(r#"{"id":1,"method":"execute","params":{"code":"x = 1"}}"#).unwrap(),
-            want
+            Call::Execute(params, ExecuteMethod::Execute)
         );
     }
 

@@ -108,13 +108,34 @@ fn write_f64(out: &mut Vec<u8>, v: f64) {
     serde_json::to_writer(&mut *out, &v).expect("writing to a Vec cannot fail");
 }
 
-/// Appends `{"jsonrpc":"2.0","id":…,"result":{…}}` for an `execute_code` reply. Same field
-/// order as serde: [`ExecuteResult`]'s fields, with its [`crate::CellReport`]'s in its place.
+/// Appends `{"jsonrpc":"2.0","id":…,"result":{…}}` for an `execute_code` reply.
 pub fn write_execute_response(out: &mut Vec<u8>, id: &Id, r: &ExecuteResult) {
-    use std::io::Write as _;
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
     serde_json::to_writer(&mut *out, id).expect("ids serialize");
-    out.extend_from_slice(b",\"result\":{\"success\":");
+    out.extend_from_slice(b",\"result\":");
+    write_result(out, r);
+    out.push(b'}');
+}
+
+/// Appends `{"jsonrpc":"2.0","id":…,"error":{"code":-32603,"message":…,"data":{…}}}`: a
+/// failed cell answered as the original `json_repl_session.py` did (compatibility mode),
+/// with the whole result as `data`.
+pub fn write_execute_error(out: &mut Vec<u8>, id: &Id, message: &str, r: &ExecuteResult) {
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    serde_json::to_writer(&mut *out, id).expect("ids serialize");
+    let code = crate::ErrorCode::InternalError.code();
+    out.extend_from_slice(format!(",\"error\":{{\"code\":{code},\"message\":").as_bytes());
+    write_str(out, message);
+    out.extend_from_slice(b",\"data\":");
+    write_result(out, r);
+    out.extend_from_slice(b"}}");
+}
+
+/// Appends the result object. Same field order as serde: [`ExecuteResult`]'s fields, with its
+/// [`crate::CellReport`]'s in its place.
+fn write_result(out: &mut Vec<u8>, r: &ExecuteResult) {
+    use std::io::Write as _;
+    out.extend_from_slice(b"{\"success\":");
     out.extend_from_slice(if r.success { b"true" } else { b"false" });
     out.extend_from_slice(b",\"stdout\":");
     write_str(out, &r.stdout);
@@ -184,7 +205,7 @@ pub fn write_execute_response(out: &mut Vec<u8>, id: &Id, r: &ExecuteResult) {
         // Rare and small: serde's output is the reference anyway.
         let _ = serde_json::to_writer(&mut *out, &r.images);
     }
-    out.extend_from_slice(b"}}");
+    out.push(b'}');
 }
 
 #[cfg(test)]
@@ -291,6 +312,33 @@ mod tests {
                 assert_eq!(
                     String::from_utf8(fast).unwrap(),
                     String::from_utf8(slow).unwrap()
+                );
+                let mut fast = Vec::new();
+                write_execute_error(&mut fast, &id, "bad \"x\"", &r);
+                #[derive(serde::Serialize)]
+                struct Error<'a> {
+                    code: i64,
+                    message: &'a str,
+                    data: &'a ExecuteResult,
+                }
+                #[derive(serde::Serialize)]
+                struct Reply<'a> {
+                    jsonrpc: &'a str,
+                    id: &'a Id,
+                    error: Error<'a>,
+                }
+                let slow = Reply {
+                    jsonrpc: "2.0",
+                    id: &id,
+                    error: Error {
+                        code: -32603,
+                        message: "bad \"x\"",
+                        data: &r,
+                    },
+                };
+                assert_eq!(
+                    String::from_utf8(fast).unwrap(),
+                    serde_json::to_string(&slow).unwrap()
                 );
                 r.report.error = None;
                 r.report.result = None;

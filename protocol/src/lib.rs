@@ -26,7 +26,9 @@ pub mod json;
 pub mod jsonrpc;
 pub mod status;
 
-pub use call::{Call, ExecuteParams, InterruptReply, RestartReply, ShutdownReply, VariablesReply};
+pub use call::{
+    Call, ExecuteMethod, ExecuteParams, InterruptReply, RestartReply, ShutdownReply, VariablesReply,
+};
 pub use execute::{
     CellReport, DebugInfo, ExecError, ExecuteResult, ExecutionKind, Image, ImageInfo, Mode,
     PhaseTimings, ResourceUsage, StoppedBy, VariableInfo,

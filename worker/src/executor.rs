@@ -52,6 +52,23 @@ pub struct ExecutorConfig {
     pub sink: Option<Arc<dyn OutputSink>>,
     /// MCP mode: collect figures and rich values as PNG images after each cell.
     pub images: Option<ImageLimits>,
+    /// What the session starts from: `sys.argv`, `sys.path[0]`, startup files.
+    pub setup: SessionSetup,
+}
+
+/// What a session starts from, before its first cell (and again after an in-process
+/// `restart`): names the startup files define are the baseline, not a cell's additions.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SessionSetup {
+    /// `sys.argv`, when it is set (drop-in mode: `[SCRIPT, args...]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
+    /// A folder put first on `sys.path` (drop-in mode: the script's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path0: Option<PathBuf>,
+    /// Python files run in the namespace, in order (`$PYTHONSTARTUP`, `--startup`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub startup: Vec<PathBuf>,
 }
 
 /// Caps on the images collected after a cell.
@@ -72,6 +89,7 @@ impl std::fmt::Debug for ExecutorConfig {
             .field("max_output_bytes", &self.max_output_bytes)
             .field("sink", &self.sink.is_some())
             .field("images", &self.images)
+            .field("setup", &self.setup)
             .finish()
     }
 }
@@ -132,6 +150,7 @@ struct Support {
     register_sources: Py<PyAny>,
     format_exception: Py<PyAny>,
     reset_namespace: Py<PyAny>,
+    run_startup: Py<PyAny>,
     finish: Py<PyAny>,
     collect_images: Py<PyAny>,
     list_variables: Py<PyAny>,
@@ -155,6 +174,8 @@ pub struct Executor {
     cells: u64,
     max_output_bytes: u64,
     images: Option<ImageLimits>,
+    /// Startup files, run again after `restart`.
+    startup: Vec<PathBuf>,
     /// In-process, or worker mode (output goes to a sink).
     mode: Mode,
     feature_version: c_int,
@@ -215,6 +236,7 @@ impl Executor {
                 register_sources: get("register_sources")?,
                 format_exception: get("format_exception")?,
                 reset_namespace: get("reset_namespace")?,
+                run_startup: get("run_startup")?,
                 finish: get("finish")?,
                 collect_images: get("collect_images")?,
                 list_variables: get("list_variables")?,
@@ -234,6 +256,7 @@ impl Executor {
                 cells: 0,
                 max_output_bytes: config.max_output_bytes,
                 images: config.images,
+                startup: config.setup.startup.clone(),
                 mode: if config.sink.is_some() {
                     Mode::Worker
                 } else {
@@ -243,8 +266,14 @@ impl Executor {
                 info,
                 _not_send: std::marker::PhantomData,
             };
+            let path0 = config.setup.path0.as_ref().map(|p| p.display().to_string());
+            module
+                .getattr("apply_setup")
+                .and_then(|f| f.call1((config.setup.argv.clone(), path0)))
+                .map_err(support_err)?;
+            exec.run_startup(py);
             exec.rebaseline(py);
-            // Output written while starting (site, .pth files) is not a cell's.
+            // Output written while starting (site, .pth files, startup files) is not a cell's.
             exec.discard_output();
             exec.monitor
                 .idle_from(&[exec.capture.stdout.cursor(), exec.capture.stderr.cursor()]);
@@ -267,9 +296,37 @@ impl Executor {
         Python::attach(|py| {
             let globals = self.globals.bind(py).clone();
             let r = self.support.reset_namespace.bind(py).call1((globals,));
+            if r.is_ok() {
+                self.run_startup(py);
+            }
             self.rebaseline(py);
+            self.discard_output();
             r.map(drop).map_err(CallError::from)
         })
+    }
+
+    /// Runs the startup files in the namespace; their errors go to the diagnostics (stderr),
+    /// as the interactive interpreter shows them, and the session starts all the same.
+    fn run_startup(&mut self, py: Python<'_>) {
+        if self.startup.is_empty() {
+            return;
+        }
+        let globals = self.globals.bind(py).clone();
+        let files: Vec<String> = self
+            .startup
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        match self
+            .support
+            .run_startup
+            .bind(py)
+            .call1((globals, files))
+            .and_then(|e| e.extract::<Vec<String>>())
+        {
+            Ok(errors) => errors.iter().for_each(|e| tracing::warn!("{e}")),
+            Err(e) => tracing::warn!(error = %e, "running the startup files failed"),
+        }
     }
 
     /// The session ends: runs the `atexit` handlers cells registered, then drops the

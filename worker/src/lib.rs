@@ -34,7 +34,7 @@ pub mod sys;
 pub mod tail;
 pub mod usage;
 
-pub use executor::{CallError, CellOutcome, Executor, ExecutorConfig, ExecutorError};
+pub use executor::{CallError, CellOutcome, Executor, ExecutorConfig, ExecutorError, SessionSetup};
 pub use interpreter::{resolve_python, InitError};
 pub use monitor::Interrupter;
 pub use tail::OutputTail;

@@ -12,7 +12,7 @@
 //! cannot land while a frame is being written; one that arrives between cells stays pending
 //! and is discarded when the next cell starts.
 
-use crate::executor::{CellOutcome, Executor, ExecutorConfig, ImageLimits};
+use crate::executor::{CellOutcome, Executor, ExecutorConfig, ImageLimits, SessionSetup};
 use crate::sink::OutputSink;
 use flowrepl_protocol::frame::{
     self, DoneReport, Frame, FrameReader, OutputStream, VariablesReport, WorkerHello,
@@ -53,6 +53,13 @@ pub struct WorkerArgs {
     /// Pixels per collected image.
     #[arg(long, default_value_t = 4_000_000)]
     pub max_image_pixels: u64,
+    /// The session's setup ([`SessionSetup`] as JSON).
+    #[arg(long, value_name = "JSON", value_parser = parse_setup)]
+    pub setup: Option<SessionSetup>,
+}
+
+fn parse_setup(s: &str) -> Result<SessionSetup, String> {
+    serde_json::from_str(s).map_err(|e| e.to_string())
 }
 
 impl WorkerArgs {
@@ -155,6 +162,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         max_output_bytes: args.max_output_bytes,
         sink: Some(channel.clone()),
         images: args.images(),
+        setup: args.setup.clone().unwrap_or_default(),
     };
     let mut executor = match Executor::start(&config) {
         Ok(e) => e,

@@ -69,6 +69,30 @@ def setup():
     return __main__.__dict__
 
 
+def apply_setup(argv, path0):
+    """Drop-in mode: `sys.argv` as the REPL script would see it, its folder first on sys.path."""
+    if argv is not None:
+        sys.argv = list(argv)
+    if path0 is not None and (not sys.path or sys.path[0] != path0):
+        sys.path.insert(0, path0)
+
+
+def run_startup(ns, files):
+    """Runs startup files in the session, as the interactive interpreter runs PYTHONSTARTUP.
+    An error in one is reported and the others still run. Returns the error texts."""
+    errors = []
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                source = f.read()
+            exec(compile(source, path, "exec"), ns)
+        except BaseException:
+            import traceback
+
+            errors.append(f"startup file {path} failed:\n{traceback.format_exc()}")
+    return errors
+
+
 def reset_namespace(ns):
     """`restart` in-process: empty __main__ as a fresh interpreter has it (modules stay loaded)."""
     keep = {k: ns[k] for k in ("__name__", "__doc__", "__package__", "__loader__", "__spec__",

@@ -25,6 +25,7 @@ impl InProcess {
             max_output_bytes: config.max_output_bytes,
             sink: None,
             images: config.image_limits(),
+            setup: config.setup.clone(),
         })?;
         let control = Arc::new(InProcessControl(executor.interrupter()));
         Ok(InProcess { executor, control })

@@ -12,7 +12,7 @@ pub mod writer;
 
 use crate::session::{Answer, Flow, Responder, Session};
 use flowrepl_protocol::jsonrpc::Notification;
-use flowrepl_protocol::{ExecuteResult, Id, Image, RpcError, READY_MARKER};
+use flowrepl_protocol::{Call, ExecuteMethod, ExecuteResult, Id, Image, RpcError, READY_MARKER};
 use front::{Front, Item};
 use std::io;
 use std::sync::Arc;
@@ -32,6 +32,8 @@ struct Reply<'a> {
     front: &'a Front,
     watcher: &'a Thread,
     id: Option<Id>,
+    /// A failing cell is a JSON-RPC error, as the original REPL answered `execute`.
+    legacy_errors: bool,
 }
 
 impl Responder for Reply<'_> {
@@ -44,9 +46,17 @@ impl Responder for Reply<'_> {
     }
 
     fn executed(&mut self, result: &mut ExecuteResult, _images: Vec<Image>) -> io::Result<()> {
-        match &self.id {
-            Some(id) => self.front.writer().send_execute(id, result),
-            None => Ok(()),
+        let Some(id) = &self.id else { return Ok(()) };
+        match &result.report.error {
+            Some(e) if self.legacy_errors => {
+                let message = if e.message.is_empty() {
+                    &e.kind
+                } else {
+                    &e.message
+                };
+                self.front.writer().send_execute_error(id, message, result)
+            }
+            _ => self.front.writer().send_execute(id, result),
         }
     }
 
@@ -62,8 +72,9 @@ impl Responder for Reply<'_> {
     }
 }
 
-/// Serves requests until `shutdown` or EOF.
-pub fn serve(session: &mut Session, front: &Arc<Front>) -> io::Result<Ended> {
+/// Serves requests until `shutdown` or EOF. With `legacy_errors`, a failing cell called as
+/// `execute` is answered with a JSON-RPC error (see `Config::legacy_errors`).
+pub fn serve(session: &mut Session, front: &Arc<Front>, legacy_errors: bool) -> io::Result<Ended> {
     let watcher = front.spawn_watcher()?;
     let mut ready = front.status();
     ready.message = Some(READY_MARKER.to_owned());
@@ -82,10 +93,13 @@ pub fn serve(session: &mut Session, front: &Arc<Front>) -> io::Result<Ended> {
             }
             Item::Request { id, call } => (id, call),
         };
+        let legacy_errors =
+            legacy_errors && matches!(call, Ok(Call::Execute(_, ExecuteMethod::Execute)));
         let mut reply = Reply {
             front,
             watcher: watcher.thread(),
             id,
+            legacy_errors,
         };
         let flow = match call {
             Ok(call) => session.dispatch(call, &mut reply)?,

@@ -35,6 +35,18 @@ impl ReplyWriter {
         self.flush_buf()
     }
 
+    /// Writes a failed cell as a JSON-RPC error with the result as `data` (compatibility mode).
+    pub fn send_execute_error(
+        &mut self,
+        id: &Id,
+        message: &str,
+        result: &ExecuteResult,
+    ) -> io::Result<()> {
+        self.buf.clear();
+        flowrepl_protocol::json::write_execute_error(&mut self.buf, id, message, result);
+        self.flush_buf()
+    }
+
     /// Writes an error reply.
     pub fn error(&mut self, err: &RpcError) -> io::Result<()> {
         self.send(&ErrorResponse::new(err))

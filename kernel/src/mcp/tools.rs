@@ -9,7 +9,9 @@ use super::store::{Page, ReadError, StreamName};
 use super::{Job, Shared, Ticket};
 use crate::session::{not_stopped, unstoppable_for, Answer};
 use flowrepl_protocol::call::MAX_TIMEOUT_MS;
-use flowrepl_protocol::{Call, ExecuteParams, RestartReply, VariableInfo, VariablesReply};
+use flowrepl_protocol::{
+    Call, ExecuteMethod, ExecuteParams, RestartReply, VariableInfo, VariablesReply,
+};
 use flowrepl_worker::OutputTail;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::schema_for_input;
@@ -167,10 +169,13 @@ impl KernelServer {
         let (tx, mut rx) = oneshot::channel();
         self.jobs
             .send(Job::Call {
-                call: Call::Execute(ExecuteParams {
-                    code: args.code,
-                    timeout_ms: args.timeout_ms,
-                }),
+                call: Call::Execute(
+                    ExecuteParams {
+                        code: args.code,
+                        timeout_ms: args.timeout_ms,
+                    },
+                    ExecuteMethod::ExecuteCode,
+                ),
                 ticket: Some(Arc::clone(&ticket)),
                 reply: tx,
             })

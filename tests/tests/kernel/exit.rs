@@ -1,11 +1,9 @@
 //! The session's end is a Python exit: `atexit` handlers run and files left open are flushed,
 //! on `shutdown`, on EOF, and (worker mode) when `restart` replaces the worker. In both modes.
 
-use flowrepl_tests::Kernel;
+use flowrepl_tests::{Kernel, MODES};
 use serde_json::json;
 use std::path::Path;
-
-const MODES: [&str; 2] = ["in_process", "worker"];
 
 /// Registers an exit handler that writes `<dir>/atexit` and leaves `<dir>/buffered` open with
 /// unflushed data.
@@ -96,4 +94,31 @@ fn a_hanging_exit_handler_is_killed_after_the_grace_period() {
         !flowrepl_tests::alive(pid),
         "the worker {pid} outlived the kernel"
     );
+}
+
+/// SIGTERM (how clients restart a kernel) ends it only after every started cell's record is
+/// in the log: a large record still queued for the writer thread, the small ones behind it,
+/// and the cell that was running, which is interrupted. The kernel then dies by SIGTERM.
+#[test]
+fn sigterm_writes_every_record_before_the_kernel_ends() {
+    use std::os::unix::process::ExitStatusExt;
+    for mode in MODES {
+        let mut k = Kernel::options().mode(mode).start();
+        let log = k.log_file();
+        k.ok("print('x' * 500_000)");
+        for i in 0..5 {
+            k.ok(&format!("y = {i}"));
+        }
+        k.send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":\"run\",\"method\":\"execute_code\",\"params\":{\"code\":\"import time\\ntime.sleep(60)\"}}\n");
+        k.wait_busy();
+        flowrepl_tests::kill(k.pid(), libc::SIGTERM);
+        let r = k.recv();
+        assert_eq!(r["result"]["interrupted"], true, "{mode}: {r}");
+        let st = k.wait();
+        assert_eq!(st.signal(), Some(libc::SIGTERM), "{mode}: {st:?}");
+        let records = flowrepl_tests::read_log(&log);
+        assert_eq!(records.len(), 7, "{mode}");
+        assert_eq!(records[0].stdout.len(), 500_001, "{mode}");
+        assert!(records[6].interrupted, "{mode}");
+    }
 }

@@ -219,6 +219,7 @@ impl Worker {
                 max_output_bytes: config.max_output_bytes,
                 limits: worker.limits,
                 images: config.image_limits(),
+                setup: config.setup.clone(),
             },
             diagnostics,
             grace: config.kill_grace,

@@ -37,6 +37,8 @@ pub struct SpawnConfig {
     pub limits: Limits,
     /// MCP mode: collect figures as images after each cell.
     pub images: Option<flowrepl_worker::executor::ImageLimits>,
+    /// What each worker's session starts from.
+    pub setup: flowrepl_worker::SessionSetup,
 }
 
 /// A running worker.
@@ -108,6 +110,10 @@ impl WorkerProcess {
                 .arg(i.max_images.to_string())
                 .arg("--max-image-pixels")
                 .arg(i.max_pixels.to_string());
+        }
+        if config.setup != Default::default() {
+            let json = serde_json::to_string(&config.setup).expect("setup serializes");
+            cmd.arg("--setup").arg(json);
         }
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
