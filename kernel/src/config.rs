@@ -186,6 +186,12 @@ impl Config {
                 std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())
             }),
             startup,
+            identity: flowrepl_worker::events::FlowIdentity {
+                plan_id: Some(identity.plan_id.clone()),
+                task_id: Some(identity.task_id.clone()),
+                task_name: identity.task_name.clone(),
+                session_id: Some(identity.session_id.clone()),
+            },
         };
         if let Some(d) = dropin {
             if !d.ignored.is_empty() {

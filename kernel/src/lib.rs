@@ -6,6 +6,7 @@
 //! - [`dropin`]: started as `python [flags] SCRIPT` by the original system's clients.
 //! - [`engine`]: where cells run, behind one interface: in-process or a worker subprocess
 //!   (its lifecycle, the stop ladder, crash recovery).
+//! - [`events`]: a cell's events (`flow`, `MCP::` lines) in order.
 //! - [`session`]: engine + task log + counters, and the one dispatcher both fronts use.
 //! - [`records`]: the task-log record writer thread.
 //! - [`terminate`]: SIGTERM/SIGHUP write every record before the kernel ends.
@@ -24,6 +25,7 @@ pub mod cli;
 pub mod config;
 pub mod dropin;
 pub mod engine;
+pub mod events;
 pub mod jsonrpc;
 pub mod mcp;
 pub mod records;

@@ -20,7 +20,8 @@
 use crate::config::Identity;
 use flowrepl_protocol::{ExecuteParams, ExecuteResult, Mode};
 use flowrepl_task_logger::{
-    ExecutionRecord, LogError, TaskLog, FORMAT_VERSION, RECORD_TYPE_EXECUTION,
+    EventRecord, ExecutionRecord, LogError, TaskLog, FORMAT_VERSION, RECORD_TYPE_EVENT,
+    RECORD_TYPE_EXECUTION,
 };
 use flowrepl_worker::sys::chain;
 use std::borrow::Cow;
@@ -225,16 +226,27 @@ impl Drop for RecordWriter {
 
 /// Appends one record and accounts for it.
 fn write_one(shared: &Shared, job: &Job) {
-    let outcome = shared
-        .log
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .append(&record(
-            &shared.identity,
-            shared.mode,
-            &job.params,
-            &job.result,
-        ));
+    let outcome = {
+        let mut log = shared.log.lock().unwrap_or_else(|p| p.into_inner());
+        let id = &shared.identity;
+        log.append(&record(id, shared.mode, &job.params, &job.result))
+            .and_then(|()| {
+                // Then each event as a record of its own, so that a reader can follow a
+                // plan's events without parsing cells.
+                job.result.events.iter().try_for_each(|event| {
+                    log.append(&EventRecord {
+                        kind: Cow::Borrowed(RECORD_TYPE_EVENT),
+                        version: FORMAT_VERSION,
+                        plan_id: Cow::Borrowed(&id.plan_id),
+                        task_id: Cow::Borrowed(&id.task_id),
+                        task_name: id.task_name.as_deref().map(Cow::Borrowed),
+                        session_id: Cow::Borrowed(&id.session_id),
+                        execution_count: job.result.execution_count,
+                        event: Cow::Borrowed(event),
+                    })
+                })
+            })
+    };
     let mut st = shared.lock();
     match outcome {
         Ok(()) => st.written += 1,
@@ -310,5 +322,6 @@ fn record<'a>(
                 bytes: i.bytes,
             })
             .collect(),
+        events: Cow::Borrowed(&r.events),
     }
 }

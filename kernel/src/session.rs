@@ -236,10 +236,16 @@ impl Session {
         let timestamp = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
         let timeout = Duration::from_millis(params.timeout_ms.unwrap_or(self.default_timeout_ms));
         let started = Instant::now();
-        let run = self.engine.run(&params.code, timeout);
+        let run = self.engine.run(&params.code, timeout, execution_count);
         let elapsed_ms = (started.elapsed().as_micros() as f64) / 1000.0;
         let mut o = run.outcome;
         o.report.debug_info.elapsed_ms = elapsed_ms;
+        let events = if o.events.is_empty() && !o.stdout.contains(crate::events::LINE_PREFIX) {
+            Vec::new()
+        } else {
+            let now = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
+            crate::events::assemble(o.events, &o.stdout, &now, &mut o.report.warnings)
+        };
         let mut result = ExecuteResult {
             success: o.report.error.is_none(),
             stdout: o.stdout,
@@ -252,6 +258,7 @@ impl Session {
             stopped_by: run.stopped_by,
             timestamp,
             state_lost: run.state_lost,
+            events,
         };
         self.record_this = self.records.check(&mut result.report.warnings);
         (result, o.images)

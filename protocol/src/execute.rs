@@ -188,6 +188,73 @@ pub struct DebugInfo {
     pub phases_us: PhaseTimings,
 }
 
+/// An event's data: a JSON object, kept as the text it was written as (not parsed again).
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct EventData(pub Box<serde_json::value::RawValue>);
+
+impl<'de> Deserialize<'de> for EventData {
+    /// Through a `Value`, so that it also reads inside flattened records (where serde
+    /// buffers the input and a `RawValue` cannot borrow its text).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<EventData, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        EventData::from_json(v.to_string()).map_err(serde::de::Error::custom)
+    }
+}
+
+impl EventData {
+    /// Data from JSON text (which must be valid JSON).
+    pub fn from_json(json: String) -> Result<EventData, serde_json::Error> {
+        serde_json::value::RawValue::from_string(json).map(EventData)
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for EventData {
+    fn eq(&self, other: &EventData) -> bool {
+        self.get() == other.get()
+    }
+}
+
+/// A structured event a cell reported: `flow.event(name, **data)`, a `flow.step` boundary or
+/// log line, or an `MCP::<name> {json}` line the cell printed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Event {
+    /// 1, 2, … in the order the cell reported them.
+    pub seq: u64,
+    /// The event's name (`step_start`, `step_end`, `step_log` for steps).
+    pub name: String,
+    /// Its data: a JSON object.
+    #[cfg_attr(feature = "schema", schemars(with = "serde_json::Value"))]
+    pub data: EventData,
+    /// When it was reported: UTC, ISO 8601 with milliseconds and `Z` (for an `MCP::` line,
+    /// when the cell's output was collected).
+    pub timestamp: String,
+    /// The innermost `flow.step` open when it was reported, if any.
+    pub step: Option<String>,
+}
+
+/// An event as the executor reports it, before the kernel numbers it among the `MCP::` lines
+/// of the cell's output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellEvent {
+    /// The event's name.
+    pub name: String,
+    /// Its data, a JSON object.
+    pub data: EventData,
+    /// When it was reported.
+    pub timestamp: String,
+    /// The innermost open step.
+    pub step: Option<String>,
+    /// Bytes of the cell's stdout written before it (orders it among `MCP::` lines).
+    pub offset: u64,
+}
+
 /// What a cell did, apart from its output and images: the executor's answer. Its fields are
 /// written once, here: the executor fills it, the worker's Done frame carries it, and
 /// [`ExecuteResult`] embeds it (flattened, so its fields sit at the top level of the result
@@ -311,4 +378,7 @@ pub struct ExecuteResult {
     /// Figures and rich values the cell produced (MCP mode only; absent when empty).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<ImageInfo>,
+    /// Events the cell reported, in order (absent when none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
 }

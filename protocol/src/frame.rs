@@ -13,13 +13,14 @@
 //!
 //! | kind | direction | body |
 //! | --- | --- | --- |
-//! | `0x01` Execute | kernel → worker | `id: u64`, `timeout_ms: u64`, the cell's UTF-8 source |
+//! | `0x01` Execute | kernel → worker | `id: u64`, `timeout_ms: u64`, `execution_count: u64`, the cell's UTF-8 source |
 //! | `0x02` Shutdown | kernel → worker | empty: exit after the current cell |
 //! | `0x03` Variables | kernel → worker | `id: u64`: list the namespace (between cells) |
 //! | `0x81` Ready | worker → kernel | JSON [`WorkerHello`]: sent once, when Python is up |
 //! | `0x82` Output | worker → kernel | `id: u64`, `stream: u8` (1 stdout, 2 stderr), up to [`MAX_CHUNK_BYTES`] of output |
 //! | `0x83` Done | worker → kernel | `id: u64`, JSON [`DoneReport`]: the cell's result without its output |
 //! | `0x84` VariablesReply | worker → kernel | `id: u64`, JSON [`VariablesReport`] |
+//! | `0x85` Event | worker → kernel | `id: u64`, JSON [`CellEvent`]: sent (and flushed) as the cell reports it |
 //!
 //! A cell's output arrives as Output frames while it runs (the worker reads its capture
 //! files every monitor tick, 50 ms) and after it ends, in order, then exactly one Done frame
@@ -28,7 +29,7 @@
 //! the kernel sends SIGINT to the worker process, whose main thread (the only one that does
 //! not block SIGINT) runs the cell.
 
-use crate::execute::{CellReport, Image, VariableInfo};
+use crate::execute::{CellEvent, CellReport, Image, VariableInfo};
 use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
 use tokio_util::codec::{Decoder, LengthDelimitedCodec};
@@ -38,7 +39,7 @@ use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 pub const MAX_FRAME_BYTES: u32 = 512 << 20;
 /// Largest cell source an Execute frame carries (the frame limit less its kind, id and
 /// timeout). Worker mode caps the request line limit at this, so every cell fits.
-pub const MAX_CELL_BYTES: usize = MAX_FRAME_BYTES as usize - 17;
+pub const MAX_CELL_BYTES: usize = MAX_FRAME_BYTES as usize - 25;
 /// Largest output chunk the worker sends.
 pub const MAX_CHUNK_BYTES: usize = 64 << 10;
 /// Size of the length prefix.
@@ -60,6 +61,8 @@ pub mod kind {
     pub const DONE: u8 = 0x83;
     /// Worker → kernel: the namespace listing.
     pub const VARIABLES_REPLY: u8 = 0x84;
+    /// Worker → kernel: an event of the running cell.
+    pub const EVENT: u8 = 0x85;
 }
 
 /// Which captured stream an Output frame carries.
@@ -137,6 +140,8 @@ pub enum Frame<'a> {
         id: u64,
         /// The worker's own SIGINT deadline.
         timeout_ms: u64,
+        /// The session's count for this cell (`flow.execution_count`).
+        execution_count: u64,
         /// The cell's source.
         code: &'a str,
     },
@@ -165,6 +170,13 @@ pub enum Frame<'a> {
         /// Its result.
         report: Box<DoneReport>,
     },
+    /// An event cell `id` reported.
+    Event {
+        /// The cell.
+        id: u64,
+        /// The event.
+        event: CellEvent,
+    },
     /// The namespace listing asked for by Variables `id`.
     VariablesReply {
         /// The request.
@@ -190,13 +202,20 @@ pub fn encode_execute(
     out: &mut Vec<u8>,
     id: u64,
     timeout_ms: u64,
+    execution_count: u64,
     code: &str,
 ) -> Result<(), FrameError> {
-    begin(out, kind::EXECUTE, 16 + code.len())?;
+    begin(out, kind::EXECUTE, 24 + code.len())?;
     out.extend_from_slice(&id.to_be_bytes());
     out.extend_from_slice(&timeout_ms.to_be_bytes());
+    out.extend_from_slice(&execution_count.to_be_bytes());
     out.extend_from_slice(code.as_bytes());
     Ok(())
+}
+
+/// Appends an Event frame.
+pub fn encode_event(out: &mut Vec<u8>, id: u64, event: &CellEvent) -> Result<(), FrameError> {
+    encode_json(out, kind::EVENT, Some(id), event)
 }
 
 /// Appends a Shutdown frame.
@@ -293,11 +312,13 @@ pub fn decode(payload: &[u8]) -> Result<Frame<'_>, FrameError> {
     match kind {
         kind::EXECUTE => {
             let (id, rest) = split_u64(kind, body)?;
-            let (timeout_ms, code) = split_u64(kind, rest)?;
+            let (timeout_ms, rest) = split_u64(kind, rest)?;
+            let (execution_count, code) = split_u64(kind, rest)?;
             let code = std::str::from_utf8(code).map_err(|e| malformed(kind, e.to_string()))?;
             Ok(Frame::Execute {
                 id,
                 timeout_ms,
+                execution_count,
                 code,
             })
         }
@@ -305,6 +326,11 @@ pub fn decode(payload: &[u8]) -> Result<Frame<'_>, FrameError> {
         kind::VARIABLES => {
             let (id, _) = split_u64(kind, body)?;
             Ok(Frame::Variables { id })
+        }
+        kind::EVENT => {
+            let (id, rest) = split_u64(kind, body)?;
+            let event = serde_json::from_slice(rest).map_err(|e| malformed(kind, e.to_string()))?;
+            Ok(Frame::Event { id, event })
         }
         kind::VARIABLES_REPLY => {
             let (id, rest) = split_u64(kind, body)?;
@@ -496,14 +522,28 @@ mod tests {
     #[test]
     fn round_trips() {
         let mut out = Vec::new();
-        encode_execute(&mut out, 9, 1500, "print('é')").unwrap();
+        encode_execute(&mut out, 9, 1500, 4, "print('é')").unwrap();
         assert_eq!(
             decode(payload(&out)).unwrap(),
             Frame::Execute {
                 id: 9,
                 timeout_ms: 1500,
+                execution_count: 4,
                 code: "print('é')"
             }
+        );
+        out.clear();
+        let event = CellEvent {
+            name: "step_start".into(),
+            data: crate::EventData::from_json(r#"{"n":1}"#.into()).unwrap(),
+            timestamp: "2026-11-23T00:00:00.000Z".into(),
+            step: Some("outer".into()),
+            offset: 12,
+        };
+        encode_event(&mut out, 9, &event).unwrap();
+        assert_eq!(
+            decode(payload(&out)).unwrap(),
+            Frame::Event { id: 9, event }
         );
         out.clear();
         encode_output(&mut out, 3, OutputStream::Stderr, b"\xffab");

@@ -205,6 +205,11 @@ fn write_result(out: &mut Vec<u8>, r: &ExecuteResult) {
         // Rare and small: serde's output is the reference anyway.
         let _ = serde_json::to_writer(&mut *out, &r.images);
     }
+    if !r.events.is_empty() {
+        out.extend_from_slice(b",\"events\":");
+        // Events are small JSON already; serde's output is the reference.
+        let _ = serde_json::to_writer(&mut *out, &r.events);
+    }
     out.push(b'}');
 }
 
@@ -303,6 +308,13 @@ mod tests {
             timestamp: "2026-11-22T02:14:11.123Z".into(),
             state_lost: true,
             images: vec![],
+            events: vec![crate::Event {
+                seq: 1,
+                name: "loaded".into(),
+                data: crate::EventData::from_json(r#"{"rows": 3, "ok": "é\n"}"#.into()).unwrap(),
+                timestamp: "2026-11-22T02:14:11.124Z".into(),
+                step: Some("load".into()),
+            }],
         };
         for id in [Id::Number(7.into()), Id::String("a\"b".into()), Id::Null] {
             for _ in 0..2 {

@@ -30,8 +30,8 @@ pub use call::{
     Call, ExecuteMethod, ExecuteParams, InterruptReply, RestartReply, ShutdownReply, VariablesReply,
 };
 pub use execute::{
-    CellReport, DebugInfo, ExecError, ExecuteResult, ExecutionKind, Image, ImageInfo, Mode,
-    PhaseTimings, ResourceUsage, StoppedBy, VariableInfo,
+    CellEvent, CellReport, DebugInfo, Event, EventData, ExecError, ExecuteResult, ExecutionKind,
+    Image, ImageInfo, Mode, PhaseTimings, ResourceUsage, StoppedBy, VariableInfo,
 };
 pub use fault::Fault;
 pub use jsonrpc::{ErrorCode, Id, Request, RpcError};

@@ -19,5 +19,8 @@ pub mod writer;
 
 pub use path::{safe_component, task_log_path};
 pub use reader::{read_records, ReadOutcome, SkippedLine};
-pub use record::{ExecutionRecord, ImageRecord, FORMAT_VERSION, RECORD_TYPE_EXECUTION};
+pub use record::{
+    EventRecord, ExecutionRecord, ImageRecord, FORMAT_VERSION, RECORD_TYPE_EVENT,
+    RECORD_TYPE_EXECUTION,
+};
 pub use writer::{LogError, TaskLog};

@@ -1,9 +1,12 @@
 //! Reading a task log back, tolerating what a crash or a full disk can leave behind.
 //!
-//! Lines that are not JSON, not execution records, or from a newer format version are skipped
-//! and reported, never fatal; a last line without `\n` (a write in progress) is skipped too.
+//! Execution and event records are returned; lines that are not JSON, not records of a known
+//! type, or from a newer format version are skipped and reported, never fatal; a last line
+//! without `\n` (a write in progress) is skipped too.
 
-use crate::record::{ExecutionRecord, FORMAT_VERSION, RECORD_TYPE_EXECUTION};
+use crate::record::{
+    EventRecord, ExecutionRecord, FORMAT_VERSION, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
+};
 use std::io;
 use std::path::Path;
 
@@ -21,6 +24,8 @@ pub struct SkippedLine {
 pub struct ReadOutcome {
     /// The execution records, in file order.
     pub records: Vec<ExecutionRecord<'static>>,
+    /// The event records, in file order.
+    pub events: Vec<EventRecord<'static>>,
     /// Lines that were not returned, with the reason.
     pub skipped: Vec<SkippedLine>,
 }
@@ -61,16 +66,24 @@ pub fn parse_records(bytes: &[u8]) -> ReadOutcome {
             out.skipped.push(skip("incomplete last line".into()));
             continue;
         }
+        let newer = |version: u32| {
+            skip(format!(
+                "format version {version} is newer than {FORMAT_VERSION}"
+            ))
+        };
         match serde_json::from_slice::<ExecutionRecord<'_>>(line) {
             Ok(rec) if rec.kind != RECORD_TYPE_EXECUTION => out
                 .skipped
                 .push(skip(format!("record type {:?}", rec.kind))),
-            Ok(rec) if rec.version > FORMAT_VERSION => out.skipped.push(skip(format!(
-                "format version {} is newer than {FORMAT_VERSION}",
-                rec.version
-            ))),
+            Ok(rec) if rec.version > FORMAT_VERSION => out.skipped.push(newer(rec.version)),
             Ok(rec) => out.records.push(into_owned(rec)),
-            Err(e) => out.skipped.push(skip(format!("not a record: {e}"))),
+            Err(e) => match serde_json::from_slice::<EventRecord<'static>>(line) {
+                Ok(ev) if ev.kind == RECORD_TYPE_EVENT && ev.version <= FORMAT_VERSION => {
+                    out.events.push(ev)
+                }
+                Ok(ev) if ev.kind == RECORD_TYPE_EVENT => out.skipped.push(newer(ev.version)),
+                _ => out.skipped.push(skip(format!("not a record: {e}"))),
+            },
         }
     }
     out
@@ -109,6 +122,7 @@ fn into_owned(r: ExecutionRecord<'_>) -> ExecutionRecord<'static> {
         peak_rss_kb: r.peak_rss_kb,
         state_lost: r.state_lost,
         images: Owned(r.images.into_owned()),
+        events: Owned(r.events.into_owned()),
     }
 }
 

@@ -29,10 +29,18 @@
 //! | `peak_rss_kb` | int | its peak resident memory during the cell, KiB |
 //! | `state_lost` | bool | the worker died or was killed in this cell: every variable and import was lost |
 //! | `images` | array of objects | MCP mode: figures returned as images, each `{source, mime, width, height, bytes}` (absent when none) |
+//! | `events` | array of objects | events the cell reported, each `{seq, name, data, timestamp, step}` (absent when none) |
+//!
+//! # Event records (`type: "event"`)
+//! Each event of a cell is also a record of its own, written right after the cell's
+//! execution record, so that a reader can follow a plan's events without parsing cells:
+//! `type`, `version`, `plan_id`, `task_id`, `task_name`, `session_id`, `execution_count`, and
+//! the event's `seq`, `name`, `data` (a JSON object), `timestamp`, `step` (string or null).
 //!
 //! Compatibility rule: fields are only ever added within a version; a reader must ignore
 //! fields it does not know. Removing or changing the meaning of a field bumps `version`.
 
+use flowrepl_protocol::Event;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
@@ -41,6 +49,8 @@ pub const FORMAT_VERSION: u32 = 1;
 
 /// The `type` of an execution record.
 pub const RECORD_TYPE_EXECUTION: &str = "execution";
+/// The `type` of an event record.
+pub const RECORD_TYPE_EVENT: &str = "event";
 
 /// One execution. Borrows its strings when written (no copy of a 50 MB stdout), owns them
 /// when read back.
@@ -116,6 +126,32 @@ pub struct ExecutionRecord<'a> {
     /// Images returned with the result (MCP mode); absent when none.
     #[serde(default, skip_serializing_if = "<[ImageRecord]>::is_empty")]
     pub images: Cow<'a, [ImageRecord]>,
+    /// Events the cell reported; absent when none.
+    #[serde(default, skip_serializing_if = "<[Event]>::is_empty")]
+    pub events: Cow<'a, [Event]>,
+}
+
+/// One event of a cell, as a record of its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord<'a> {
+    /// `"event"`.
+    #[serde(rename = "type")]
+    pub kind: Cow<'a, str>,
+    /// [`FORMAT_VERSION`] when written.
+    pub version: u32,
+    /// The Flow plan id.
+    pub plan_id: Cow<'a, str>,
+    /// The Flow task id.
+    pub task_id: Cow<'a, str>,
+    /// The Flow task name, if given.
+    pub task_name: Option<Cow<'a, str>>,
+    /// Unique id of the kernel run.
+    pub session_id: Cow<'a, str>,
+    /// The cell that reported it.
+    pub execution_count: u64,
+    /// The event (its fields at the top level).
+    #[serde(flatten)]
+    pub event: Cow<'a, Event>,
 }
 
 /// An image a cell produced, as logged (the image data itself is not logged).

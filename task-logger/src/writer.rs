@@ -7,7 +7,6 @@
 //! dropped and the next record reopens it, so logging resumes when the cause goes away.
 //! Failures are returned to the caller, who reports them; they never panic or retry in a loop.
 
-use crate::record::ExecutionRecord;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -87,7 +86,7 @@ impl TaskLog {
     }
 
     /// Appends one record as one line, with one `write(2)`.
-    pub fn append(&mut self, record: &ExecutionRecord<'_>) -> Result<(), LogError> {
+    pub fn append<R: serde::Serialize>(&mut self, record: &R) -> Result<(), LogError> {
         self.buf.clear();
         serde_json::to_writer(&mut self.buf, record).map_err(LogError::Serialize)?;
         self.buf.push(b'\n');
@@ -187,6 +186,7 @@ pub(crate) mod tests_support {
             peak_rss_kb: Some(1024),
             state_lost: false,
             images: Cow::Borrowed(&[]),
+            events: Cow::Borrowed(&[]),
         }
     }
 }

@@ -117,6 +117,25 @@ async def errors(s, opts):
 
 
 @scenario
+async def events(s, opts):
+    """flow events and MCP:: lines: one line each in the text, all of them structured."""
+    code = (
+        "flow.event('loaded', rows=3)\n"
+        "with flow.step('train') as st:\n"
+        "    st.log('epoch 1')\n"
+        """print('MCP::metric {"loss": 0.5}')"""
+    )
+    r = await run_cell(s, code)
+    t = text_of(r)
+    assert '[event 1] loaded {"rows":3}' in t, t
+    assert '[event 3 in train] step_log {"name":"train","message":"epoch 1"}' in t, t
+    assert '[event 5] metric {"loss":0.5}' in t, t
+    ev = r.structured_content["events"]
+    assert [e["name"] for e in ev] == ["loaded", "step_start", "step_log", "step_end", "metric"], ev
+    return {"events": len(ev)}
+
+
+@scenario
 async def large_requests(s, opts):
     """A cell of 50 MB runs under the default limit; a call over FLOWREPL_MAX_REQUEST_BYTES
     (when set) is a -32001 error and the session goes on."""

@@ -368,6 +368,11 @@ impl Drop for Kernel {
 
 /// Reads the task log with the project's tolerant reader; asserts nothing was skipped.
 pub fn read_log(path: &Path) -> Vec<flowrepl_task_logger::ExecutionRecord<'static>> {
+    read_log_all(path).records
+}
+
+/// Every record of a task log (execution and event records), asserting no line was bad.
+pub fn read_log_all(path: &Path) -> flowrepl_task_logger::ReadOutcome {
     let out =
         flowrepl_task_logger::read_records(path).unwrap_or_else(|e| panic!("read {path:?}: {e}"));
     assert!(
@@ -375,7 +380,7 @@ pub fn read_log(path: &Path) -> Vec<flowrepl_task_logger::ExecutionRecord<'stati
         "log has bad lines: {:?}",
         out.skipped
     );
-    out.records
+    out
 }
 
 /// Both execution modes, for tests that must hold in each.

@@ -69,6 +69,9 @@ pub struct SessionSetup {
     /// Python files run in the namespace, in order (`$PYTHONSTARTUP`, `--startup`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub startup: Vec<PathBuf>,
+    /// Who the session belongs to (`flow.plan_id` and the like).
+    #[serde(default)]
+    pub identity: crate::events::FlowIdentity,
 }
 
 /// Caps on the images collected after a cell.
@@ -131,6 +134,8 @@ pub struct CellOutcome {
     pub images: Vec<Image>,
     /// What the cell did.
     pub report: CellReport,
+    /// Events the cell reported through `flow` (in-process; a worker sends them as they come).
+    pub events: Vec<flowrepl_protocol::CellEvent>,
 }
 
 impl CellOutcome {
@@ -141,6 +146,7 @@ impl CellOutcome {
             stderr: String::new(),
             images: Vec::new(),
             report: CellReport::new(mode),
+            events: Vec::new(),
         }
     }
 }
@@ -176,6 +182,10 @@ pub struct Executor {
     images: Option<ImageLimits>,
     /// Startup files, run again after `restart`.
     startup: Vec<PathBuf>,
+    /// Receives the events cells report through `flow`.
+    emitter: Arc<crate::events::Emitter>,
+    /// The `flow` object (its `execution_count` is set per cell).
+    flow: Py<PyAny>,
     /// In-process, or worker mode (output goes to a sink).
     mode: Mode,
     feature_version: c_int,
@@ -230,6 +240,17 @@ impl Executor {
                 python_executable: attr("executable")?,
                 python_prefix: attr("prefix")?,
             };
+            let emitter = Arc::new(crate::events::Emitter::new(
+                capture.stdout.memfd(),
+                config.sink.clone(),
+            ));
+            let flow = crate::events::install_flow(
+                py,
+                &module,
+                Arc::clone(&emitter),
+                &config.setup.identity,
+            )
+            .map_err(support_err)?;
             let get = |name: &str| module.getattr(name).map(Bound::unbind).map_err(support_err);
             let support = Support {
                 flush_std: get("flush_std")?,
@@ -257,6 +278,8 @@ impl Executor {
                 max_output_bytes: config.max_output_bytes,
                 images: config.images,
                 startup: config.setup.startup.clone(),
+                emitter,
+                flow,
                 mode: if config.sink.is_some() {
                     Mode::Worker
                 } else {
@@ -370,10 +393,23 @@ impl Executor {
     }
 
     /// Runs one cell with a wall-clock `timeout`.
-    pub fn execute(&mut self, code: &str, timeout: Duration) -> CellOutcome {
+    /// `execution_count` is the session's number for the cell (`flow.execution_count`).
+    pub fn execute(&mut self, code: &str, timeout: Duration, execution_count: u64) -> CellOutcome {
         self.cells += 1;
         let name = format!("<cell-{}>", self.cells);
-        Python::attach(|py| self.execute_attached(py, code, name, timeout))
+        Python::attach(|py| {
+            if let Err(e) = self
+                .flow
+                .bind(py)
+                .setattr(intern!(py, "execution_count"), execution_count)
+            {
+                tracing::warn!(error = %e, "flow.execution_count not set");
+            }
+            self.emitter.begin(self.capture.stdout.cursor());
+            let mut out = self.execute_attached(py, code, name, timeout);
+            out.events = self.emitter.take();
+            out
+        })
     }
 
     fn execute_attached(

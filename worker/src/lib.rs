@@ -11,6 +11,7 @@
 //! - [`sink`]: worker mode: output streamed in chunks while a cell runs.
 //! - [`usage`]: CPU time and peak RSS per cell.
 //! - [`sys`]: OS and sync helpers shared with the kernel (signal masks, poll, locks).
+//! - [`events`]: `flow`: events cells report, timestamped and placed in their output.
 //! - [`executor`]: [`Executor`], which ties these together for one cell at a time.
 //! - [`serve`]: the `flowrepl-worker` process: frames in, cells run, frames out.
 //! - [`logging`]: diagnostics to the original stderr (kernel and worker).
@@ -22,6 +23,7 @@
 
 pub mod capture;
 pub mod cell;
+pub mod events;
 pub mod executor;
 pub mod interpreter;
 pub mod logging;

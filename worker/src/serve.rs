@@ -119,6 +119,15 @@ impl OutputSink for Channel {
     fn flush(&self) {
         self.send();
     }
+
+    fn event(&self, event: &flowrepl_protocol::CellEvent) {
+        let id = self.cell.load(Ordering::Relaxed);
+        let encoded = self.with(|buf| frame::encode_event(buf, id, event));
+        if let Err(e) = encoded {
+            tracing::warn!(error = %e, "an event too large for a frame was dropped");
+        }
+        self.send();
+    }
 }
 
 /// Re-arms RLIMIT_CPU so that this cell may use `seconds` more CPU seconds (the limit counts
@@ -211,6 +220,7 @@ fn serve(
             Frame::Execute {
                 id,
                 timeout_ms,
+                execution_count,
                 code,
             } => {
                 channel.cell.store(id, Ordering::Relaxed);
@@ -218,7 +228,8 @@ fn serve(
                     arm_cpu_limit(s, executor.cpu_total_ms());
                 }
                 crate::sys::unblock_sigint();
-                let outcome = executor.execute(code, Duration::from_millis(timeout_ms));
+                let outcome =
+                    executor.execute(code, Duration::from_millis(timeout_ms), execution_count);
                 crate::sys::block_sigint();
                 let mut rep = done_report(outcome, executor.cpu_total_ms());
                 channel.with(|buf| {

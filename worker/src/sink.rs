@@ -23,6 +23,8 @@ pub trait OutputSink: Send + Sync {
     fn chunk(&self, stream: OutputStream, bytes: &[u8]);
     /// Sends what [`OutputSink::chunk`] buffered.
     fn flush(&self);
+    /// An event of the running cell: sent at once, with the output buffered before it.
+    fn event(&self, event: &flowrepl_protocol::CellEvent);
 }
 
 use crate::sys::PAGE;

@@ -69,6 +69,102 @@ def setup():
     return __main__.__dict__
 
 
+class ApprovalCancelled(Exception):
+    """A request for approval was cancelled or timed out."""
+
+
+class _Step:
+    """`with flow.step(name, **data) as s:`: step_start and step_end events around the block
+    (step_end says how long it took and whether it raised; the exception goes on)."""
+
+    def __init__(self, flow, name, data):
+        self._flow, self.name, self._data = flow, name, data
+
+    def __enter__(self):
+        self._flow._report("step_start", {"name": self.name, **self._data})
+        self._flow._steps.append(self.name)
+        self._t0 = self._flow._clock()
+        return self
+
+    def log(self, message):
+        """A step_log event inside this step."""
+        self._flow._report("step_log", {"name": self.name, "message": str(message)})
+
+    def __exit__(self, kind, exc, tb):
+        ms = round((self._flow._clock() - self._t0) * 1000.0, 3)
+        steps = self._flow._steps
+        if steps and steps[-1] == self.name:
+            steps.pop()
+        self._flow._report(
+            "step_end",
+            {
+                "name": self.name,
+                "duration_ms": ms,
+                "success": kind is None,
+                "error": None if kind is None else kind.__name__,
+            },
+        )
+        return False
+
+
+class Flow:
+    """The task this session belongs to, and a way to report what the cell is doing.
+    Available in every cell as `flow` (also `flowrepl.flow`); not a session variable."""
+
+    ApprovalCancelled = ApprovalCancelled
+
+    def __init__(self, emit, clock, identity):
+        self._emit = emit
+        self._clock = clock
+        self._steps = []
+        self.plan_id = identity.get("plan_id")
+        self.task_id = identity.get("task_id")
+        self.task_name = identity.get("task_name")
+        self.session_id = identity.get("session_id")
+        self.execution_count = 0
+
+    def __repr__(self):
+        return f"<flow plan={self.plan_id!r} task={self.task_id!r} cell={self.execution_count}>"
+
+    def event(self, name, /, **data):
+        """Reports a structured event: a name and JSON-serialisable keyword data
+        (anything else raises TypeError naming the key)."""
+        if not isinstance(name, str) or not name:
+            raise TypeError("flow.event: the name must be a non-empty string")
+        self._report(name, data)
+
+    def step(self, name, /, **data):
+        """A context manager: step_start and step_end events around the block; `s.log(msg)`
+        inside it adds a step_log event. Steps nest: each event names its innermost step."""
+        if not isinstance(name, str) or not name:
+            raise TypeError("flow.step: the name must be a non-empty string")
+        return _Step(self, name, data)
+
+    def _report(self, name, data):
+        out = sys.stdout
+        if out is not None:
+            try:
+                out.flush()  # so that the event is placed after what was printed before it
+            except Exception:
+                pass
+        self._emit(name, data, self._steps[-1] if self._steps else None)
+
+
+def install_flow(emit, clock, identity):
+    """`flow` for every cell: a builtin (so not a session variable, and a cell that rebinds
+    the name only shadows it) and `flowrepl.flow`."""
+    import builtins
+    import types
+
+    flow = Flow(emit, clock, identity)
+    builtins.flow = flow
+    module = types.ModuleType("flowrepl", "flowrepl's own objects for cells: flowrepl.flow")
+    module.flow = flow
+    module.ApprovalCancelled = ApprovalCancelled
+    sys.modules["flowrepl"] = module
+    return flow
+
+
 def apply_setup(argv, path0):
     """Drop-in mode: `sys.argv` as the REPL script would see it, its folder first on sys.path."""
     if argv is not None:

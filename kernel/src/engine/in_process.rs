@@ -45,8 +45,8 @@ impl Engine for InProcess {
         self.control.clone()
     }
 
-    fn run(&mut self, code: &str, timeout: Duration) -> CellRun {
-        CellRun::ended(self.executor.execute(code, timeout))
+    fn run(&mut self, code: &str, timeout: Duration, execution_count: u64) -> CellRun {
+        CellRun::ended(self.executor.execute(code, timeout, execution_count))
     }
 
     fn list_variables(&mut self) -> Result<Vec<VariableInfo>, EngineError> {

@@ -79,9 +79,10 @@ pub trait Engine {
     fn python(&self) -> PythonInfo;
     /// A handle for other threads to reach the running cell.
     fn control(&self) -> Arc<dyn Control>;
-    /// Runs a cell with a wall-clock `timeout`. Never fails: what went wrong is in the
-    /// report (an exception, or a [`Fault`](flowrepl_protocol::Fault)).
-    fn run(&mut self, code: &str, timeout: Duration) -> CellRun;
+    /// Runs a cell with a wall-clock `timeout`; `execution_count` is the session's number
+    /// for it. Never fails: what went wrong is in the report (an exception, or a
+    /// [`Fault`](flowrepl_protocol::Fault)); events the cell reported before a crash are kept.
+    fn run(&mut self, code: &str, timeout: Duration, execution_count: u64) -> CellRun;
     /// The namespace's names with type, short repr and size (between cells).
     fn list_variables(&mut self) -> Result<Vec<VariableInfo>, EngineError>;
     /// Drops all state: a fresh worker, or an empty namespace in-process.

@@ -195,6 +195,7 @@ impl Front {
             timestamp: String::new(),
             state_lost: false,
             images: Vec::new(),
+            events: Vec::new(),
         };
         if let Err(e) = self.writer().send_execute(&id, &result) {
             tracing::warn!(error = %e, "writing CellNotStopped failed");

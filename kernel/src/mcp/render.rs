@@ -175,8 +175,12 @@ fn budget_parts(r: &ExecuteResult, max_chars: usize, store: &Mutex<OutputStore>)
     parts
 }
 
-/// The text block: stdout, then stderr (with the traceback) under a label, then `Out[n]:`,
-/// warnings and the images' captions.
+/// Events shown in the text block; the rest are in `structuredContent`.
+const MAX_EVENTS_IN_TEXT: usize = 50;
+
+/// The text block: stdout, then stderr (with the traceback) under a label, then the events
+/// (one line each, at most [`MAX_EVENTS_IN_TEXT`]), `Out[n]:`, warnings and the images'
+/// captions.
 fn text_block(r: &ExecuteResult, stdout: &str, stderr: &str, result: Option<&str>) -> String {
     let mut t = String::with_capacity(stdout.len() + stderr.len() + 64);
     let end_line = |t: &mut String| {
@@ -189,6 +193,19 @@ fn text_block(r: &ExecuteResult, stdout: &str, stderr: &str, result: Option<&str
         end_line(&mut t);
         t.push_str("[stderr]\n");
         t.push_str(stderr);
+    }
+    for e in r.events.iter().take(MAX_EVENTS_IN_TEXT) {
+        end_line(&mut t);
+        match &e.step {
+            Some(step) => write!(t, "[event {} in {step}] {} {}", e.seq, e.name, e.data.get()),
+            None => write!(t, "[event {}] {} {}", e.seq, e.name, e.data.get()),
+        }
+        .expect("writing to a String");
+    }
+    if r.events.len() > MAX_EVENTS_IN_TEXT {
+        end_line(&mut t);
+        let more = r.events.len() - MAX_EVENTS_IN_TEXT;
+        let _ = write!(t, "[{more} more events in structuredContent.events]");
     }
     if let Some(v) = result {
         end_line(&mut t);

@@ -4,6 +4,7 @@
 mod dropin;
 mod exit;
 mod faults;
+mod flow;
 mod interrupt;
 mod isolation;
 mod limits;

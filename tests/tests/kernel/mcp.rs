@@ -376,3 +376,12 @@ fn a_line_over_the_limit_gets_its_id_back_and_memory_stays_bounded() {
     drop(stdin);
     assert!(child.wait().unwrap().success());
 }
+
+#[test]
+fn events_are_shown_in_the_text_and_structured() {
+    for mode in MODES {
+        let (facts, log, _logs) = Scenario::mode(mode).run("events");
+        assert_eq!(facts["events"], 5, "{mode}");
+        assert_eq!(read_log(&log)[0].events.len(), 5, "{mode}");
+    }
+}

@@ -136,6 +136,7 @@ fn worker_streams_output_while_the_cell_runs() {
         &mut buf,
         7,
         60_000,
+        1,
         "import time\nprint('early', flush=True)\ntime.sleep(1.5)\nprint('late')",
     )
     .unwrap();

@@ -194,6 +194,7 @@ struct Collecting {
     id: u64,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
+    events: Vec<flowrepl_protocol::CellEvent>,
     done: Option<Box<DoneReport>>,
 }
 
@@ -381,6 +382,7 @@ impl Worker {
                     OutputStream::Stdout => c.stdout.extend_from_slice(bytes),
                     OutputStream::Stderr => c.stderr.extend_from_slice(bytes),
                 },
+                Ok(Frame::Event { id, event }) if id == c.id => c.events.push(event),
                 Ok(Frame::Done { id, report }) if id == c.id => {
                     c.done = Some(report);
                     return true;
@@ -459,6 +461,7 @@ impl Worker {
             stderr,
             images: done.images,
             report: r,
+            events: Vec::new(),
         })
     }
 
@@ -544,6 +547,7 @@ fn fault_run(
             stderr,
             images: Vec::new(),
             report,
+            events: Vec::new(),
         },
         stopped_by: None,
         state_lost: fault.loses_state(),
@@ -563,7 +567,7 @@ impl Engine for Worker {
         self.control.clone()
     }
 
-    fn run(&mut self, code: &str, timeout: Duration) -> CellRun {
+    fn run(&mut self, code: &str, timeout: Duration, execution_count: u64) -> CellRun {
         let mut warnings = Vec::new();
         let mut state_lost = false;
         if let Some(w) = self.check_idle_worker() {
@@ -585,10 +589,12 @@ impl Engine for Worker {
             id: self.next_id,
             stdout: Vec::new(),
             stderr: Vec::new(),
+            events: Vec::new(),
             done: None,
         };
         self.send_buf.clear();
-        frame::encode_execute(&mut self.send_buf, c.id, timeout.as_millis() as u64, code)
+        let timeout_ms = timeout.as_millis() as u64;
+        frame::encode_execute(&mut self.send_buf, c.id, timeout_ms, execution_count, code)
             .expect("worker mode caps request lines at frame::MAX_CELL_BYTES (config.rs)");
         let started = Instant::now();
         {
@@ -650,6 +656,7 @@ impl Engine for Worker {
             let mut run = self.finished_run(*done, stdout, stderr, interrupted);
             warnings.append(&mut run.outcome.report.warnings);
             run.outcome.report.warnings = warnings;
+            run.outcome.events = c.events;
             run.state_lost = state_lost;
             return run;
         }
@@ -672,6 +679,8 @@ impl Engine for Worker {
             ));
         }
         let mut run = fault_run(fault, message, stdout, stderr, warnings);
+        // What the cell reported before the worker died is kept.
+        run.outcome.events = c.events;
         let report: &mut CellReport = &mut run.outcome.report;
         report.timed_out = killed == Some(KillReason::Timeout);
         report.interrupted = killed == Some(KillReason::Interrupt);
