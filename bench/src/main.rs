@@ -7,10 +7,12 @@
 //! - [`echo`]: the raw pipe peer (`flowrepl-bench echo`).
 //! - [`kernel`]: the JSON-RPC kernel in-process against the raw pipe and a plain Python REPL.
 //! - [`worker`]: worker mode.
+//! - [`flow`]: the cost of `flow.event` inside a cell.
 //! - [`ab`]: an interleaved A/B against another kernel build (`--baseline`).
 
 mod ab;
 mod echo;
+mod flow;
 mod kernel;
 mod peer;
 mod stats;
@@ -71,6 +73,7 @@ fn main() {
             let python = peer::real_python();
             let anchors = kernel::run(&args, &python, &logs);
             worker::run(&args, &python, &logs, &anchors);
+            flow::run(&args, &logs);
         }
     }
     let _ = std::fs::remove_dir_all(&logs);

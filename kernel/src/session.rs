@@ -240,7 +240,7 @@ impl Session {
         let elapsed_ms = (started.elapsed().as_micros() as f64) / 1000.0;
         let mut o = run.outcome;
         o.report.debug_info.elapsed_ms = elapsed_ms;
-        let events = if o.events.is_empty() && !o.stdout.contains(crate::events::LINE_PREFIX) {
+        let events = if o.events.is_empty() && !crate::events::may_have_lines(&o.stdout) {
             Vec::new()
         } else {
             let now = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);

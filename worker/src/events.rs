@@ -19,6 +19,8 @@ use std::sync::{Arc, Mutex};
 pub struct Emitter {
     stdout: Arc<OwnedFd>,
     cell_start: AtomicU64,
+    /// The running cell's `execution_count` (read by `flow.execution_count`).
+    execution_count: AtomicU64,
     sink: Option<Arc<dyn OutputSink>>,
     collected: Mutex<Vec<CellEvent>>,
 }
@@ -37,14 +39,17 @@ impl Emitter {
         Emitter {
             stdout,
             cell_start: AtomicU64::new(0),
+            execution_count: AtomicU64::new(0),
             sink,
             collected: Mutex::new(Vec::new()),
         }
     }
 
-    /// A cell starts; its stdout starts at `stdout_start` in the capture file.
-    pub fn begin(&self, stdout_start: u64) {
+    /// Cell `execution_count` starts; its stdout starts at `stdout_start` in the capture file.
+    pub fn begin(&self, execution_count: u64, stdout_start: u64) {
         self.cell_start.store(stdout_start, Ordering::Relaxed);
+        self.execution_count
+            .store(execution_count, Ordering::Relaxed);
     }
 
     /// Reports an event of the running cell. `data` must be a JSON object's text (the
@@ -68,6 +73,9 @@ impl Emitter {
 
     /// The events collected since the last call (in-process).
     pub fn take(&self) -> Vec<CellEvent> {
+        if self.sink.is_some() {
+            return Vec::new();
+        }
         std::mem::take(&mut *lock(&self.collected))
     }
 }
@@ -197,6 +205,7 @@ pub fn install_flow(
     emitter: Arc<Emitter>,
     identity: &FlowIdentity,
 ) -> PyResult<Py<PyAny>> {
+    let emitter_for_count = Arc::clone(&emitter);
     let emit = PyCFunction::new_closure(
         py,
         Some(c"_emit"),
@@ -218,12 +227,23 @@ pub fn install_flow(
             Ok(started.elapsed().as_secs_f64())
         },
     )?;
+    let counts = Arc::clone(&emitter_for_count);
+    let count = PyCFunction::new_closure(
+        py,
+        Some(c"_count"),
+        None,
+        move |_: &Bound<'_, PyTuple>, _: Option<&Bound<'_, PyDict>>| -> PyResult<u64> {
+            Ok(counts.execution_count.load(Ordering::Relaxed))
+        },
+    )?;
     let ids = PyDict::new(py);
     ids.set_item("plan_id", &identity.plan_id)?;
     ids.set_item("task_id", &identity.task_id)?;
     ids.set_item("task_name", &identity.task_name)?;
     ids.set_item("session_id", &identity.session_id)?;
-    let flow = support.getattr("install_flow")?.call1((emit, clock, ids))?;
+    let flow = support
+        .getattr("install_flow")?
+        .call1((emit, clock, count, ids))?;
     Ok(flow.unbind())
 }
 

@@ -184,8 +184,8 @@ pub struct Executor {
     startup: Vec<PathBuf>,
     /// Receives the events cells report through `flow`.
     emitter: Arc<crate::events::Emitter>,
-    /// The `flow` object (its `execution_count` is set per cell).
-    flow: Py<PyAny>,
+    /// The `flow` object cells see.
+    _flow: Py<PyAny>,
     /// In-process, or worker mode (output goes to a sink).
     mode: Mode,
     feature_version: c_int,
@@ -279,7 +279,7 @@ impl Executor {
                 images: config.images,
                 startup: config.setup.startup.clone(),
                 emitter,
-                flow,
+                _flow: flow,
                 mode: if config.sink.is_some() {
                     Mode::Worker
                 } else {
@@ -397,19 +397,11 @@ impl Executor {
     pub fn execute(&mut self, code: &str, timeout: Duration, execution_count: u64) -> CellOutcome {
         self.cells += 1;
         let name = format!("<cell-{}>", self.cells);
-        Python::attach(|py| {
-            if let Err(e) = self
-                .flow
-                .bind(py)
-                .setattr(intern!(py, "execution_count"), execution_count)
-            {
-                tracing::warn!(error = %e, "flow.execution_count not set");
-            }
-            self.emitter.begin(self.capture.stdout.cursor());
-            let mut out = self.execute_attached(py, code, name, timeout);
-            out.events = self.emitter.take();
-            out
-        })
+        self.emitter
+            .begin(execution_count, self.capture.stdout.cursor());
+        let mut out = Python::attach(|py| self.execute_attached(py, code, name, timeout));
+        out.events = self.emitter.take();
+        out
     }
 
     fn execute_attached(

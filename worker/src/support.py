@@ -113,15 +113,20 @@ class Flow:
 
     ApprovalCancelled = ApprovalCancelled
 
-    def __init__(self, emit, clock, identity):
+    def __init__(self, emit, clock, count, identity):
         self._emit = emit
         self._clock = clock
+        self._count = count
         self._steps = []
         self.plan_id = identity.get("plan_id")
         self.task_id = identity.get("task_id")
         self.task_name = identity.get("task_name")
         self.session_id = identity.get("session_id")
-        self.execution_count = 0
+
+    @property
+    def execution_count(self):
+        """The running cell's `execution_count`."""
+        return self._count()
 
     def __repr__(self):
         return f"<flow plan={self.plan_id!r} task={self.task_id!r} cell={self.execution_count}>"
@@ -150,13 +155,13 @@ class Flow:
         self._emit(name, data, self._steps[-1] if self._steps else None)
 
 
-def install_flow(emit, clock, identity):
+def install_flow(emit, clock, count, identity):
     """`flow` for every cell: a builtin (so not a session variable, and a cell that rebinds
     the name only shadows it) and `flowrepl.flow`."""
     import builtins
     import types
 
-    flow = Flow(emit, clock, identity)
+    flow = Flow(emit, clock, count, identity)
     builtins.flow = flow
     module = types.ModuleType("flowrepl", "flowrepl's own objects for cells: flowrepl.flow")
     module.flow = flow
