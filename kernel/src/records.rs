@@ -20,8 +20,8 @@
 use crate::config::Identity;
 use flowrepl_protocol::{ExecuteParams, ExecuteResult, Mode};
 use flowrepl_task_logger::{
-    EventRecord, ExecutionRecord, LogError, TaskLog, FORMAT_VERSION, RECORD_TYPE_EVENT,
-    RECORD_TYPE_EXECUTION,
+    ContextRecord, EventRecord, ExecutionRecord, LogError, TaskLog, FORMAT_VERSION,
+    RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
 };
 use flowrepl_worker::sys::chain;
 use std::borrow::Cow;
@@ -33,6 +33,8 @@ use std::thread::JoinHandle;
 struct Job {
     params: ExecuteParams,
     result: ExecuteResult,
+    /// The task's context after each change the cell made.
+    contexts: Vec<String>,
 }
 
 #[derive(Default)]
@@ -137,7 +139,7 @@ impl RecordWriter {
     }
 
     /// Writes or queues the record of a cell whose reply has been sent.
-    pub fn submit(&mut self, params: ExecuteParams, result: ExecuteResult) {
+    pub fn submit(&mut self, params: ExecuteParams, result: ExecuteResult, contexts: Vec<String>) {
         let size = params.code.len() + result.stdout.len() + result.stderr.len();
         {
             let mut st = self.shared.lock();
@@ -145,12 +147,25 @@ impl RecordWriter {
             if size <= INLINE_MAX_BYTES && st.done + 1 == st.queued {
                 // Nothing in flight: write it here, in order.
                 drop(st);
-                write_one(&self.shared, &Job { params, result });
+                write_one(
+                    &self.shared,
+                    &Job {
+                        params,
+                        result,
+                        contexts,
+                    },
+                );
                 return;
             }
         }
         let sent = match &self.tx {
-            Some(tx) => tx.send(Box::new(Job { params, result })).is_ok(),
+            Some(tx) => tx
+                .send(Box::new(Job {
+                    params,
+                    result,
+                    contexts,
+                }))
+                .is_ok(),
             None => false,
         };
         if !sent {
@@ -243,6 +258,24 @@ fn write_one(shared: &Shared, job: &Job) {
                         session_id: Cow::Borrowed(&id.session_id),
                         execution_count: job.result.execution_count,
                         event: Cow::Borrowed(event),
+                    })
+                })
+            })
+            .and_then(|()| {
+                // Then the task's context after each change, whole.
+                job.contexts.iter().try_for_each(|json| {
+                    let context = flowrepl_protocol::EventData::from_json(json.clone())
+                        .map_err(LogError::Serialize)?;
+                    log.append(&ContextRecord {
+                        kind: Cow::Borrowed(RECORD_TYPE_CONTEXT),
+                        version: FORMAT_VERSION,
+                        plan_id: Cow::Borrowed(&id.plan_id),
+                        task_id: Cow::Borrowed(&id.task_id),
+                        task_name: id.task_name.as_deref().map(Cow::Borrowed),
+                        session_id: Cow::Borrowed(&id.session_id),
+                        execution_count: job.result.execution_count,
+                        timestamp: Cow::Borrowed(&job.result.timestamp),
+                        context,
                     })
                 })
             })

@@ -122,6 +122,8 @@ pub struct Session {
     kill_grace: Duration,
     /// Whether the record of the cell being answered can be written.
     record_this: bool,
+    /// The task's context after each change the cell being answered made.
+    contexts: Vec<String>,
 }
 
 impl Session {
@@ -164,6 +166,7 @@ impl Session {
             default_timeout_ms: config.default_timeout_ms,
             kill_grace: config.kill_grace,
             record_this: false,
+            contexts: Vec::new(),
         })
     }
 
@@ -240,6 +243,7 @@ impl Session {
         let elapsed_ms = (started.elapsed().as_micros() as f64) / 1000.0;
         let mut o = run.outcome;
         o.report.debug_info.elapsed_ms = elapsed_ms;
+        self.contexts = std::mem::take(&mut o.contexts);
         let events = if o.events.is_empty() && !crate::events::may_have_lines(&o.stdout) {
             Vec::new()
         } else {
@@ -271,8 +275,9 @@ impl Session {
 
     /// Queues the record of the cell just answered (see [`crate::records`]).
     fn record(&mut self, params: ExecuteParams, result: ExecuteResult) {
+        let contexts = std::mem::take(&mut self.contexts);
         if std::mem::take(&mut self.record_this) {
-            self.records.submit(params, result);
+            self.records.submit(params, result, contexts);
         }
         self.board.settled.fetch_add(1, Ordering::Release);
     }

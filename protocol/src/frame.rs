@@ -21,6 +21,7 @@
 //! | `0x83` Done | worker → kernel | `id: u64`, JSON [`DoneReport`]: the cell's result without its output |
 //! | `0x84` VariablesReply | worker → kernel | `id: u64`, JSON [`VariablesReport`] |
 //! | `0x85` Event | worker → kernel | `id: u64`, JSON [`CellEvent`]: sent (and flushed) as the cell reports it |
+//! | `0x86` Context | worker → kernel | `id: u64`, the task's whole new context (a JSON object), sent as the cell changes it |
 //!
 //! A cell's output arrives as Output frames while it runs (the worker reads its capture
 //! files every monitor tick, 50 ms) and after it ends, in order, then exactly one Done frame
@@ -63,6 +64,8 @@ pub mod kind {
     pub const VARIABLES_REPLY: u8 = 0x84;
     /// Worker → kernel: an event of the running cell.
     pub const EVENT: u8 = 0x85;
+    /// Worker → kernel: the running cell changed the task's context.
+    pub const CONTEXT: u8 = 0x86;
 }
 
 /// Which captured stream an Output frame carries.
@@ -177,6 +180,13 @@ pub enum Frame<'a> {
         /// The event.
         event: CellEvent,
     },
+    /// Cell `id` changed the task's context to this JSON object.
+    Context {
+        /// The cell.
+        id: u64,
+        /// The whole new context.
+        json: &'a str,
+    },
     /// The namespace listing asked for by Variables `id`.
     VariablesReply {
         /// The request.
@@ -210,6 +220,14 @@ pub fn encode_execute(
     out.extend_from_slice(&timeout_ms.to_be_bytes());
     out.extend_from_slice(&execution_count.to_be_bytes());
     out.extend_from_slice(code.as_bytes());
+    Ok(())
+}
+
+/// Appends a Context frame.
+pub fn encode_context(out: &mut Vec<u8>, id: u64, json: &str) -> Result<(), FrameError> {
+    begin(out, kind::CONTEXT, 8 + json.len())?;
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(json.as_bytes());
     Ok(())
 }
 
@@ -326,6 +344,11 @@ pub fn decode(payload: &[u8]) -> Result<Frame<'_>, FrameError> {
         kind::VARIABLES => {
             let (id, _) = split_u64(kind, body)?;
             Ok(Frame::Variables { id })
+        }
+        kind::CONTEXT => {
+            let (id, rest) = split_u64(kind, body)?;
+            let json = std::str::from_utf8(rest).map_err(|e| malformed(kind, e.to_string()))?;
+            Ok(Frame::Context { id, json })
         }
         kind::EVENT => {
             let (id, rest) = split_u64(kind, body)?;

@@ -5,7 +5,8 @@
 //! without `\n` (a write in progress) is skipped too.
 
 use crate::record::{
-    EventRecord, ExecutionRecord, FORMAT_VERSION, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
+    ContextRecord, EventRecord, ExecutionRecord, FORMAT_VERSION, RECORD_TYPE_CONTEXT,
+    RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
 };
 use std::io;
 use std::path::Path;
@@ -26,6 +27,8 @@ pub struct ReadOutcome {
     pub records: Vec<ExecutionRecord<'static>>,
     /// The event records, in file order.
     pub events: Vec<EventRecord<'static>>,
+    /// The context records, in file order.
+    pub contexts: Vec<ContextRecord<'static>>,
     /// Lines that were not returned, with the reason.
     pub skipped: Vec<SkippedLine>,
 }
@@ -82,11 +85,65 @@ pub fn parse_records(bytes: &[u8]) -> ReadOutcome {
                     out.events.push(ev)
                 }
                 Ok(ev) if ev.kind == RECORD_TYPE_EVENT => out.skipped.push(newer(ev.version)),
-                _ => out.skipped.push(skip(format!("not a record: {e}"))),
+                _ => match serde_json::from_slice::<ContextRecord<'static>>(line) {
+                    Ok(c) if c.kind == RECORD_TYPE_CONTEXT && c.version <= FORMAT_VERSION => {
+                        out.contexts.push(c)
+                    }
+                    _ => out.skipped.push(skip(format!("not a record: {e}"))),
+                },
             },
         }
     }
     out
+}
+
+/// The task's current context: the `context` of the last context record of the log at
+/// `path`, read backwards from the end (a long log costs no more than its tail). `None` when
+/// the file or such a record does not exist; a torn or unreadable line is passed over.
+pub fn last_context(path: &Path) -> io::Result<Option<String>> {
+    use std::io::{Read, Seek, SeekFrom};
+    const CHUNK: u64 = 1 << 20;
+    const PREFIX: &[u8] = b"{\"type\":\"context\"";
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut end = file.seek(SeekFrom::End(0))?;
+    // The bytes after the last newline seen so far belong to a line not yet complete.
+    let mut tail: Vec<u8> = Vec::new();
+    while end > 0 {
+        let start = end.saturating_sub(CHUNK);
+        let mut buf = vec![0u8; (end - start) as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(&mut buf)?;
+        buf.extend_from_slice(&tail);
+        // Complete lines are those after the first newline (or all, at the file's start).
+        let first_nl = if start == 0 {
+            None
+        } else {
+            buf.iter().position(|&b| b == b'\n')
+        };
+        let body_from = first_nl.map_or(0, |i| i + 1);
+        for line in buf[body_from..].split(|&b| b == b'\n').rev() {
+            if !line.starts_with(PREFIX) {
+                continue;
+            }
+            #[derive(serde::Deserialize)]
+            struct Ctx {
+                version: u32,
+                context: serde_json::Value,
+            }
+            if let Ok(c) = serde_json::from_slice::<Ctx>(line) {
+                if c.version <= FORMAT_VERSION && c.context.is_object() {
+                    return Ok(Some(c.context.to_string()));
+                }
+            }
+        }
+        tail = buf[..body_from].to_vec();
+        end = start;
+    }
+    Ok(None)
 }
 
 fn into_owned(r: ExecutionRecord<'_>) -> ExecutionRecord<'static> {
@@ -143,6 +200,28 @@ mod tests {
         assert_eq!(out.records.len(), 2);
         let lines: Vec<_> = out.skipped.iter().map(|s| s.line).collect();
         assert_eq!(lines, vec![2, 3, 5, 6, 8]);
+    }
+
+    #[test]
+    fn the_last_context_is_found_from_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        assert_eq!(last_context(&path).unwrap(), None);
+        let ctx =
+            |n: u32| format!("{{\"type\":\"context\",\"version\":1,\"context\":{{\"n\":{n}}}}}\n");
+        let filler = format!(
+            "{{\"type\":\"execution\",\"stdout\":\"{}\"}}\n",
+            "x".repeat(700_000)
+        );
+        let mut text = ctx(1) + &filler + &ctx(2);
+        for _ in 0..4 {
+            text.push_str(&filler);
+        }
+        text.push_str("{\"type\":\"context\",\"vers"); // torn last line
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(last_context(&path).unwrap().as_deref(), Some("{\"n\":2}"));
+        std::fs::write(&path, ctx(7)).unwrap();
+        assert_eq!(last_context(&path).unwrap().as_deref(), Some("{\"n\":7}"));
     }
 
     #[test]

@@ -168,3 +168,31 @@ pub struct ImageRecord {
     /// Encoded size in bytes.
     pub bytes: u64,
 }
+
+/// The `type` of a context record.
+pub const RECORD_TYPE_CONTEXT: &str = "context";
+
+/// The task's context after a change (`flow.context.update`): the whole new context. A kernel
+/// started later for the same task starts from the last one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextRecord<'a> {
+    /// `"context"` (first, so that a backward scan can find these lines by their start).
+    #[serde(rename = "type")]
+    pub kind: Cow<'a, str>,
+    /// [`FORMAT_VERSION`] when written.
+    pub version: u32,
+    /// The Flow plan id.
+    pub plan_id: Cow<'a, str>,
+    /// The Flow task id.
+    pub task_id: Cow<'a, str>,
+    /// The Flow task name, if given.
+    pub task_name: Option<Cow<'a, str>>,
+    /// Unique id of the kernel run.
+    pub session_id: Cow<'a, str>,
+    /// The cell that changed it.
+    pub execution_count: u64,
+    /// When, UTC ISO 8601 with milliseconds and `Z`.
+    pub timestamp: Cow<'a, str>,
+    /// The whole context: a JSON object.
+    pub context: flowrepl_protocol::EventData,
+}

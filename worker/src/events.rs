@@ -23,6 +23,8 @@ pub struct Emitter {
     execution_count: AtomicU64,
     sink: Option<Arc<dyn OutputSink>>,
     collected: Mutex<Vec<CellEvent>>,
+    /// Context changes of the running cell (in-process), each the whole new context.
+    contexts: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for Emitter {
@@ -42,6 +44,7 @@ impl Emitter {
             execution_count: AtomicU64::new(0),
             sink,
             collected: Mutex::new(Vec::new()),
+            contexts: Mutex::new(Vec::new()),
         }
     }
 
@@ -69,6 +72,22 @@ impl Emitter {
             None => lock(&self.collected).push(event),
         }
         Ok(())
+    }
+
+    /// The running cell changed the task's context to `json` (a JSON object).
+    pub fn set_context(&self, json: String) {
+        match &self.sink {
+            Some(sink) => sink.context(&json),
+            None => lock(&self.contexts).push(json),
+        }
+    }
+
+    /// The context changes collected since the last call (in-process).
+    pub fn take_contexts(&self) -> Vec<String> {
+        if self.sink.is_some() {
+            return Vec::new();
+        }
+        std::mem::take(&mut *lock(&self.contexts))
     }
 
     /// The events collected since the last call (in-process).
@@ -167,6 +186,12 @@ fn write_key(k: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> Option<()> {
 
 /// The JSON text of an event's data, or a `TypeError` naming the offending key.
 fn data_json(event: &str, data: &Bound<'_, PyDict>) -> PyResult<String> {
+    dict_json(&format!("flow.event({event:?})"), data)
+}
+
+/// The JSON text of a dict, or a `TypeError` (starting with `what`) naming the offending key.
+fn dict_json(what: &str, data: &Bound<'_, PyDict>) -> PyResult<String> {
+    let event = what;
     let mut out = Vec::with_capacity(64);
     out.push(b'{');
     for (i, (k, v)) in data.iter().enumerate() {
@@ -179,7 +204,7 @@ fn data_json(event: &str, data: &Bound<'_, PyDict>) -> PyResult<String> {
             .unwrap_or_default();
         if write_key(&k, &mut out).is_none() {
             return Err(PyTypeError::new_err(format!(
-                "flow.event({event:?}): data key {key:?} is not a string"
+                "{event}: data key {key:?} is not a string"
             )));
         }
         out.push(b':');
@@ -189,7 +214,7 @@ fn data_json(event: &str, data: &Bound<'_, PyDict>) -> PyResult<String> {
                 NotJson::Deep => "is nested too deeply (or circular)".to_owned(),
             };
             return Err(PyTypeError::new_err(format!(
-                "flow.event({event:?}): data[{key:?}] {why}"
+                "{event}: data[{key:?}] {why}"
             )));
         }
     }
@@ -241,10 +266,62 @@ pub fn install_flow(
     ids.set_item("task_id", &identity.task_id)?;
     ids.set_item("task_name", &identity.task_name)?;
     ids.set_item("session_id", &identity.session_id)?;
-    let flow = support
-        .getattr("install_flow")?
-        .call1((emit, clock, count, ids))?;
+    let saver = Arc::clone(&emitter_for_count);
+    let save_context = PyCFunction::new_closure(
+        py,
+        Some(c"_save_context"),
+        None,
+        move |args: &Bound<'_, PyTuple>, _: Option<&Bound<'_, PyDict>>| -> PyResult<Py<PyAny>> {
+            let (new,): (Bound<'_, PyDict>,) = args.extract()?;
+            let json = dict_json("flow.context.update", &new)?;
+            let copy = json_to_py(args.py(), &serde_json::from_str(&json).expect("valid JSON"))?;
+            saver.set_context(json);
+            Ok(copy)
+        },
+    )?;
+    let initial: serde_json::Value = match &identity.context {
+        Some(text) => serde_json::from_str(text).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the task's saved context is not JSON; starting from {{}}");
+            serde_json::json!({})
+        }),
+        None => serde_json::json!({}),
+    };
+    let initial = json_to_py(py, &initial)?;
+    let flow =
+        support
+            .getattr("install_flow")?
+            .call1((emit, clock, count, save_context, initial, ids))?;
     Ok(flow.unbind())
+}
+
+/// A JSON value as Python objects (objects become dicts, in order).
+fn json_to_py(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
+    use serde_json::Value;
+    Ok(match v {
+        Value::Null => py.None(),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any().unbind(),
+        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => i.into_pyobject(py)?.into_any().unbind(),
+            (_, Some(u), _) => u.into_pyobject(py)?.into_any().unbind(),
+            (_, _, Some(f)) => f.into_pyobject(py)?.into_any().unbind(),
+            _ => py.None(),
+        },
+        Value::String(s) => PyString::new(py, s).into_any().unbind(),
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for i in items {
+                list.append(json_to_py(py, i)?)?;
+            }
+            list.into_any().unbind()
+        }
+        Value::Object(map) => {
+            let d = PyDict::new(py);
+            for (k, v) in map {
+                d.set_item(k, json_to_py(py, v)?)?;
+            }
+            d.into_any().unbind()
+        }
+    })
 }
 
 /// Who the session belongs to, for `flow.plan_id` and the like.
@@ -258,4 +335,7 @@ pub struct FlowIdentity {
     pub task_name: Option<String>,
     /// The kernel run.
     pub session_id: Option<String>,
+    /// The task's context when the session starts (a JSON object's text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
 }

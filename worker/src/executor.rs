@@ -136,6 +136,8 @@ pub struct CellOutcome {
     pub report: CellReport,
     /// Events the cell reported through `flow` (in-process; a worker sends them as they come).
     pub events: Vec<flowrepl_protocol::CellEvent>,
+    /// The task's context after each change the cell made (in-process; likewise).
+    pub contexts: Vec<String>,
 }
 
 impl CellOutcome {
@@ -147,6 +149,7 @@ impl CellOutcome {
             images: Vec::new(),
             report: CellReport::new(mode),
             events: Vec::new(),
+            contexts: Vec::new(),
         }
     }
 }
@@ -401,6 +404,7 @@ impl Executor {
             .begin(execution_count, self.capture.stdout.cursor());
         let mut out = Python::attach(|py| self.execute_attached(py, code, name, timeout));
         out.events = self.emitter.take();
+        out.contexts = self.emitter.take_contexts();
         out
     }
 

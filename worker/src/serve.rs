@@ -128,6 +128,14 @@ impl OutputSink for Channel {
         }
         self.send();
     }
+
+    fn context(&self, json: &str) {
+        let id = self.cell.load(Ordering::Relaxed);
+        if let Err(e) = self.with(|buf| frame::encode_context(buf, id, json)) {
+            tracing::warn!(error = %e, "a context too large for a frame was not saved");
+        }
+        self.send();
+    }
 }
 
 /// Re-arms RLIMIT_CPU so that this cell may use `seconds` more CPU seconds (the limit counts

@@ -25,6 +25,8 @@ pub trait OutputSink: Send + Sync {
     fn flush(&self);
     /// An event of the running cell: sent at once, with the output buffered before it.
     fn event(&self, event: &flowrepl_protocol::CellEvent);
+    /// The running cell changed the task's context (the whole new context): sent at once.
+    fn context(&self, json: &str);
 }
 
 use crate::sys::PAGE;

@@ -107,16 +107,70 @@ class _Step:
         return False
 
 
+class Context:
+    """The task's context: a JSON object that outlives the kernel (every kernel started
+    later for the same plan and task starts from it). Read it like a mapping; change it only
+    with `update`, which saves the whole new context to the task log."""
+
+    def __init__(self, data, save):
+        self._data = data
+        self._save = save
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def get(self, key, default=None):
+        return self._data.get(key, default)
+
+    def __contains__(self, key):
+        return key in self._data
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+    def keys(self):
+        return self._data.keys()
+
+    def values(self):
+        return self._data.values()
+
+    def items(self):
+        return self._data.items()
+
+    def __eq__(self, other):
+        return dict(self._data) == (dict(other) if isinstance(other, Context) else other)
+
+    def __repr__(self):
+        return f"flow.context({self._data!r})"
+
+    def update(self, data, merge=True):
+        """Merges `data` (a dict of JSON values) into the context, or with `merge=False`
+        replaces it; returns the new context as a dict. Anything not JSON raises TypeError
+        naming the key, and nothing is saved."""
+        if not isinstance(data, dict):
+            if isinstance(data, Context):
+                data = dict(data._data)
+            else:
+                raise TypeError("flow.context.update takes a dict")
+        new = {**self._data, **data} if merge else dict(data)
+        self._data = self._save(new)
+        return dict(self._data)
+
+
 class Flow:
     """The task this session belongs to, and a way to report what the cell is doing.
     Available in every cell as `flow` (also `flowrepl.flow`); not a session variable."""
 
     ApprovalCancelled = ApprovalCancelled
 
-    def __init__(self, emit, clock, count, identity):
+    def __init__(self, emit, clock, count, save_context, context, identity):
         self._emit = emit
         self._clock = clock
         self._count = count
+        self.context = Context(context, save_context)
         self._steps = []
         self.plan_id = identity.get("plan_id")
         self.task_id = identity.get("task_id")
@@ -155,13 +209,13 @@ class Flow:
         self._emit(name, data, self._steps[-1] if self._steps else None)
 
 
-def install_flow(emit, clock, count, identity):
+def install_flow(emit, clock, count, save_context, context, identity):
     """`flow` for every cell: a builtin (so not a session variable, and a cell that rebinds
     the name only shadows it) and `flowrepl.flow`."""
     import builtins
     import types
 
-    flow = Flow(emit, clock, count, identity)
+    flow = Flow(emit, clock, count, save_context, context, identity)
     builtins.flow = flow
     module = types.ModuleType("flowrepl", "flowrepl's own objects for cells: flowrepl.flow")
     module.flow = flow

@@ -191,3 +191,88 @@ fn an_event_before_a_worker_crash_is_not_lost() {
     assert_eq!(log.events.len(), 1);
     assert_eq!(log.events[0].event.name, "before_crash");
 }
+
+#[test]
+fn the_task_context_merges_replaces_and_outlives_the_kernel() {
+    for mode in MODES {
+        let logs = tempfile::tempdir().unwrap();
+        let task = |t: &str| {
+            Kernel::options()
+                .mode(mode)
+                .log_dir(logs.path())
+                .env("FLOW_PLAN_ID", "p")
+                .env("FLOW_TASK_ID", t)
+                .start()
+        };
+        let mut k = task("a");
+        assert_eq!(k.ok("dict(flow.context)")["result"], "{}", "{mode}");
+        let r = k.ok("flow.context.update({'stage': 'load', 'files': ['x.csv']})");
+        assert_eq!(
+            r["result"], "{'stage': 'load', 'files': ['x.csv']}",
+            "{mode}"
+        );
+        let r = k.ok("flow.context.update({'stage': 'train', 'n': 2})\n(flow.context['stage'], flow.context.get('files'), 'n' in flow.context, sorted(flow.context.keys()))");
+        assert_eq!(
+            r["result"], "('train', ['x.csv'], True, ['files', 'n', 'stage'])",
+            "{mode}"
+        );
+        let r = k.execute("flow.context.update({'bad': {1, 2}})");
+        assert_eq!(r["error"]["type"], "TypeError", "{mode}");
+        assert!(
+            r["error"]["message"].as_str().unwrap().contains("\"bad\""),
+            "{mode}: {r}"
+        );
+        assert_eq!(
+            k.ok("flow.context['stage']")["result"],
+            "'train'",
+            "{mode}: unchanged"
+        );
+        k.sync();
+        let log = flowrepl_tests::read_log_all(&k.log_file());
+        assert_eq!(
+            log.contexts.len(),
+            2,
+            "{mode}: one record per change, none for the refused one"
+        );
+        assert_eq!(
+            log.contexts[1].context.get(),
+            r#"{"stage":"train","files":["x.csv"],"n":2}"#,
+            "{mode}"
+        );
+        assert_eq!(log.contexts[1].execution_count, 3, "{mode}");
+        drop(k);
+        // A later kernel for the same task starts from the last context; another task does not.
+        let mut k = task("a");
+        assert_eq!(k.ok("flow.context['n']")["result"], "2", "{mode}");
+        let r = k.ok("flow.context.update({'only': True}, merge=False)");
+        assert_eq!(r["result"], "{'only': True}", "{mode}");
+        k.sync(); // the record follows the reply
+        drop(k);
+        let mut k = task("a");
+        assert_eq!(
+            k.ok("dict(flow.context)")["result"],
+            "{'only': True}",
+            "{mode}"
+        );
+        let mut other = task("b");
+        assert_eq!(
+            other.ok("dict(flow.context)")["result"],
+            "{}",
+            "{mode}: tasks are isolated"
+        );
+    }
+}
+
+#[test]
+fn a_context_change_before_a_worker_crash_is_saved_and_kept() {
+    let mut k = Kernel::options().worker().start();
+    let r = k.execute("flow.context.update({'step': 7})\nimport os\nos._exit(1)");
+    assert_eq!(r["error"]["type"], "WorkerDied");
+    // The fresh worker starts from it, and so would a later kernel.
+    assert_eq!(k.ok("flow.context['step']")["result"], "7");
+    k.sync();
+    assert_eq!(
+        flowrepl_tests::read_log_all(&k.log_file()).contexts.len(),
+        1
+    );
+}

@@ -195,6 +195,7 @@ struct Collecting {
     stdout: Vec<u8>,
     stderr: Vec<u8>,
     events: Vec<flowrepl_protocol::CellEvent>,
+    contexts: Vec<String>,
     done: Option<Box<DoneReport>>,
 }
 
@@ -383,6 +384,11 @@ impl Worker {
                     OutputStream::Stderr => c.stderr.extend_from_slice(bytes),
                 },
                 Ok(Frame::Event { id, event }) if id == c.id => c.events.push(event),
+                Ok(Frame::Context { id, json }) if id == c.id => {
+                    // A worker started later (after a crash or restart) starts from it.
+                    self.spawn.setup.identity.context = Some(json.to_owned());
+                    c.contexts.push(json.to_owned());
+                }
                 Ok(Frame::Done { id, report }) if id == c.id => {
                     c.done = Some(report);
                     return true;
@@ -462,6 +468,7 @@ impl Worker {
             images: done.images,
             report: r,
             events: Vec::new(),
+            contexts: Vec::new(),
         })
     }
 
@@ -548,6 +555,7 @@ fn fault_run(
             images: Vec::new(),
             report,
             events: Vec::new(),
+            contexts: Vec::new(),
         },
         stopped_by: None,
         state_lost: fault.loses_state(),
@@ -590,6 +598,7 @@ impl Engine for Worker {
             stdout: Vec::new(),
             stderr: Vec::new(),
             events: Vec::new(),
+            contexts: Vec::new(),
             done: None,
         };
         self.send_buf.clear();
@@ -657,6 +666,7 @@ impl Engine for Worker {
             warnings.append(&mut run.outcome.report.warnings);
             run.outcome.report.warnings = warnings;
             run.outcome.events = c.events;
+            run.outcome.contexts = c.contexts;
             run.state_lost = state_lost;
             return run;
         }
@@ -681,6 +691,7 @@ impl Engine for Worker {
         let mut run = fault_run(fault, message, stdout, stderr, warnings);
         // What the cell reported before the worker died is kept.
         run.outcome.events = c.events;
+        run.outcome.contexts = c.contexts;
         let report: &mut CellReport = &mut run.outcome.report;
         report.timed_out = killed == Some(KillReason::Timeout);
         report.interrupted = killed == Some(KillReason::Interrupt);
