@@ -186,7 +186,7 @@ impl Config {
                 std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())
             }),
             startup,
-            identity: flowrepl_worker::events::FlowIdentity {
+            flow: flowrepl_worker::events::FlowSetup {
                 plan_id: Some(identity.plan_id.clone()),
                 task_id: Some(identity.task_id.clone()),
                 task_name: identity.task_name.clone(),

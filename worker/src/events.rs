@@ -228,7 +228,7 @@ pub fn install_flow(
     py: Python<'_>,
     support: &Bound<'_, PyModule>,
     emitter: Arc<Emitter>,
-    identity: &FlowIdentity,
+    setup: &FlowSetup,
 ) -> PyResult<Py<PyAny>> {
     let emitter_for_count = Arc::clone(&emitter);
     let emit = PyCFunction::new_closure(
@@ -262,10 +262,10 @@ pub fn install_flow(
         },
     )?;
     let ids = PyDict::new(py);
-    ids.set_item("plan_id", &identity.plan_id)?;
-    ids.set_item("task_id", &identity.task_id)?;
-    ids.set_item("task_name", &identity.task_name)?;
-    ids.set_item("session_id", &identity.session_id)?;
+    ids.set_item("plan_id", &setup.plan_id)?;
+    ids.set_item("task_id", &setup.task_id)?;
+    ids.set_item("task_name", &setup.task_name)?;
+    ids.set_item("session_id", &setup.session_id)?;
     let saver = Arc::clone(&emitter_for_count);
     let save_context = PyCFunction::new_closure(
         py,
@@ -279,7 +279,7 @@ pub fn install_flow(
             Ok(copy)
         },
     )?;
-    let initial: serde_json::Value = match &identity.context {
+    let initial: serde_json::Value = match &setup.context {
         Some(text) => serde_json::from_str(text).unwrap_or_else(|e| {
             tracing::warn!(error = %e, "the task's saved context is not JSON; starting from {{}}");
             serde_json::json!({})
@@ -324,9 +324,10 @@ fn json_to_py(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
     })
 }
 
-/// Who the session belongs to, for `flow.plan_id` and the like.
+/// What `flow` starts with: who the session belongs to (`flow.plan_id` and the like) and the
+/// task's context.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FlowIdentity {
+pub struct FlowSetup {
     /// `FLOW_PLAN_ID`.
     pub plan_id: Option<String>,
     /// `FLOW_TASK_ID`.

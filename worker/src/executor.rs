@@ -69,9 +69,9 @@ pub struct SessionSetup {
     /// Python files run in the namespace, in order (`$PYTHONSTARTUP`, `--startup`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub startup: Vec<PathBuf>,
-    /// Who the session belongs to (`flow.plan_id` and the like).
+    /// What `flow` starts with: the task's ids and its context.
     #[serde(default)]
-    pub identity: crate::events::FlowIdentity,
+    pub flow: crate::events::FlowSetup,
 }
 
 /// Caps on the images collected after a cell.
@@ -247,13 +247,9 @@ impl Executor {
                 capture.stdout.memfd(),
                 config.sink.clone(),
             ));
-            let flow = crate::events::install_flow(
-                py,
-                &module,
-                Arc::clone(&emitter),
-                &config.setup.identity,
-            )
-            .map_err(support_err)?;
+            let flow =
+                crate::events::install_flow(py, &module, Arc::clone(&emitter), &config.setup.flow)
+                    .map_err(support_err)?;
             let get = |name: &str| module.getattr(name).map(Bound::unbind).map_err(support_err);
             let support = Support {
                 flush_std: get("flush_std")?,

@@ -386,7 +386,7 @@ impl Worker {
                 Ok(Frame::Event { id, event }) if id == c.id => c.events.push(event),
                 Ok(Frame::Context { id, json }) if id == c.id => {
                     // A worker started later (after a crash or restart) starts from it.
-                    self.spawn.setup.identity.context = Some(json.to_owned());
+                    self.spawn.setup.flow.context = Some(json.to_owned());
                     c.contexts.push(json.to_owned());
                 }
                 Ok(Frame::Done { id, report }) if id == c.id => {
