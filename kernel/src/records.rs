@@ -20,7 +20,7 @@
 use crate::config::Identity;
 use flowrepl_protocol::{ExecuteParams, ExecuteResult, Mode};
 use flowrepl_task_logger::{
-    ContextRecord, EventRecord, ExecutionRecord, LogError, TaskLog, FORMAT_VERSION,
+    ContextRecord, EventRecord, ExecutionRecord, LogError, RecordHead, TaskLog, FORMAT_VERSION,
     RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
 };
 use flowrepl_worker::sys::chain;
@@ -250,13 +250,7 @@ fn write_one(shared: &Shared, job: &Job) {
                 // plan's events without parsing cells.
                 job.result.events.iter().try_for_each(|event| {
                     log.append(&EventRecord {
-                        kind: Cow::Borrowed(RECORD_TYPE_EVENT),
-                        version: FORMAT_VERSION,
-                        plan_id: Cow::Borrowed(&id.plan_id),
-                        task_id: Cow::Borrowed(&id.task_id),
-                        task_name: id.task_name.as_deref().map(Cow::Borrowed),
-                        session_id: Cow::Borrowed(&id.session_id),
-                        execution_count: job.result.execution_count,
+                        head: head(id, RECORD_TYPE_EVENT, job.result.execution_count),
                         event: Cow::Borrowed(event),
                     })
                 })
@@ -267,13 +261,7 @@ fn write_one(shared: &Shared, job: &Job) {
                     let context = flowrepl_protocol::EventData::from_json(json.clone())
                         .map_err(LogError::Serialize)?;
                     log.append(&ContextRecord {
-                        kind: Cow::Borrowed(RECORD_TYPE_CONTEXT),
-                        version: FORMAT_VERSION,
-                        plan_id: Cow::Borrowed(&id.plan_id),
-                        task_id: Cow::Borrowed(&id.task_id),
-                        task_name: id.task_name.as_deref().map(Cow::Borrowed),
-                        session_id: Cow::Borrowed(&id.session_id),
-                        execution_count: job.result.execution_count,
+                        head: head(id, RECORD_TYPE_CONTEXT, job.result.execution_count),
                         timestamp: Cow::Borrowed(&job.result.timestamp),
                         context,
                     })
@@ -298,6 +286,19 @@ fn write_one(shared: &Shared, job: &Job) {
     st.done += 1;
     drop(st);
     shared.drained.notify_all();
+}
+
+/// The head of a small record of cell `execution_count`.
+fn head<'a>(id: &'a Identity, kind: &'static str, execution_count: u64) -> RecordHead<'a> {
+    RecordHead {
+        kind: Cow::Borrowed(kind),
+        version: FORMAT_VERSION,
+        plan_id: Cow::Borrowed(&id.plan_id),
+        task_id: Cow::Borrowed(&id.task_id),
+        task_name: id.task_name.as_deref().map(Cow::Borrowed),
+        session_id: Cow::Borrowed(&id.session_id),
+        execution_count,
+    }
 }
 
 /// The log record of a result, borrowing everything.

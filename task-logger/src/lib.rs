@@ -20,7 +20,7 @@ pub mod writer;
 pub use path::{safe_component, task_log_path};
 pub use reader::{last_context, read_records, ReadOutcome, SkippedLine};
 pub use record::{
-    ContextRecord, EventRecord, ExecutionRecord, ImageRecord, FORMAT_VERSION, RECORD_TYPE_CONTEXT,
-    RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
+    ContextRecord, EventRecord, ExecutionRecord, ImageRecord, RecordHead, FORMAT_VERSION,
+    RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
 };
 pub use writer::{LogError, TaskLog};

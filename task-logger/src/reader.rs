@@ -81,12 +81,19 @@ pub fn parse_records(bytes: &[u8]) -> ReadOutcome {
             Ok(rec) if rec.version > FORMAT_VERSION => out.skipped.push(newer(rec.version)),
             Ok(rec) => out.records.push(into_owned(rec)),
             Err(e) => match serde_json::from_slice::<EventRecord<'static>>(line) {
-                Ok(ev) if ev.kind == RECORD_TYPE_EVENT && ev.version <= FORMAT_VERSION => {
+                Ok(ev)
+                    if ev.head.kind == RECORD_TYPE_EVENT && ev.head.version <= FORMAT_VERSION =>
+                {
                     out.events.push(ev)
                 }
-                Ok(ev) if ev.kind == RECORD_TYPE_EVENT => out.skipped.push(newer(ev.version)),
+                Ok(ev) if ev.head.kind == RECORD_TYPE_EVENT => {
+                    out.skipped.push(newer(ev.head.version))
+                }
                 _ => match serde_json::from_slice::<ContextRecord<'static>>(line) {
-                    Ok(c) if c.kind == RECORD_TYPE_CONTEXT && c.version <= FORMAT_VERSION => {
+                    Ok(c)
+                        if c.head.kind == RECORD_TYPE_CONTEXT
+                            && c.head.version <= FORMAT_VERSION =>
+                    {
                         out.contexts.push(c)
                     }
                     _ => out.skipped.push(skip(format!("not a record: {e}"))),

@@ -131,10 +131,12 @@ pub struct ExecutionRecord<'a> {
     pub events: Cow<'a, [Event]>,
 }
 
-/// One event of a cell, as a record of its own.
+/// The fields every record of a cell starts with. The execution record spells them out
+/// itself instead of flattening this: a flattened struct is buffered whole when read, and
+/// execution records can hold megabytes of output.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EventRecord<'a> {
-    /// `"event"`.
+pub struct RecordHead<'a> {
+    /// The record's type.
     #[serde(rename = "type")]
     pub kind: Cow<'a, str>,
     /// [`FORMAT_VERSION`] when written.
@@ -147,8 +149,16 @@ pub struct EventRecord<'a> {
     pub task_name: Option<Cow<'a, str>>,
     /// Unique id of the kernel run.
     pub session_id: Cow<'a, str>,
-    /// The cell that reported it.
+    /// The cell the record is about.
     pub execution_count: u64,
+}
+
+/// One event of a cell, as a record of its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord<'a> {
+    /// `type: "event"` and the cell.
+    #[serde(flatten)]
+    pub head: RecordHead<'a>,
     /// The event (its fields at the top level).
     #[serde(flatten)]
     pub event: Cow<'a, Event>,
@@ -173,25 +183,14 @@ pub struct ImageRecord {
 pub const RECORD_TYPE_CONTEXT: &str = "context";
 
 /// The task's context after a change (`flow.context.update`): the whole new context. A kernel
-/// started later for the same task starts from the last one.
+/// started later for the same task starts from the last one. `type` is its first field, so
+/// that a backward scan can find these lines by their start.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ContextRecord<'a> {
-    /// `"context"` (first, so that a backward scan can find these lines by their start).
-    #[serde(rename = "type")]
-    pub kind: Cow<'a, str>,
-    /// [`FORMAT_VERSION`] when written.
-    pub version: u32,
-    /// The Flow plan id.
-    pub plan_id: Cow<'a, str>,
-    /// The Flow task id.
-    pub task_id: Cow<'a, str>,
-    /// The Flow task name, if given.
-    pub task_name: Option<Cow<'a, str>>,
-    /// Unique id of the kernel run.
-    pub session_id: Cow<'a, str>,
-    /// The cell that changed it.
-    pub execution_count: u64,
-    /// When, UTC ISO 8601 with milliseconds and `Z`.
+    /// `type: "context"` and the cell that changed it.
+    #[serde(flatten)]
+    pub head: RecordHead<'a>,
+    /// That cell's start, UTC ISO 8601 with milliseconds and `Z`.
     pub timestamp: Cow<'a, str>,
     /// The whole context: a JSON object.
     pub context: flowrepl_protocol::EventData,

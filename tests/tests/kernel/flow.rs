@@ -87,11 +87,11 @@ fn events_steps_and_lines_in_order_in_the_result_and_the_log() {
         assert_eq!(log.events.len(), 8, "{mode}");
         for (i, e) in log.events.iter().enumerate() {
             assert_eq!(
-                (&*e.plan_id, &*e.task_id, e.execution_count),
+                (&*e.head.plan_id, &*e.head.task_id, e.head.execution_count),
                 ("plan-f", "task-f", 1),
                 "{mode}"
             );
-            assert_eq!(e.session_id, log.records[0].session_id, "{mode}");
+            assert_eq!(e.head.session_id, log.records[0].session_id, "{mode}");
             assert_eq!(e.event.seq, i as u64 + 1, "{mode}");
         }
         // A cell without events has none, and pays for none.
@@ -239,7 +239,7 @@ fn the_task_context_merges_replaces_and_outlives_the_kernel() {
             r#"{"stage":"train","files":["x.csv"],"n":2}"#,
             "{mode}"
         );
-        assert_eq!(log.contexts[1].execution_count, 3, "{mode}");
+        assert_eq!(log.contexts[1].head.execution_count, 3, "{mode}");
         drop(k);
         // A later kernel for the same task starts from the last context; another task does not.
         let mut k = task("a");
