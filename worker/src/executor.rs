@@ -32,7 +32,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const SUPPORT_PY: &str = include_str!("support.py");
 /// Cells larger than this are not kept for linecache (a 50 MB data literal has no place in a
 /// traceback, and would be held for the whole session).
 const MAX_REGISTERED_SOURCE: usize = 1 << 20;
@@ -216,9 +215,7 @@ impl Executor {
         )?;
         Python::attach(|py| {
             let support_err = |e: PyErr| ExecutorError::Support(e.to_string());
-            let src = CString::new(SUPPORT_PY).expect("support.py has no NUL");
-            let module = PyModule::from_code(py, &src, c"<flowrepl-support>", c"_flowrepl")
-                .map_err(support_err)?;
+            let module = crate::support::load(py).map_err(support_err)?;
             let globals = module
                 .getattr("setup")
                 .and_then(|f| f.call0())

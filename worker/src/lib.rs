@@ -1,6 +1,7 @@
 //! The Python executor of flowrepl, and the `flowrepl-worker` binary around it.
 //!
 //! # Layout
+//! - [`support`]: the executor's Python support code, compiled once and cached.
 //! - [`stdio`]: moves the real stdin/stdout/stderr out of user code's reach.
 //! - [`capture`]: fds 1 and 2 captured into memfds: no pipe, no thread, no copy per cell.
 //! - [`interpreter`]: starts embedded CPython with the right stdlib and venv.
@@ -32,6 +33,7 @@ pub mod serve;
 pub mod sink;
 pub mod snapshot;
 pub mod stdio;
+pub mod support;
 pub mod sys;
 pub mod tail;
 pub mod usage;

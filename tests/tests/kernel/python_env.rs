@@ -124,3 +124,36 @@ fn works_without_pythonunbuffered_and_with_it() {
         assert_eq!(r["stderr"], "b");
     }
 }
+
+/// The executor's compiled support code is cached per user; a corrupt or foreign cache file,
+/// or a cache directory that cannot be made, never stops a kernel from starting.
+#[test]
+fn the_support_code_cache_can_never_break_a_start() {
+    let cache = tempfile::tempdir().unwrap();
+    for mode in flowrepl_tests::MODES {
+        let start = |dir: &str| {
+            flowrepl_tests::Kernel::options()
+                .mode(mode)
+                .env("XDG_CACHE_HOME", dir)
+                .start()
+        };
+        let dir = cache.path().display().to_string();
+        assert_eq!(start(&dir).ok("1 + 1")["result"], "2", "{mode}");
+        let files: Vec<_> = std::fs::read_dir(cache.path().join("flowrepl"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(files.len(), 1, "{mode}: {files:?}");
+        std::fs::write(&files[0], b"not marshal data").unwrap();
+        assert_eq!(
+            start(&dir).ok("2 + 2")["result"],
+            "4",
+            "{mode}: corrupt cache"
+        );
+        assert_eq!(
+            start("/dev/null/no").ok("3 + 3")["result"],
+            "6",
+            "{mode}: no cache dir"
+        );
+    }
+}

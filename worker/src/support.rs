@@ -1,0 +1,96 @@
+//! Loading the executor's Python support code (`support.py`, the module `_flowrepl`).
+//!
+//! Compiling it costs about 2 ms, on every kernel and every worker start. The compiled code is
+//! therefore kept, marshalled, in the user's cache directory (`$XDG_CACHE_HOME/flowrepl`, else
+//! `~/.cache/flowrepl`, made 0700), under a name that holds the source's hash and the
+//! interpreter's bytecode magic number, so that another flowrepl build or Python version
+//! never reads it. Any miss or failure (no cache directory, a torn or foreign file) falls
+//! back to compiling, and a cache that cannot be written is simply not used. The file is
+//! written to a temporary name and renamed, so a reader never sees half of one.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyModule};
+use std::path::PathBuf;
+
+/// The source of `_flowrepl`.
+pub const SOURCE: &str = include_str!("support.py");
+/// Its file name in tracebacks.
+const FILENAME: &str = "<flowrepl-support>";
+
+/// FNV-1a of the source: a cache key that changes with every change of the file.
+fn source_hash() -> u64 {
+    SOURCE.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("flowrepl"))
+}
+
+/// The module `_flowrepl`, from the cached code when there is one.
+pub fn load(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
+    let marshal = py.import("marshal")?;
+    let magic: Vec<u8> = py
+        .import("importlib._bootstrap_external")?
+        .getattr("MAGIC_NUMBER")?
+        .extract()?;
+    let magic: String = magic.iter().map(|b| format!("{b:02x}")).collect();
+    let path =
+        cache_dir().map(|d| d.join(format!("support-{:016x}-{magic}.marshal", source_hash())));
+    let cached = path
+        .as_ref()
+        .and_then(|p| std::fs::read(p).ok())
+        .and_then(|bytes| {
+            marshal
+                .call_method1("loads", (PyBytes::new(py, &bytes),))
+                .ok()
+        });
+    let code = match cached {
+        Some(code) => code,
+        None => {
+            let builtins = py.import("builtins")?;
+            let code = builtins.call_method1("compile", (SOURCE, FILENAME, "exec"))?;
+            if let Some(p) = &path {
+                if let Ok(bytes) = marshal.call_method1("dumps", (&code,)) {
+                    store(p, bytes.cast::<PyBytes>()?.as_bytes());
+                }
+            }
+            code
+        }
+    };
+    let module = PyModule::new(py, "_flowrepl")?;
+    module.setattr("__builtins__", py.import("builtins")?)?;
+    module.setattr("__file__", FILENAME)?;
+    let dict = module.dict();
+    // SAFETY: `code` is a code object, `dict` a module dict with __builtins__, GIL held.
+    unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            pyo3::ffi::PyEval_EvalCode(code.as_ptr(), dict.as_ptr(), dict.as_ptr()),
+        )?
+    };
+    Ok(module)
+}
+
+/// Writes the cache file atomically; failures only mean no cache.
+fn store(path: &std::path::Path, bytes: &[u8]) {
+    use std::os::unix::fs::DirBuilderExt;
+    let Some(dir) = path.parent() else { return };
+    if std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .is_err()
+    {
+        return;
+    }
+    let tmp = dir.join(format!(".support-{}.tmp", std::process::id()));
+    if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
