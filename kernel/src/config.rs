@@ -191,7 +191,7 @@ impl Config {
                 task_id: Some(identity.task_id.clone()),
                 task_name: identity.task_name.clone(),
                 session_id: Some(identity.session_id.clone()),
-                context: match flowrepl_task_logger::last_context(&log_file) {
+                context: match flowrepl_task_logger::load_context(&log_file) {
                     Ok(c) => c,
                     Err(e) => {
                         tracing::warn!(error = %e, "the task's context could not be read; starting from {{}}");

@@ -267,6 +267,18 @@ fn write_one(shared: &Shared, job: &Job) {
                     })
                 })
             })
+            .and_then(|()| match job.contexts.last() {
+                // The current context, for the next kernel of the task to start from at once.
+                Some(json) => {
+                    flowrepl_task_logger::save_context(log.path(), json).map_err(|source| {
+                        LogError::Write {
+                            path: log.path().to_path_buf(),
+                            source,
+                        }
+                    })
+                }
+                None => Ok(()),
+            })
     };
     let mut st = shared.lock();
     match outcome {

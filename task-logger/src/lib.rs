@@ -18,7 +18,9 @@ pub mod record;
 pub mod writer;
 
 pub use path::{safe_component, task_log_path};
-pub use reader::{last_context, read_records, ReadOutcome, SkippedLine};
+pub use reader::{
+    context_path, last_context, load_context, read_records, save_context, ReadOutcome, SkippedLine,
+};
 pub use record::{
     ContextRecord, EventRecord, ExecutionRecord, ImageRecord, RecordHead, FORMAT_VERSION,
     RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,

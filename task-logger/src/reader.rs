@@ -104,10 +104,40 @@ pub fn parse_records(bytes: &[u8]) -> ReadOutcome {
     out
 }
 
-/// The task's current context: the `context` of the last context record of the log at
-/// `path`, read backwards from the end (a long log costs no more than its tail). `None` when
-/// the file or such a record does not exist; a torn or unreadable line is passed over.
-pub fn last_context(path: &Path) -> io::Result<Option<String>> {
+/// The file next to a task log that holds its current context: `<task>.context.json`.
+pub fn context_path(log: &Path) -> std::path::PathBuf {
+    log.with_extension("context.json")
+}
+
+/// Saves `json` (the task's whole context) as its current one: written to a temporary file
+/// and renamed, so a reader sees the old or the new context, whole.
+pub fn save_context(log: &Path, json: &str) -> io::Result<()> {
+    let path = context_path(log);
+    let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, json)?;
+    std::fs::rename(&tmp, &path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// The task's current context, from its context file (see [`save_context`]): one small read,
+/// whatever the size of the log. `None` when there is none (no context was ever set), or when
+/// it is not a JSON object (then [`last_context`] can recover it from the log).
+pub fn load_context(log: &Path) -> io::Result<Option<String>> {
+    match std::fs::read_to_string(context_path(log)) {
+        Ok(text) => {
+            let object = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&text);
+            Ok(object.is_ok().then_some(text))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The `context` of the last context record of the log at `path`, read backwards from the
+/// end, looking at most `limit` bytes back. `None` when the file or such a record does not
+/// exist there; a torn or unreadable line is passed over.
+pub fn last_context(path: &Path, limit: u64) -> io::Result<Option<String>> {
     use std::io::{Read, Seek, SeekFrom};
     const CHUNK: u64 = 1 << 20;
     const PREFIX: &[u8] = b"{\"type\":\"context\"";
@@ -117,10 +147,11 @@ pub fn last_context(path: &Path) -> io::Result<Option<String>> {
         Err(e) => return Err(e),
     };
     let mut end = file.seek(SeekFrom::End(0))?;
+    let stop = end.saturating_sub(limit);
     // The bytes after the last newline seen so far belong to a line not yet complete.
     let mut tail: Vec<u8> = Vec::new();
-    while end > 0 {
-        let start = end.saturating_sub(CHUNK);
+    while end > stop {
+        let start = end.saturating_sub(CHUNK).max(stop);
         let mut buf = vec![0u8; (end - start) as usize];
         file.seek(SeekFrom::Start(start))?;
         file.read_exact(&mut buf)?;
@@ -213,7 +244,7 @@ mod tests {
     fn the_last_context_is_found_from_the_end() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.jsonl");
-        assert_eq!(last_context(&path).unwrap(), None);
+        assert_eq!(last_context(&path, u64::MAX).unwrap(), None);
         let ctx =
             |n: u32| format!("{{\"type\":\"context\",\"version\":1,\"context\":{{\"n\":{n}}}}}\n");
         let filler = format!(
@@ -226,9 +257,23 @@ mod tests {
         }
         text.push_str("{\"type\":\"context\",\"vers"); // torn last line
         std::fs::write(&path, &text).unwrap();
-        assert_eq!(last_context(&path).unwrap().as_deref(), Some("{\"n\":2}"));
+        assert_eq!(
+            last_context(&path, u64::MAX).unwrap().as_deref(),
+            Some("{\"n\":2}")
+        );
+        // Looking back no further than the last megabyte: not there.
+        assert_eq!(last_context(&path, 1 << 20).unwrap(), None);
         std::fs::write(&path, ctx(7)).unwrap();
-        assert_eq!(last_context(&path).unwrap().as_deref(), Some("{\"n\":7}"));
+        assert_eq!(
+            last_context(&path, u64::MAX).unwrap().as_deref(),
+            Some("{\"n\":7}")
+        );
+        // The context file is what a kernel starts from; a torn one is not used.
+        assert_eq!(load_context(&path).unwrap(), None);
+        save_context(&path, "{\"n\":8}").unwrap();
+        assert_eq!(load_context(&path).unwrap().as_deref(), Some("{\"n\":8}"));
+        std::fs::write(context_path(&path), "{\"n\":").unwrap();
+        assert_eq!(load_context(&path).unwrap(), None);
     }
 
     #[test]
