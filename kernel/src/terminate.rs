@@ -26,12 +26,15 @@ static WAKE: AtomicI32 = AtomicI32::new(-1);
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
+    // The interrupted code may be about to read errno: leave it as it was.
+    let errno = nix::errno::Errno::last_raw();
     SIGNAL.store(sig, Ordering::SeqCst);
     let fd = WAKE.load(Ordering::SeqCst);
     if fd >= 0 {
         // SAFETY: write(2) is async-signal-safe; a one-byte buffer on the stack.
         unsafe { libc::write(fd, [1u8].as_ptr().cast(), 1) };
     }
+    nix::errno::Errno::set_raw(errno);
 }
 
 /// Installs the handlers and starts the thread that acts on them.
