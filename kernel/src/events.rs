@@ -10,7 +10,7 @@ pub const LINE_PREFIX: &str = "MCP::";
 
 /// Whether `stdout` may hold an event line: a SIMD search, built once (about 29 µs per MB
 /// of output on the reference machine, the price of `MCP::` lines for every cell).
-pub fn may_have_lines(stdout: &str) -> bool {
+fn may_have_lines(stdout: &str) -> bool {
     static FINDER: std::sync::OnceLock<memchr::memmem::Finder<'static>> =
         std::sync::OnceLock::new();
     FINDER
@@ -21,17 +21,14 @@ pub fn may_have_lines(stdout: &str) -> bool {
 
 /// Numbers the cell's events 1, 2, … in the order they happened: `flow` events and `MCP::`
 /// lines merged by their place in stdout (an event reported right after a line was printed
-/// comes after it). Lines get `now` as their timestamp.
-pub fn assemble(
-    reported: Vec<CellEvent>,
-    stdout: &str,
-    now: &str,
-    warnings: &mut Vec<String>,
-) -> Vec<Event> {
+/// comes after it). Lines get the current time as their timestamp. A cell with neither costs
+/// one search of its stdout.
+pub fn assemble(reported: Vec<CellEvent>, stdout: &str, warnings: &mut Vec<String>) -> Vec<Event> {
     if reported.is_empty() && !may_have_lines(stdout) {
         return Vec::new();
     }
-    let mut lines = event_lines(stdout, now, warnings).into_iter().peekable();
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let mut lines = event_lines(stdout, &now, warnings).into_iter().peekable();
     let mut events = Vec::with_capacity(reported.len());
     for r in reported {
         while let Some((_, line)) = lines.next_if(|(offset, _)| *offset < r.offset) {
@@ -120,7 +117,6 @@ mod tests {
         let events = assemble(
             vec![reported("r1", 2), reported("r2", 23)],
             stdout,
-            "now",
             &mut warnings,
         );
         let names: Vec<_> = events.iter().map(|e| (e.seq, e.name.as_str())).collect();
@@ -138,6 +134,6 @@ mod tests {
         assert_eq!(events[3].data.get(), r#"{"raw":"{oops"}"#);
         assert_eq!(events[4].data.get(), "{}");
         assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert!(assemble(Vec::new(), "no events\n", "now", &mut warnings).is_empty());
+        assert!(assemble(Vec::new(), "no events\n", &mut warnings).is_empty());
     }
 }

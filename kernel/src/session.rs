@@ -244,12 +244,7 @@ impl Session {
         let mut o = run.outcome;
         o.report.debug_info.elapsed_ms = elapsed_ms;
         self.contexts = std::mem::take(&mut o.contexts);
-        let events = if o.events.is_empty() && !crate::events::may_have_lines(&o.stdout) {
-            Vec::new()
-        } else {
-            let now = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
-            crate::events::assemble(o.events, &o.stdout, &now, &mut o.report.warnings)
-        };
+        let events = crate::events::assemble(o.events, &o.stdout, &mut o.report.warnings);
         let mut result = ExecuteResult {
             success: o.report.error.is_none(),
             stdout: o.stdout,

@@ -22,9 +22,9 @@ pub struct Emitter {
     /// The running cell's `execution_count` (read by `flow.execution_count`).
     execution_count: AtomicU64,
     sink: Option<Arc<dyn OutputSink>>,
-    collected: Mutex<Vec<CellEvent>>,
-    /// Context changes of the running cell (in-process), each the whole new context.
-    contexts: Mutex<Vec<String>>,
+    /// In-process: the running cell's events, and its context changes (each the whole new
+    /// context).
+    collected: Mutex<(Vec<CellEvent>, Vec<String>)>,
 }
 
 impl std::fmt::Debug for Emitter {
@@ -43,8 +43,7 @@ impl Emitter {
             cell_start: AtomicU64::new(0),
             execution_count: AtomicU64::new(0),
             sink,
-            collected: Mutex::new(Vec::new()),
-            contexts: Mutex::new(Vec::new()),
+            collected: Mutex::new((Vec::new(), Vec::new())),
         }
     }
 
@@ -69,7 +68,7 @@ impl Emitter {
         };
         match &self.sink {
             Some(sink) => sink.event(&event),
-            None => lock(&self.collected).push(event),
+            None => lock(&self.collected).0.push(event),
         }
         Ok(())
     }
@@ -78,22 +77,15 @@ impl Emitter {
     pub fn set_context(&self, json: String) {
         match &self.sink {
             Some(sink) => sink.context(&json),
-            None => lock(&self.contexts).push(json),
+            None => lock(&self.collected).1.push(json),
         }
     }
 
-    /// The context changes collected since the last call (in-process).
-    pub fn take_contexts(&self) -> Vec<String> {
+    /// The events and context changes collected since the last call (in-process; a worker
+    /// sent them as they came).
+    pub fn take(&self) -> (Vec<CellEvent>, Vec<String>) {
         if self.sink.is_some() {
-            return Vec::new();
-        }
-        std::mem::take(&mut *lock(&self.contexts))
-    }
-
-    /// The events collected since the last call (in-process).
-    pub fn take(&self) -> Vec<CellEvent> {
-        if self.sink.is_some() {
-            return Vec::new();
+            return Default::default();
         }
         std::mem::take(&mut *lock(&self.collected))
     }

@@ -396,8 +396,7 @@ impl Executor {
         self.emitter
             .begin(execution_count, self.capture.stdout.cursor());
         let mut out = Python::attach(|py| self.execute_attached(py, code, name, timeout));
-        out.events = self.emitter.take();
-        out.contexts = self.emitter.take_contexts();
+        (out.events, out.contexts) = self.emitter.take();
         out
     }
 
