@@ -8,10 +8,12 @@
 //! | `restart` | none | `{"restarted": true, "pid": int, "state_lost": true}`: a fresh worker (worker mode) or a cleared namespace (in-process) |
 //! | `list_variables` | none | `{"variables": [`[`crate::VariableInfo`]`], "count": int}`: the namespace's names, sorted |
 //! | `shutdown` | none | `{"shutting_down": true}`, then the kernel exits 0 |
+//! | `approve` | [`ApproveParams`] | [`ApproveReply`]: answers an `approval_requested` notification |
 //!
-//! `status` and `interrupt` are answered at once even while a cell runs; everything else is
-//! answered in order.
+//! `status`, `interrupt` and `approve` are answered at once even while a cell runs;
+//! everything else is answered in order.
 
+pub use crate::approval::{ApproveParams, ApproveReply};
 use crate::jsonrpc::{ErrorCode, Request, RpcError};
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +58,8 @@ pub enum Call {
     ListVariables,
     /// `shutdown`: reply, flush, exit 0.
     Shutdown,
+    /// `approve`: a person's answer to a cell's `flow.request_approval`.
+    Approve(ApproveParams),
 }
 
 impl Call {
@@ -101,10 +105,19 @@ impl Call {
             "interrupt" => no_params(req, Call::Interrupt),
             "restart" => no_params(req, Call::Restart),
             "list_variables" => no_params(req, Call::ListVariables),
+            "approve" => {
+                let raw = req.params.map(|p| p.get()).unwrap_or("null");
+                serde_json::from_str(raw).map(Call::Approve).map_err(|e| {
+                    RpcError::new(
+                        ErrorCode::InvalidParams,
+                        format!("invalid params for `approve` (want {{\"approval_id\": string, \"approved\": bool, \"comment\"?: string}}): {e}"),
+                    )
+                })
+            }
             other => Err(RpcError::new(
                 ErrorCode::MethodNotFound,
                 format!(
-                    "method not found: {other:?} (methods: execute_code, execute, status, ping, interrupt, restart, list_variables, shutdown)"
+                    "method not found: {other:?} (methods: execute_code, execute, status, ping, interrupt, restart, list_variables, shutdown, approve)"
                 ),
             )),
         }
@@ -203,6 +216,9 @@ mod tests {
             r#"{"id":1,"method":"execute_code","params":{"code":"x","timeout_ms":0}}"#,
             r#"{"id":1,"method":"execute_code","params":{"code":"x","timeout_ms":-5}}"#,
             r#"{"id":1,"method":"status","params":{"verbose":true}}"#,
+            r#"{"id":1,"method":"approve"}"#,
+            r#"{"id":1,"method":"approve","params":{"approval_id":"1-1"}}"#,
+            r#"{"id":1,"method":"approve","params":{"approval_id":"1-1","approved":"yes"}}"#,
         ] {
             assert_eq!(
                 call(line).unwrap_err().code,
@@ -210,6 +226,19 @@ mod tests {
                 "{line}"
             );
         }
+    }
+
+    #[test]
+    fn approve() {
+        assert_eq!(
+            call(r#"{"id":1,"method":"approve","params":{"approval_id":"2-1","approved":true}}"#)
+                .unwrap(),
+            Call::Approve(ApproveParams {
+                approval_id: "2-1".into(),
+                approved: true,
+                comment: None
+            })
+        );
     }
 
     #[test]

@@ -16,20 +16,27 @@
 //! | `0x01` Execute | kernel → worker | `id: u64`, `timeout_ms: u64`, `execution_count: u64`, the cell's UTF-8 source |
 //! | `0x02` Shutdown | kernel → worker | empty: exit after the current cell |
 //! | `0x03` Variables | kernel → worker | `id: u64`: list the namespace (between cells) |
+//! | `0x04` ApprovalAnswer | kernel → worker | JSON [`ApprovalAnswer`]: the answer to an ApprovalRequest, while its cell waits |
 //! | `0x81` Ready | worker → kernel | JSON [`WorkerHello`]: sent once, when Python is up |
 //! | `0x82` Output | worker → kernel | `id: u64`, `stream: u8` (1 stdout, 2 stderr), up to [`MAX_CHUNK_BYTES`] of output |
 //! | `0x83` Done | worker → kernel | `id: u64`, JSON [`DoneReport`]: the cell's result without its output |
 //! | `0x84` VariablesReply | worker → kernel | `id: u64`, JSON [`VariablesReport`] |
 //! | `0x85` Event | worker → kernel | `id: u64`, JSON [`CellEvent`]: sent (and flushed) as the cell reports it |
 //! | `0x86` Context | worker → kernel | `id: u64`, the task's whole new context (a JSON object), sent as the cell changes it |
+//! | `0x87` ApprovalRequest | worker → kernel | `id: u64`, JSON [`ApprovalRequest`]: the cell waits for an ApprovalAnswer |
+//! | `0x88` ApprovalEnded | worker → kernel | `id: u64`, the `approval_id` (UTF-8): the cell no longer waits (answered, timed out or interrupted) |
 //!
 //! A cell's output arrives as Output frames while it runs (the worker reads its capture
 //! files every monitor tick, 50 ms) and after it ends, in order, then exactly one Done frame
 //! with the same id. Output chunks are raw bytes, cut anywhere (even inside a UTF-8
-//! sequence): the receiver decodes a stream's concatenated chunks. Interrupts are not frames:
+//! sequence): the receiver decodes a stream's concatenated chunks. While the cell waits for an
+//! approval, the kernel writes the ApprovalAnswer frame to it mid-cell (the only frame it
+//! sends while a cell runs); the time between ApprovalRequest and ApprovalEnded does not
+//! count against the cell's timeout on either side. Interrupts are not frames:
 //! the kernel sends SIGINT to the worker process, whose main thread (the only one that does
 //! not block SIGINT) runs the cell.
 
+use crate::approval::{ApprovalAnswer, ApprovalRequest};
 use crate::execute::{CellEvent, CellReport, Image, VariableInfo};
 use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
@@ -54,6 +61,8 @@ pub mod kind {
     pub const SHUTDOWN: u8 = 0x02;
     /// Kernel → worker: list the namespace.
     pub const VARIABLES: u8 = 0x03;
+    /// Kernel → worker: the answer to an approval request.
+    pub const APPROVAL_ANSWER: u8 = 0x04;
     /// Worker → kernel: started.
     pub const READY: u8 = 0x81;
     /// Worker → kernel: output of the running cell.
@@ -66,6 +75,10 @@ pub mod kind {
     pub const EVENT: u8 = 0x85;
     /// Worker → kernel: the running cell changed the task's context.
     pub const CONTEXT: u8 = 0x86;
+    /// Worker → kernel: the running cell asks for approval.
+    pub const APPROVAL_REQUEST: u8 = 0x87;
+    /// Worker → kernel: the running cell no longer waits for an approval.
+    pub const APPROVAL_ENDED: u8 = 0x88;
 }
 
 /// Which captured stream an Output frame carries.
@@ -187,6 +200,22 @@ pub enum Frame<'a> {
         /// The whole new context.
         json: &'a str,
     },
+    /// The answer to an approval request of the running cell.
+    ApprovalAnswer(ApprovalAnswer),
+    /// Cell `id` asks for approval and waits.
+    ApprovalRequest {
+        /// The cell.
+        id: u64,
+        /// The request.
+        request: ApprovalRequest,
+    },
+    /// Cell `id` no longer waits for approval `approval_id`.
+    ApprovalEnded {
+        /// The cell.
+        id: u64,
+        /// The request.
+        approval_id: &'a str,
+    },
     /// The namespace listing asked for by Variables `id`.
     VariablesReply {
         /// The request.
@@ -234,6 +263,35 @@ pub fn encode_context(out: &mut Vec<u8>, id: u64, json: &str) -> Result<(), Fram
 /// Appends an Event frame.
 pub fn encode_event(out: &mut Vec<u8>, id: u64, event: &CellEvent) -> Result<(), FrameError> {
     encode_json(out, kind::EVENT, Some(id), event)
+}
+
+/// Appends an ApprovalAnswer frame.
+pub fn encode_approval_answer(
+    out: &mut Vec<u8>,
+    answer: &ApprovalAnswer,
+) -> Result<(), FrameError> {
+    encode_json(out, kind::APPROVAL_ANSWER, None, answer)
+}
+
+/// Appends an ApprovalRequest frame.
+pub fn encode_approval_request(
+    out: &mut Vec<u8>,
+    id: u64,
+    request: &ApprovalRequest,
+) -> Result<(), FrameError> {
+    encode_json(out, kind::APPROVAL_REQUEST, Some(id), request)
+}
+
+/// Appends an ApprovalEnded frame.
+pub fn encode_approval_ended(
+    out: &mut Vec<u8>,
+    id: u64,
+    approval_id: &str,
+) -> Result<(), FrameError> {
+    begin(out, kind::APPROVAL_ENDED, 8 + approval_id.len())?;
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(approval_id.as_bytes());
+    Ok(())
 }
 
 /// Appends a Shutdown frame.
@@ -354,6 +412,21 @@ pub fn decode(payload: &[u8]) -> Result<Frame<'_>, FrameError> {
             let (id, rest) = split_u64(kind, body)?;
             let event = serde_json::from_slice(rest).map_err(|e| malformed(kind, e.to_string()))?;
             Ok(Frame::Event { id, event })
+        }
+        kind::APPROVAL_ANSWER => serde_json::from_slice(body)
+            .map(Frame::ApprovalAnswer)
+            .map_err(|e| malformed(kind, e.to_string())),
+        kind::APPROVAL_REQUEST => {
+            let (id, rest) = split_u64(kind, body)?;
+            let request =
+                serde_json::from_slice(rest).map_err(|e| malformed(kind, e.to_string()))?;
+            Ok(Frame::ApprovalRequest { id, request })
+        }
+        kind::APPROVAL_ENDED => {
+            let (id, rest) = split_u64(kind, body)?;
+            let approval_id =
+                std::str::from_utf8(rest).map_err(|e| malformed(kind, e.to_string()))?;
+            Ok(Frame::ApprovalEnded { id, approval_id })
         }
         kind::VARIABLES_REPLY => {
             let (id, rest) = split_u64(kind, body)?;
@@ -567,6 +640,38 @@ mod tests {
         assert_eq!(
             decode(payload(&out)).unwrap(),
             Frame::Event { id: 9, event }
+        );
+        out.clear();
+        let request = ApprovalRequest {
+            approval_id: "4-1".into(),
+            message: "go?".into(),
+            data: crate::EventData::from_json("{}".into()).unwrap(),
+            timeout_s: Some(2.5),
+        };
+        encode_approval_request(&mut out, 9, &request).unwrap();
+        assert_eq!(
+            decode(payload(&out)).unwrap(),
+            Frame::ApprovalRequest { id: 9, request }
+        );
+        out.clear();
+        encode_approval_ended(&mut out, 9, "4-1").unwrap();
+        assert_eq!(
+            decode(payload(&out)).unwrap(),
+            Frame::ApprovalEnded {
+                id: 9,
+                approval_id: "4-1"
+            }
+        );
+        out.clear();
+        let answer = ApprovalAnswer::without_person(
+            "4-1",
+            crate::ApprovalOutcome::Unavailable,
+            "nobody to ask",
+        );
+        encode_approval_answer(&mut out, &answer).unwrap();
+        assert_eq!(
+            decode(payload(&out)).unwrap(),
+            Frame::ApprovalAnswer(answer)
         );
         out.clear();
         encode_output(&mut out, 3, OutputStream::Stderr, b"\xffab");

@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`jsonrpc`]: the JSON-RPC 2.0 envelope: parsing one request line into a [`jsonrpc::Request`],
 //!   responses, notifications, and the standard error codes.
+//! - [`approval`]: a cell's request for approval and its answer.
 //! - [`call`]: the methods the kernel answers, as one enum ([`call::Call`]) with typed params,
 //!   and their replies.
 //! - [`execute`]: the result of `execute_code` ([`execute::ExecuteResult`]).
@@ -18,6 +19,7 @@
 //! time; clients must ignore fields they do not know.
 #![warn(missing_docs)]
 
+pub mod approval;
 pub mod call;
 pub mod execute;
 pub mod fault;
@@ -26,8 +28,10 @@ pub mod json;
 pub mod jsonrpc;
 pub mod status;
 
+pub use approval::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};
 pub use call::{
-    Call, ExecuteMethod, ExecuteParams, InterruptReply, RestartReply, ShutdownReply, VariablesReply,
+    ApproveParams, ApproveReply, Call, ExecuteMethod, ExecuteParams, InterruptReply, RestartReply,
+    ShutdownReply, VariablesReply,
 };
 pub use execute::{
     CellEvent, CellReport, DebugInfo, Event, EventData, ExecError, ExecuteResult, ExecutionKind,
