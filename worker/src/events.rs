@@ -4,6 +4,7 @@
 //! (in-process) or sent to the kernel at once (worker mode: an event reported just before a
 //! crash reaches the kernel).
 
+use crate::approval::Approvals;
 use crate::capture::file_size;
 use crate::sink::OutputSink;
 use crate::sys::lock;
@@ -12,13 +13,15 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyCFunction, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Receives the events of the running cell.
 pub struct Emitter {
     stdout: Arc<OwnedFd>,
     cell_start: AtomicU64,
+    /// A cell runs.
+    in_cell: AtomicBool,
     /// The running cell's `execution_count` (read by `flow.execution_count`).
     execution_count: AtomicU64,
     sink: Option<Arc<dyn OutputSink>>,
@@ -41,6 +44,7 @@ impl Emitter {
         Emitter {
             stdout,
             cell_start: AtomicU64::new(0),
+            in_cell: AtomicBool::new(false),
             execution_count: AtomicU64::new(0),
             sink,
             collected: Mutex::new((Vec::new(), Vec::new())),
@@ -52,6 +56,22 @@ impl Emitter {
         self.cell_start.store(stdout_start, Ordering::Relaxed);
         self.execution_count
             .store(execution_count, Ordering::Relaxed);
+        self.in_cell.store(true, Ordering::Relaxed);
+    }
+
+    /// The cell ended.
+    pub fn end(&self) {
+        self.in_cell.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether a cell runs.
+    pub fn in_cell(&self) -> bool {
+        self.in_cell.load(Ordering::Relaxed)
+    }
+
+    /// The running (or last) cell's `execution_count`.
+    pub fn execution_count(&self) -> u64 {
+        self.execution_count.load(Ordering::Relaxed)
     }
 
     /// Reports an event of the running cell. `data` must be a JSON object's text (the
@@ -220,6 +240,7 @@ pub fn install_flow(
     py: Python<'_>,
     support: &Bound<'_, PyModule>,
     emitter: Arc<Emitter>,
+    approvals: Approvals,
     setup: &FlowSetup,
 ) -> PyResult<Py<PyAny>> {
     let emitter_for_count = Arc::clone(&emitter);
@@ -250,7 +271,7 @@ pub fn install_flow(
         Some(c"_count"),
         None,
         move |_: &Bound<'_, PyTuple>, _: Option<&Bound<'_, PyDict>>| -> PyResult<u64> {
-            Ok(counts.execution_count.load(Ordering::Relaxed))
+            Ok(counts.execution_count())
         },
     )?;
     let ids = PyDict::new(py);
@@ -271,6 +292,23 @@ pub fn install_flow(
             Ok(copy)
         },
     )?;
+    let approve = PyCFunction::new_closure(
+        py,
+        Some(c"_approve"),
+        None,
+        move |args: &Bound<'_, PyTuple>,
+              _: Option<&Bound<'_, PyDict>>|
+              -> PyResult<(&'static str, Option<String>)> {
+            let (message, data, timeout_s, step): (
+                String,
+                Bound<'_, PyDict>,
+                Option<f64>,
+                Option<String>,
+            ) = args.extract()?;
+            let json = dict_json("flow.request_approval", &data)?;
+            approvals.ask(args.py(), message, json, timeout_s, step)
+        },
+    )?;
     let initial: serde_json::Value = match &setup.context {
         Some(text) => serde_json::from_str(text).unwrap_or_else(|e| {
             tracing::warn!(error = %e, "the task's saved context is not JSON; starting from {{}}");
@@ -279,10 +317,15 @@ pub fn install_flow(
         None => serde_json::json!({}),
     };
     let initial = json_to_py(py, &initial)?;
-    let flow =
-        support
-            .getattr("install_flow")?
-            .call1((emit, clock, count, save_context, initial, ids))?;
+    let flow = support.getattr("install_flow")?.call1((
+        emit,
+        clock,
+        count,
+        save_context,
+        approve,
+        initial,
+        ids,
+    ))?;
     Ok(flow.unbind())
 }
 

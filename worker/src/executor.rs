@@ -53,6 +53,9 @@ pub struct ExecutorConfig {
     pub images: Option<ImageLimits>,
     /// What the session starts from: `sys.argv`, `sys.path[0]`, startup files.
     pub setup: SessionSetup,
+    /// Where `flow.request_approval` sends its requests; `None`: nobody can be asked (it
+    /// returns `None`).
+    pub approver: Option<Arc<dyn crate::approval::Approver>>,
 }
 
 /// What a session starts from, before its first cell (and again after an in-process
@@ -244,9 +247,19 @@ impl Executor {
                 capture.stdout.memfd(),
                 config.sink.clone(),
             ));
-            let flow =
-                crate::events::install_flow(py, &module, Arc::clone(&emitter), &config.setup.flow)
-                    .map_err(support_err)?;
+            let approvals = crate::approval::Approvals::new(
+                config.approver.clone(),
+                Arc::clone(&emitter),
+                monitor.clock(),
+            );
+            let flow = crate::events::install_flow(
+                py,
+                &module,
+                Arc::clone(&emitter),
+                approvals,
+                &config.setup.flow,
+            )
+            .map_err(support_err)?;
             let get = |name: &str| module.getattr(name).map(Bound::unbind).map_err(support_err);
             let support = Support {
                 flush_std: get("flush_std")?,
@@ -396,6 +409,7 @@ impl Executor {
         self.emitter
             .begin(execution_count, self.capture.stdout.cursor());
         let mut out = Python::attach(|py| self.execute_attached(py, code, name, timeout));
+        self.emitter.end();
         (out.events, out.contexts) = self.emitter.take();
         out
     }

@@ -12,6 +12,7 @@
 //! - [`sink`]: worker mode: output streamed in chunks while a cell runs.
 //! - [`usage`]: CPU time and peak RSS per cell.
 //! - [`sys`]: OS and sync helpers shared with the kernel (signal masks, poll, locks).
+//! - [`approval`]: `flow.request_approval`: asking a person while the cell waits.
 //! - [`events`]: `flow`: events cells report, timestamped and placed in their output.
 //! - [`executor`]: [`Executor`], which ties these together for one cell at a time.
 //! - [`serve`]: the `flowrepl-worker` process: frames in, cells run, frames out.
@@ -22,6 +23,7 @@
 //! cell (signal handlers run there). The monitor thread is the only other thread we start.
 #![warn(missing_docs)]
 
+pub mod approval;
 pub mod capture;
 pub mod cell;
 pub mod events;

@@ -8,6 +8,9 @@
 //! - when a cell's output passes the per-stream limit, releases the middle of it (see
 //!   [`crate::capture`]), so a runaway `print` loop cannot exhaust memory.
 //!
+//! While the cell waits for a person (`flow.request_approval`), its deadline is on hold
+//! ([`CellClock::hold`]): the time spent waiting does not count against its timeout.
+//!
 //! Between cells it keeps applying the output limit to what background threads and child
 //! processes write, ticking once a second after a second without cells.
 //!
@@ -53,6 +56,9 @@ struct State {
     interrupted: bool,
     /// When the first SIGINT (timeout or request) was sent to the running cell.
     first_sent: Option<Instant>,
+    /// Holds on the running cell's deadline, and since when it is held.
+    holds: u32,
+    held_since: Option<Instant>,
     /// Per stream: where the running cell's output starts, and up to where its dropped
     /// middle has been released.
     starts: Vec<u64>,
@@ -92,6 +98,8 @@ impl Monitor {
                 fired_at: None,
                 interrupted: false,
                 first_sent: None,
+                holds: 0,
+                held_since: None,
                 starts: vec![0; streams.len()],
                 released: vec![0; streams.len()],
             }),
@@ -117,6 +125,8 @@ impl Monitor {
             st.fired_at = None;
             st.interrupted = false;
             st.first_sent = None;
+            st.holds = 0;
+            st.held_since = None;
             st.starts.copy_from_slice(starts);
             st.released.copy_from_slice(starts);
         }
@@ -148,6 +158,63 @@ impl Monitor {
     pub fn interrupter(&self) -> Interrupter {
         Interrupter {
             shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// A handle that holds the running cell's deadline while it waits for a person.
+    pub fn clock(&self) -> CellClock {
+        CellClock {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// Holds the running cell's deadline: time spent under a hold does not count against the
+/// cell's timeout.
+#[derive(Debug, Clone)]
+pub struct CellClock {
+    shared: Arc<Shared>,
+}
+
+impl CellClock {
+    /// Holds the deadline until the returned guard is dropped (holds nest).
+    pub fn hold(&self) -> Held<'_> {
+        let mut st = lock(&self.shared.state);
+        if st.running {
+            if st.holds == 0 {
+                st.held_since = Some(Instant::now());
+            }
+            st.holds += 1;
+        }
+        Held {
+            clock: self,
+            active: st.running,
+        }
+    }
+}
+
+/// A hold on the running cell's deadline ([`CellClock::hold`]); dropping it moves the
+/// deadline on by the time held.
+#[derive(Debug)]
+pub struct Held<'a> {
+    clock: &'a CellClock,
+    active: bool,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if !self.active {
+            return;
+        }
+        let mut st = lock(&self.clock.shared.state);
+        if st.holds == 0 {
+            return; // the cell ended and the next one reset the holds
+        }
+        st.holds -= 1;
+        if st.holds == 0 {
+            if let Some(since) = st.held_since.take() {
+                st.deadline += since.elapsed();
+            }
         }
     }
 }
@@ -241,7 +308,7 @@ fn run(shared: &Shared) {
                 running = true;
                 idle_ticks = 0;
                 let now = Instant::now();
-                if now >= st.deadline {
+                if st.holds == 0 && now >= st.deadline {
                     let due = st.fired_at.is_none_or(|t| now.duration_since(t) >= RESEND);
                     if due {
                         let _ = pthread_kill(shared.target, Signal::SIGINT);
@@ -250,7 +317,7 @@ fn run(shared: &Shared) {
                     }
                 }
                 let until_deadline = st.deadline.saturating_duration_since(now);
-                if until_deadline.is_zero() {
+                if until_deadline.is_zero() || st.holds > 0 {
                     TICK
                 } else {
                     TICK.min(until_deadline)

@@ -12,18 +12,22 @@
 //! cannot land while a frame is being written; one that arrives between cells stays pending
 //! and is discarded when the next cell starts.
 
+use crate::approval::Approver;
 use crate::executor::{CellOutcome, Executor, ExecutorConfig, ImageLimits, SessionSetup};
 use crate::sink::OutputSink;
+use crate::sys::lock;
 use flowrepl_protocol::frame::{
     self, DoneReport, Frame, FrameReader, OutputStream, VariablesReport, WorkerHello,
 };
+use flowrepl_protocol::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};
 use std::fs::File;
 use std::io::{self, Write};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Output frames are written once this much is buffered (one pipe's worth).
 const FLUSH_AT: usize = 1 << 20;
@@ -138,6 +142,89 @@ impl OutputSink for Channel {
     }
 }
 
+/// Worker mode's [`Approver`]: requests go to the kernel as frames; the answer is read from
+/// the kernel's pipe by the waiting cell's thread (the thread that runs cells, which is not
+/// reading frames while its cell runs).
+struct PipeApprover {
+    channel: Arc<Channel>,
+    input: Arc<Mutex<FrameReader<File>>>,
+    /// An answer decided here (the request could not be sent).
+    local: Mutex<Option<ApprovalAnswer>>,
+}
+
+impl Approver for PipeApprover {
+    fn request(&self, request: &ApprovalRequest) {
+        let id = self.channel.cell.load(Ordering::Relaxed);
+        if let Err(e) = self
+            .channel
+            .with(|buf| frame::encode_approval_request(buf, id, request))
+        {
+            *lock(&self.local) = Some(ApprovalAnswer::without_person(
+                &request.approval_id,
+                ApprovalOutcome::Cancelled,
+                format!("the request could not be sent: {e}"),
+            ));
+        }
+        self.channel.send();
+    }
+
+    fn wait(&self, approval_id: &str, wait: Duration) -> Option<ApprovalAnswer> {
+        if let Some(a) = lock(&self.local).take() {
+            return Some(a);
+        }
+        let until = Instant::now() + wait;
+        let mut input = lock(&self.input);
+        let gone = |why: String| {
+            Some(ApprovalAnswer::without_person(
+                approval_id,
+                ApprovalOutcome::Cancelled,
+                why,
+            ))
+        };
+        loop {
+            match input.buffered() {
+                Ok(Some(payload)) => match frame::decode(&payload) {
+                    Ok(Frame::ApprovalAnswer(a)) if a.approval_id == approval_id => return Some(a),
+                    Ok(Frame::ApprovalAnswer(a)) => {
+                        tracing::debug!(approval_id = %a.approval_id, "a late approval answer was dropped");
+                    }
+                    Ok(other) => {
+                        tracing::error!(
+                            ?other,
+                            "unexpected frame from the kernel while waiting for an approval"
+                        );
+                        return gone("the kernel broke the protocol".into());
+                    }
+                    Err(e) => return gone(format!("bad frame from the kernel: {e}")),
+                },
+                Ok(None) => {}
+                Err(e) => return gone(format!("bad frame from the kernel: {e}")),
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            match crate::sys::poll_readable(input.get_ref().as_raw_fd(), left) {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => return None,
+                Err(e) => return gone(format!("the kernel's pipe failed: {e}")),
+            }
+            match input.fill() {
+                Ok(0) => return gone("the kernel closed the channel".into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => return None,
+                Err(e) => return gone(format!("the kernel's pipe failed: {e}")),
+            }
+        }
+    }
+
+    fn ended(&self, approval_id: &str) {
+        let id = self.channel.cell.load(Ordering::Relaxed);
+        let _ = self
+            .channel
+            .with(|buf| frame::encode_approval_ended(buf, id, approval_id));
+        self.channel.send();
+    }
+}
+
 /// Re-arms RLIMIT_CPU so that this cell may use `seconds` more CPU seconds (the limit counts
 /// the whole process life). Past it the kernel sends SIGXCPU, which ends the worker.
 fn arm_cpu_limit(seconds: u64, used_ms: f64) {
@@ -174,12 +261,19 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         out: Mutex::new((stdio.output, Vec::with_capacity(FLUSH_AT))),
         cell: AtomicU64::new(0),
     });
+    let input = Arc::new(Mutex::new(FrameReader::new(stdio.input)));
+    let approver = Arc::new(PipeApprover {
+        channel: Arc::clone(&channel),
+        input: Arc::clone(&input),
+        local: Mutex::new(None),
+    });
     let config = ExecutorConfig {
         python: args.python.clone(),
         max_output_bytes: args.max_output_bytes,
         sink: Some(channel.clone()),
         images: args.images(),
         setup: args.setup.clone().unwrap_or_default(),
+        approver: Some(approver),
     };
     let mut executor = match Executor::start(&config) {
         Ok(e) => e,
@@ -199,7 +293,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         )
     });
     channel.send();
-    match serve(&mut executor, &channel, stdio.input, &args) {
+    match serve(&mut executor, &channel, &input, &args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "worker channel failed");
@@ -211,12 +305,13 @@ pub fn run(args: WorkerArgs) -> ExitCode {
 fn serve(
     executor: &mut Executor,
     channel: &Channel,
-    input: File,
+    input: &Mutex<FrameReader<File>>,
     args: &WorkerArgs,
 ) -> io::Result<()> {
-    let mut input = FrameReader::new(input);
     loop {
-        let body = match input.read_frame().map_err(io::Error::other)? {
+        // Not held while the cell runs: a cell waiting for an approval reads its answer.
+        let next = lock(input).read_frame();
+        let body = match next.map_err(io::Error::other)? {
             Some(body) => body,
             None => {
                 // The kernel closed the channel without a Shutdown frame: exit all the same.
@@ -297,6 +392,10 @@ fn serve(
             Frame::Shutdown => {
                 executor.finish();
                 return Ok(());
+            }
+            Frame::ApprovalAnswer(a) => {
+                // The cell stopped waiting (timed out, interrupted) before the answer came.
+                tracing::debug!(approval_id = %a.approval_id, "a late approval answer was dropped");
             }
             other => {
                 return Err(io::Error::other(format!(

@@ -70,7 +70,7 @@ def setup():
 
 
 class ApprovalCancelled(Exception):
-    """A request for approval was cancelled or timed out."""
+    """A request for approval was dismissed, timed out, or its channel failed."""
 
 
 class _Step:
@@ -166,8 +166,10 @@ class Flow:
 
     ApprovalCancelled = ApprovalCancelled
 
-    def __init__(self, emit, clock, count, save_context, context, identity):
+    def __init__(self, emit, clock, count, save_context, approve, context, identity):
         self._emit = emit
+        self._approve = approve
+        self.last_approval = None
         self._clock = clock
         self._count = count
         self.context = Context(context, save_context)
@@ -199,23 +201,51 @@ class Flow:
             raise TypeError("flow.step: the name must be a non-empty string")
         return _Step(self, name, data)
 
-    def _report(self, name, data):
+    def request_approval(self, message, /, timeout_s=None, **data):
+        """Asks a person and waits for the answer: True (approved), False (declined), None
+        (nobody can be asked: no channel), or raises flow.ApprovalCancelled (dismissed, or
+        no answer within `timeout_s` seconds). The wait does not count against the cell's
+        timeout; interrupting the cell ends it with KeyboardInterrupt. `flow.last_approval`
+        then holds the outcome and the person's comment."""
+        if not isinstance(message, str) or not message:
+            raise TypeError("flow.request_approval: the message must be a non-empty string")
+        if timeout_s is not None:
+            if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+                    or not timeout_s > 0 or timeout_s != timeout_s:
+                raise ValueError("flow.request_approval: timeout_s must be a positive number of seconds or None")
+            timeout_s = float(timeout_s)
+        self._flush()
+        outcome, text = self._approve(message, data, timeout_s, self._steps[-1] if self._steps else None)
+        self.last_approval = {"outcome": outcome, "comment": text if outcome in ("approved", "declined") else None,
+                              "reason": None if outcome in ("approved", "declined") else text}
+        if outcome == "approved":
+            return True
+        if outcome == "declined":
+            return False
+        if outcome == "unavailable":
+            return None
+        raise ApprovalCancelled(text or "the request for approval was cancelled")
+
+    def _flush(self):
         out = sys.stdout
         if out is not None:
             try:
                 out.flush()  # so that the event is placed after what was printed before it
             except Exception:
                 pass
+
+    def _report(self, name, data):
+        self._flush()
         self._emit(name, data, self._steps[-1] if self._steps else None)
 
 
-def install_flow(emit, clock, count, save_context, context, identity):
+def install_flow(emit, clock, count, save_context, approve, context, identity):
     """`flow` for every cell: a builtin (so not a session variable, and a cell that rebinds
     the name only shadows it) and `flowrepl.flow`."""
     import builtins
     import types
 
-    flow = Flow(emit, clock, count, save_context, context, identity)
+    flow = Flow(emit, clock, count, save_context, approve, context, identity)
     builtins.flow = flow
     module = types.ModuleType("flowrepl", "flowrepl's own objects for cells: flowrepl.flow")
     module.flow = flow
