@@ -1,6 +1,7 @@
 //! The `flowrepl` kernel: a persistent Python session behind JSON-RPC 2.0 on stdio.
 //!
 //! # Layout
+//! - [`approvals`]: the cells' requests for approval, routed to the front's way of asking.
 //! - [`cli`]: flags and their environment variables.
 //! - [`config`]: flags + environment → [`config::Config`] (identity, log path, limits, python).
 //! - [`dropin`]: started as `python [flags] SCRIPT` by the original system's clients.
@@ -21,6 +22,7 @@
 //! notification. See `docs/protocol.md` for the wire format.
 #![warn(missing_docs)]
 
+pub mod approvals;
 pub mod cli;
 pub mod config;
 pub mod dropin;
@@ -70,14 +72,20 @@ pub fn run(cli: cli::Cli) -> ExitCode {
         // worker starts, while this process has no other thread that reads the environment.
         std::env::set_var("MPLBACKEND", "Agg");
     }
-    let engine = match engine::start(&config, diagnostics) {
+    let approvals = approvals::Approvals::new();
+    if config.legacy_errors {
+        approvals.set_unavailable(
+            "drop-in mode: the original REPL's clients have no way to answer an approval",
+        );
+    }
+    let engine = match engine::start(&config, diagnostics, std::sync::Arc::clone(&approvals)) {
         Ok(e) => e,
         Err(e) => {
             tracing::error!(error = %flowrepl_worker::sys::chain(&e), "cannot start Python");
             return ExitCode::from(1);
         }
     };
-    let mut session = match session::Session::new(engine, &config) {
+    let mut session = match session::Session::new(engine, &config, approvals) {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the record writer");
@@ -102,7 +110,11 @@ pub fn run(cli: cli::Cli) -> ExitCode {
         config.max_request_bytes,
         session.board(),
         config.kill_grace,
+        std::sync::Arc::clone(session.approvals()),
     ));
+    if !config.legacy_errors {
+        front.ask_client();
+    }
     match jsonrpc::serve(&mut session, &front, config.legacy_errors) {
         Ok(ended) => {
             let records = session.finish();

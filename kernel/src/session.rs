@@ -6,13 +6,15 @@
 //! in-process cell that ignores SIGINT for the kill grace period cannot be stopped, so the
 //! fronts answer for it instead of leaving their clients waiting.
 
+use crate::approvals::Approvals;
 use crate::config::{Config, Identity};
 use crate::engine::{Control, Engine, EngineError};
 use crate::records::{Flusher, RecordWriter};
 use chrono::{SecondsFormat, Utc};
 use flowrepl_protocol::{
-    Call, CellReport, ErrorCode, ExecuteParams, ExecuteResult, Fault, Image, InterruptReply, Mode,
-    RestartReply, RpcError, ShutdownReply, StatusInfo, VariableInfo, VariablesReply,
+    ApproveReply, Call, CellReport, ErrorCode, ExecuteParams, ExecuteResult, Fault, Image,
+    InterruptReply, Mode, RestartReply, RpcError, ShutdownReply, StatusInfo, VariableInfo,
+    VariablesReply,
 };
 use serde::Serialize;
 use std::io;
@@ -34,6 +36,8 @@ pub enum Answer {
     Variables(VariablesReply),
     /// `shutdown`.
     Shutdown(ShutdownReply),
+    /// `approve`.
+    Approve(ApproveReply),
 }
 
 /// How a front answers the calls the dispatcher runs.
@@ -124,11 +128,17 @@ pub struct Session {
     record_this: bool,
     /// The task's context after each change the cell being answered made.
     contexts: Vec<String>,
+    /// The cells' approval requests.
+    approvals: Arc<Approvals>,
 }
 
 impl Session {
     /// A session around a started engine.
-    pub fn new(engine: Box<dyn Engine>, config: &Config) -> io::Result<Session> {
+    pub fn new(
+        engine: Box<dyn Engine>,
+        config: &Config,
+        approvals: Arc<Approvals>,
+    ) -> io::Result<Session> {
         let mode = engine.mode();
         let records = RecordWriter::start(config.log_file.clone(), config.identity.clone(), mode)?;
         let Identity {
@@ -167,12 +177,18 @@ impl Session {
             kill_grace: config.kill_grace,
             record_this: false,
             contexts: Vec::new(),
+            approvals,
         })
     }
 
     /// What `status` says, for the threads that answer it while a cell runs.
     pub fn board(&self) -> Arc<StatusBoard> {
         Arc::clone(&self.board)
+    }
+
+    /// The cells' approval requests.
+    pub fn approvals(&self) -> &Arc<Approvals> {
+        &self.approvals
     }
 
     /// In-process or worker.
@@ -221,6 +237,11 @@ impl Session {
                 Ok(v) => to.answer(Answer::Variables(VariablesReply::new(v)))?,
                 Err(e) => to.failed(internal("list_variables failed", &e))?,
             },
+            Call::Approve(params) => {
+                // Between cells nobody waits: answered for the record, not accepted.
+                let accepted = self.approvals.answer(params.into_answer());
+                to.answer(Answer::Approve(ApproveReply { accepted }))?
+            }
             Call::Shutdown => {
                 to.answer(Answer::Shutdown(ShutdownReply {
                     shutting_down: true,

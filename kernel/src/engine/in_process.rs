@@ -5,6 +5,7 @@
 //! kernel: [`Control::unstoppable_since`] tells the fronts, which answer `CellNotStopped`.
 
 use super::{CellRun, Control, Engine, EngineError};
+use crate::approvals::{Approvals, InProcessApprover};
 use crate::config::Config;
 use flowrepl_protocol::{Mode, PythonInfo, RestartReply, VariableInfo};
 use flowrepl_worker::{Executor, ExecutorConfig, ExecutorError, Interrupter, OutputTail};
@@ -19,13 +20,14 @@ pub struct InProcess {
 
 impl InProcess {
     /// Starts Python on the calling thread, which must run every cell from then on.
-    pub fn start(config: &Config) -> Result<InProcess, ExecutorError> {
+    pub fn start(config: &Config, approvals: Arc<Approvals>) -> Result<InProcess, ExecutorError> {
         let executor = Executor::start(&ExecutorConfig {
             python: config.python.clone(),
             max_output_bytes: config.max_output_bytes,
             sink: None,
             images: config.image_limits(),
             setup: config.setup.clone(),
+            approver: Some(Arc::new(InProcessApprover(approvals))),
         })?;
         let control = Arc::new(InProcessControl(executor.interrupter()));
         Ok(InProcess { executor, control })

@@ -15,6 +15,7 @@
 pub mod in_process;
 pub mod worker;
 
+use crate::approvals::Approvals;
 use crate::config::Config;
 use flowrepl_protocol::{Mode, PythonInfo, RestartReply, StoppedBy, VariableInfo};
 use flowrepl_worker::{CellOutcome, OutputTail};
@@ -105,11 +106,21 @@ pub trait Control: Send + Sync + Debug {
     fn worker_pid(&self) -> Option<u32>;
 }
 
-/// Starts the engine the configuration asks for (waiting until a worker is ready).
-pub fn start(config: &Config, diagnostics: std::fs::File) -> Result<Box<dyn Engine>, StartError> {
+/// Starts the engine the configuration asks for (waiting until a worker is ready); the
+/// cells' approval requests go to `approvals`.
+pub fn start(
+    config: &Config,
+    diagnostics: std::fs::File,
+    approvals: Arc<Approvals>,
+) -> Result<Box<dyn Engine>, StartError> {
     match &config.worker {
-        None => Ok(Box::new(in_process::InProcess::start(config)?)),
-        Some(w) => Ok(Box::new(worker::Worker::start(config, w, diagnostics)?)),
+        None => Ok(Box::new(in_process::InProcess::start(config, approvals)?)),
+        Some(w) => Ok(Box::new(worker::Worker::start(
+            config,
+            w,
+            diagnostics,
+            approvals,
+        )?)),
     }
 }
 

@@ -2,9 +2,13 @@
 //!
 //! While idle, the request thread (Python's main thread) reads requests itself and answers
 //! them in order: no thread hop on the request path. While a cell runs it cannot read, so a
-//! **watcher** thread takes over stdin: it answers `status` and `interrupt` at once (the only
-//! requests answered out of order) and queues every other request, parsed, for the request
-//! thread to answer in order after the cell.
+//! **watcher** thread takes over stdin: it answers `status`, `interrupt` and `approve` at once
+//! (the only requests answered out of order) and queues every other request, parsed, for the
+//! request thread to answer in order after the cell.
+//!
+//! A cell's `flow.request_approval` reaches the client as an `approval_requested`
+//! notification ([`NotifyAsker`]); the client answers with `approve`. When stdin closes, every
+//! pending approval is cancelled.
 //!
 //! The two never read at the same time: the watcher reads only while `busy` is set and it
 //! holds the reader lock, and it re-checks `busy` after taking the lock; the request thread
@@ -22,9 +26,13 @@
 
 use super::line_reader::{Line, LineReader};
 use super::writer::ReplyWriter;
+use crate::approvals::{Approvals, Asker};
 use crate::session::{not_stopped, unstoppable_for, StatusBoard};
-use flowrepl_protocol::jsonrpc::Response;
-use flowrepl_protocol::{Call, ExecuteResult, Id, InterruptReply, Request, RpcError, StatusInfo};
+use flowrepl_protocol::jsonrpc::{Notification, Response};
+use flowrepl_protocol::{
+    ApprovalRequest, ApproveReply, Call, ExecuteResult, Id, InterruptReply, Request, RpcError,
+    StatusInfo,
+};
 use flowrepl_worker::sys::lock;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -32,7 +40,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread;
 use std::time::Duration;
 
@@ -95,6 +103,23 @@ pub struct Front {
     cell_id: Mutex<Option<Id>>,
     /// The running cell was answered with `CellNotStopped`.
     answered_early: AtomicBool,
+    /// The cells' approval requests.
+    approvals: Arc<Approvals>,
+}
+
+/// Asks the JSON-RPC client: an `approval_requested` notification, answered with `approve`.
+pub struct NotifyAsker(Weak<Front>);
+
+impl Asker for NotifyAsker {
+    fn ask(&self, request: &ApprovalRequest, _: &Arc<Approvals>) -> Result<(), String> {
+        let front = self.0.upgrade().ok_or("the JSON-RPC front is gone")?;
+        let sent = front.writer().send(&Notification {
+            jsonrpc: "2.0",
+            method: "approval_requested",
+            params: request,
+        });
+        sent.map_err(|e| format!("the notification could not be written: {e}"))
+    }
 }
 
 impl Front {
@@ -105,6 +130,7 @@ impl Front {
         max_request_bytes: usize,
         board: Arc<StatusBoard>,
         kill_grace: Duration,
+        approvals: Arc<Approvals>,
     ) -> Front {
         Front {
             input_fd: input.as_raw_fd(),
@@ -118,7 +144,14 @@ impl Front {
             kill_grace,
             cell_id: Mutex::new(None),
             answered_early: AtomicBool::new(false),
+            approvals,
         }
+    }
+
+    /// From now on the cells' approval requests are sent to this front's client.
+    pub fn ask_client(self: &Arc<Self>) {
+        self.approvals
+            .set_asker(Arc::new(NotifyAsker(Arc::downgrade(self))));
     }
 
     /// The reply writer (held briefly per reply).
@@ -274,6 +307,8 @@ impl Front {
             if let Err(e) = reader.fill() {
                 tracing::warn!(error = %e, "reading requests while busy failed");
                 *eof = true;
+                self.approvals
+                    .cancel_all("the client's input failed: nobody can answer");
                 lock(&self.queue).push_back(Item::Eof);
                 return;
             }
@@ -296,18 +331,20 @@ impl Front {
                     id,
                     call: Ok(Call::Interrupt),
                 } => {
-                    // The acknowledgement goes out before the interrupted cell's reply: the
-                    // writer is held from the signal until the ack is written.
-                    let mut writer = self.writer();
-                    let r = self.interrupt();
-                    if let Some(id) = &id {
-                        if let Err(e) = writer.send(&Response::new(id, &r)) {
-                            tracing::warn!(error = %e, "writing a reply while busy failed");
-                        }
-                    }
+                    self.ack_before_cell(id.as_ref(), || self.interrupt());
+                }
+                Item::Request {
+                    id,
+                    call: Ok(Call::Approve(params)),
+                } => {
+                    self.ack_before_cell(id.as_ref(), || ApproveReply {
+                        accepted: self.approvals.answer(params.into_answer()),
+                    });
                 }
                 Item::Eof => {
                     *eof = true;
+                    self.approvals
+                        .cancel_all("the client closed stdin: nobody can answer");
                     lock(&self.queue).push_back(Item::Eof);
                     break;
                 }
@@ -322,6 +359,19 @@ impl Front {
         match id {
             Some(id) => self.writer().send(&Response::new(id, result)),
             None => Ok(()),
+        }
+    }
+
+    /// Does what a request asks to the running cell (interrupt it, answer its approval) and
+    /// acknowledges it before the cell's own reply can go out: the writer is held from the
+    /// act until the ack is written.
+    fn ack_before_cell<T: Serialize>(&self, id: Option<&Id>, act: impl FnOnce() -> T) {
+        let mut writer = self.writer();
+        let r = act();
+        if let Some(id) = id {
+            if let Err(e) = writer.send(&Response::new(id, &r)) {
+                tracing::warn!(error = %e, "writing a reply while busy failed");
+            }
         }
     }
 

@@ -23,6 +23,7 @@
 //! ladder applies), queued calls are dropped, the running call's response is still sent if
 //! the client reads it, pending records are written, and the kernel exits 0.
 
+pub mod approval;
 pub mod render;
 pub mod schema;
 pub mod store;
@@ -129,11 +130,23 @@ pub struct Shared {
     pub kill_grace: Duration,
     /// In-process or worker.
     pub mode: flowrepl_protocol::Mode,
+    /// The cells' approval requests.
+    approvals: Arc<crate::approvals::Approvals>,
+    /// Approvals are asked through the client (set at the first `execute_code`).
+    asking: std::sync::Once,
 }
 
 impl Shared {
     fn next_ticket(&self) -> u64 {
         self.next_ticket.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Approval requests go to this client (as elicitation requests when it can answer them).
+    pub fn ask_through(&self, peer: &rmcp::Peer<rmcp::RoleServer>) {
+        self.asking.call_once(|| {
+            let asker = approval::ElicitAsker::new(peer.clone(), tokio::runtime::Handle::current());
+            self.approvals.set_asker(Arc::new(asker));
+        });
     }
 
     fn store(&self) -> MutexGuard<'_, OutputStore> {
@@ -192,6 +205,8 @@ pub fn serve(
         closing: AtomicBool::new(false),
         kill_grace: config.kill_grace,
         mode: session.mode(),
+        approvals: Arc::clone(session.approvals()),
+        asking: std::sync::Once::new(),
     });
     let (jobs, queue) = std::sync::mpsc::channel();
     let server = tools::KernelServer::new(jobs.clone(), Arc::clone(&shared));
@@ -209,6 +224,9 @@ pub fn serve(
             let on_eof = Box::new(move || {
                 tracing::info!("stdin closed: stopping the running cell");
                 at_eof.closing.store(true, Ordering::Release);
+                at_eof
+                    .approvals
+                    .cancel_all("the client closed stdin: nobody can answer");
                 at_eof.control.interrupt();
             });
             runtime.block_on(async move {
@@ -223,6 +241,9 @@ pub fn serve(
                 }
             });
             shared_mcp.closing.store(true, Ordering::Release);
+            shared_mcp
+                .approvals
+                .cancel_all("the MCP client went away: nobody can answer");
             shared_mcp.control.interrupt();
             let _ = jobs.send(Job::Stop);
         })?;

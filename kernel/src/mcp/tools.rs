@@ -157,6 +157,7 @@ impl KernelServer {
         ct: CancellationToken,
     ) -> Result<CallToolResult, ErrorData> {
         let args: ExecuteArgs = parse_args(args)?;
+        self.shared.ask_through(&peer);
         if let Some(t) = args.timeout_ms {
             if t == 0 || t > MAX_TIMEOUT_MS {
                 return Err(ErrorData::invalid_params(

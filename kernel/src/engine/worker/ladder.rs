@@ -9,6 +9,9 @@
 //! long, so that an interrupt requested from another thread is noticed within
 //! [`INTERRUPT_CHECK`].
 //!
+//! While the cell waits for an approval its timeout is on hold ([`Ladder::hold`]), as the
+//! worker's own deadline is: the kill moves on by the time held. An interrupt still kills.
+//!
 //! While an interrupt is pending, SIGINT is sent again every [`RESEND`]: one that reached the
 //! worker just before its cell began (the kernel marks the cell running before it writes the
 //! Execute frame) was discarded there as a stale signal of an earlier cell.
@@ -52,6 +55,8 @@ pub struct Ladder {
     killed: Option<KillReason>,
     /// The last SIGINT re-sent for a pending interrupt.
     resent_at: Option<Instant>,
+    /// Since when the timeout is on hold.
+    held_since: Option<Instant>,
 }
 
 impl Ladder {
@@ -62,6 +67,20 @@ impl Ladder {
             grace,
             killed: None,
             resent_at: None,
+            held_since: None,
+        }
+    }
+
+    /// Puts the timeout on hold (`held`: the cell waits for a person) or takes it off hold,
+    /// moving the kill on by the time held.
+    pub fn hold(&mut self, now: Instant, held: bool) {
+        match (held, self.held_since) {
+            (true, None) => self.held_since = Some(now),
+            (false, Some(since)) => {
+                self.kill_at += now.saturating_duration_since(since);
+                self.held_since = None;
+            }
+            _ => {}
         }
     }
 
@@ -76,7 +95,7 @@ impl Ladder {
         if self.killed.is_some() {
             return Step::Wait(AFTER_KILL);
         }
-        let reason = if now >= self.kill_at {
+        let reason = if self.held_since.is_none() && now >= self.kill_at {
             Some(KillReason::Timeout)
         } else if interrupted_at.is_some_and(|t| now >= t + self.grace) {
             Some(KillReason::Interrupt)
@@ -100,7 +119,10 @@ impl Ladder {
             }
             None => INTERRUPT_CHECK,
         };
-        let wait = until_next.min(self.kill_at.saturating_duration_since(now));
+        let wait = match self.held_since {
+            Some(_) => until_next,
+            None => until_next.min(self.kill_at.saturating_duration_since(now)),
+        };
         Step::Wait(wait.max(MIN_WAIT))
     }
 }
@@ -172,6 +194,28 @@ mod tests {
         assert_eq!(
             l.step(t0 + 1200 * MS, Some(asked)),
             Step::Kill(KillReason::Timeout)
+        );
+    }
+
+    #[test]
+    fn time_on_hold_does_not_count_but_an_interrupt_still_kills() {
+        let t0 = Instant::now();
+        let mut l = ladder(t0);
+        l.hold(t0 + 500 * MS, true);
+        assert_eq!(l.step(t0 + 5000 * MS, None), Step::Wait(INTERRUPT_CHECK));
+        l.hold(t0 + 5000 * MS, false);
+        // 4.5 s were held: the kill moves from 1.2 s to 5.7 s.
+        assert_eq!(l.step(t0 + 5600 * MS, None), Step::Wait(INTERRUPT_CHECK));
+        assert_eq!(
+            l.step(t0 + 5700 * MS, None),
+            Step::Kill(KillReason::Timeout)
+        );
+        let mut l = ladder(t0);
+        l.hold(t0, true);
+        let asked = t0 + 3000 * MS;
+        assert_eq!(
+            l.step(asked + 200 * MS, Some(asked)),
+            Step::Kill(KillReason::Interrupt)
         );
     }
 

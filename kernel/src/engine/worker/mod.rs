@@ -21,6 +21,7 @@ pub mod ladder;
 pub mod process;
 
 use super::{CellRun, Control, Engine, EngineError};
+use crate::approvals::Approvals;
 use crate::config::Limits;
 use crate::config::{Config, WorkerConfig};
 use flowrepl_protocol::frame::{self, DoneReport, Frame, FrameError, OutputStream, WorkerHello};
@@ -29,6 +30,7 @@ use flowrepl_protocol::{
     VariableInfo,
 };
 use flowrepl_worker::capture::decode_output;
+use flowrepl_worker::sys::lock;
 use flowrepl_worker::tail::{last_line, TAIL_BYTES};
 use flowrepl_worker::{CellOutcome, OutputTail};
 use ladder::{KillReason, Ladder, Step};
@@ -76,7 +78,7 @@ impl ControlState {
 
 impl WorkerControl {
     fn lock(&self) -> MutexGuard<'_, ControlState> {
-        flowrepl_worker::sys::lock(&self.state)
+        lock(&self.state)
     }
 
     /// Sends SIGINT again to the running cell (the stop ladder's re-send), under the same
@@ -187,6 +189,8 @@ pub struct Worker {
     next_id: u64,
     send_buf: Vec<u8>,
     last_cpu_total_ms: f64,
+    /// Where the cells' approval requests go.
+    approvals: Arc<Approvals>,
 }
 
 /// What one cell's frames added up to.
@@ -196,6 +200,8 @@ struct Collecting {
     stderr: Vec<u8>,
     events: Vec<flowrepl_protocol::CellEvent>,
     contexts: Vec<String>,
+    /// Approvals the cell waits for (its deadline is held meanwhile).
+    waiting: Vec<String>,
     done: Option<Box<DoneReport>>,
 }
 
@@ -206,6 +212,7 @@ impl Worker {
         config: &Config,
         worker: &WorkerConfig,
         diagnostics: File,
+        approvals: Arc<Approvals>,
     ) -> Result<Worker, super::StartError> {
         let null = std::fs::OpenOptions::new()
             .write(true)
@@ -231,6 +238,7 @@ impl Worker {
             next_id: 0,
             send_buf: Vec::with_capacity(4096),
             last_cpu_total_ms: 0.0,
+            approvals,
         };
         w.ensure_ready()?;
         Ok(w)
@@ -318,7 +326,7 @@ impl Worker {
         if let State::Ready { proc, .. } = &mut self.state {
             self.send_buf.clear();
             frame::encode_shutdown(&mut self.send_buf);
-            if proc.to_worker.write_all(&self.send_buf).is_ok() {
+            if lock(&proc.to_worker).write_all(&self.send_buf).is_ok() {
                 let until = Instant::now() + self.grace;
                 loop {
                     let left = until.saturating_duration_since(Instant::now());
@@ -388,6 +396,29 @@ impl Worker {
                     // A worker started later (after a crash or restart) starts from it.
                     self.spawn.setup.flow.context = Some(json.to_owned());
                     c.contexts.push(json.to_owned());
+                }
+                Ok(Frame::ApprovalRequest { id, request }) if id == c.id => {
+                    c.waiting.push(request.approval_id.clone());
+                    let to_worker = self.state.process().map(|p| Arc::clone(&p.to_worker));
+                    self.approvals.open(
+                        &request,
+                        Box::new(move |answer| {
+                            let mut buf = Vec::new();
+                            if let Err(e) = frame::encode_approval_answer(&mut buf, &answer) {
+                                tracing::warn!(error = %e, "an approval answer too large for a frame was dropped");
+                                return;
+                            }
+                            if let Some(w) = to_worker {
+                                if let Err(e) = lock(&w).write_all(&buf) {
+                                    tracing::warn!(error = %e, "the approval answer could not reach the worker");
+                                }
+                            }
+                        }),
+                    );
+                }
+                Ok(Frame::ApprovalEnded { id, approval_id }) if id == c.id => {
+                    c.waiting.retain(|w| w != approval_id);
+                    self.approvals.close(approval_id);
                 }
                 Ok(Frame::Done { id, report }) if id == c.id => {
                     c.done = Some(report);
@@ -599,6 +630,7 @@ impl Engine for Worker {
             stderr: Vec::new(),
             events: Vec::new(),
             contexts: Vec::new(),
+            waiting: Vec::new(),
             done: None,
         };
         self.send_buf.clear();
@@ -616,7 +648,7 @@ impl Engine for Worker {
             .state
             .process_mut()
             .expect("ensure_ready left a worker");
-        let mut alive = proc.to_worker.write_all(&self.send_buf).is_ok();
+        let mut alive = lock(&proc.to_worker).write_all(&self.send_buf).is_ok();
         if self.send_buf.capacity() > (1 << 20) {
             self.send_buf = Vec::with_capacity(4096);
         }
@@ -647,10 +679,15 @@ impl Engine for Worker {
                     if c.done.is_none() {
                         self.update_tail(&c);
                     }
+                    ladder.hold(Instant::now(), !c.waiting.is_empty());
                 }
                 Ok(Wait::Timeout) => {}
                 Ok(Wait::Eof) | Err(_) => alive = false,
             }
+        }
+        for id in c.waiting.drain(..) {
+            // The worker died (or broke the protocol) while the cell waited.
+            self.approvals.close(&id);
         }
         let interrupted = {
             let mut st = self.control.lock();
@@ -715,7 +752,7 @@ impl Engine for Worker {
             .state
             .process_mut()
             .expect("ensure_ready left a worker");
-        proc.to_worker
+        lock(&proc.to_worker)
             .write_all(&self.send_buf)
             .map_err(WorkerError::Io)?;
         let until = Instant::now() + LIST_TIMEOUT;

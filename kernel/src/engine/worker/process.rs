@@ -23,6 +23,7 @@ use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 /// How to start a worker.
 #[derive(Debug, Clone)]
@@ -46,8 +47,8 @@ pub struct SpawnConfig {
 pub struct WorkerProcess {
     /// Its pid, also its process group id.
     pub pid: libc::pid_t,
-    /// Frames to the worker.
-    pub to_worker: File,
+    /// Frames to the worker (shared with the threads that deliver approval answers).
+    pub to_worker: Arc<Mutex<File>>,
     /// Frames from the worker.
     pub from_worker: FrameReader<File>,
     guard: Option<libc::pid_t>,
@@ -154,7 +155,7 @@ impl WorkerProcess {
         let guard = spawn_guard(pid, kernel.as_raw());
         Ok(WorkerProcess {
             pid,
-            to_worker,
+            to_worker: Arc::new(Mutex::new(to_worker)),
             from_worker,
             guard,
             reaped: false,

@@ -1,0 +1,171 @@
+//! Approvals over MCP: a cell's `flow.request_approval` becomes an `elicitation/create`
+//! request (form mode, MCP 2025-06-18) to the client, when the client declared the
+//! elicitation capability.
+//!
+//! The form has one optional field, `comment`. The client's action decides: `accept` →
+//! approved (`True`), `decline` → declined (`False`), `cancel` or an error → cancelled
+//! (`flow.ApprovalCancelled`). When the cell stops waiting first (its `timeout_s`, an
+//! interrupt, a cancelled call), the request is cancelled with `notifications/cancelled`.
+//! Without the capability nothing is sent and the cell gets `None` at once.
+
+use crate::approvals::{Approvals, Asker};
+use flowrepl_protocol::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};
+use flowrepl_worker::sys::lock;
+use rmcp::model::{
+    CancelledNotificationParam, ClientResult, ElicitRequest, ElicitRequestParams,
+    ElicitationAction, ElicitationSchema, ServerRequest,
+};
+use rmcp::service::PeerRequestOptions;
+use rmcp::{Peer, RoleServer};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The MCP front's [`Asker`].
+pub struct ElicitAsker {
+    peer: Peer<RoleServer>,
+    runtime: tokio::runtime::Handle,
+    /// Requests in flight: the task awaiting each, and its request id once sent.
+    asks: Arc<Mutex<HashMap<String, InFlight>>>,
+}
+
+struct InFlight {
+    task: tokio::task::AbortHandle,
+    request_id: Arc<Mutex<Option<rmcp::model::RequestId>>>,
+}
+
+impl ElicitAsker {
+    /// Asks through `peer`, on the MCP thread's runtime.
+    pub fn new(peer: Peer<RoleServer>, runtime: tokio::runtime::Handle) -> ElicitAsker {
+        ElicitAsker {
+            peer,
+            runtime,
+            asks: Arc::default(),
+        }
+    }
+
+    fn supported(&self) -> bool {
+        self.peer
+            .supported_elicitation_modes()
+            .contains(&rmcp::service::ElicitationMode::Form)
+    }
+}
+
+/// The text shown to the person: the message, then the data when there is any.
+fn prompt(request: &ApprovalRequest) -> String {
+    let data = request.data.get();
+    if data == "{}" {
+        request.message.clone()
+    } else {
+        format!("{}\n\n{data}", request.message)
+    }
+}
+
+fn schema() -> ElicitationSchema {
+    ElicitationSchema::builder()
+        .optional_string_with("comment", |s| {
+            s.title("Comment")
+                .description("Optional: a note for the code that asked")
+        })
+        .description("Approve (accept) or decline the request")
+        .build_unchecked()
+}
+
+/// The cell's answer from the client's reply.
+fn answer_of(approval_id: &str, reply: Result<ClientResult, rmcp::ServiceError>) -> ApprovalAnswer {
+    let cancelled =
+        |why: String| ApprovalAnswer::without_person(approval_id, ApprovalOutcome::Cancelled, why);
+    let r = match reply {
+        Ok(ClientResult::ElicitResult(r)) => r,
+        Ok(other) => return cancelled(format!("the client answered something else: {other:?}")),
+        Err(e) => return cancelled(format!("the elicitation request failed: {e}")),
+    };
+    let comment = r
+        .content
+        .as_ref()
+        .and_then(|c| c.get("comment"))
+        .and_then(|c| c.as_str())
+        .filter(|c| !c.is_empty())
+        .map(str::to_owned);
+    let outcome = match r.action {
+        ElicitationAction::Accept => ApprovalOutcome::Approved,
+        ElicitationAction::Decline => ApprovalOutcome::Declined,
+        _ => return cancelled("the person dismissed the request".into()),
+    };
+    ApprovalAnswer {
+        approval_id: approval_id.to_owned(),
+        outcome,
+        comment,
+        reason: None,
+    }
+}
+
+impl Asker for ElicitAsker {
+    fn ask(&self, request: &ApprovalRequest, approvals: &Arc<Approvals>) -> Result<(), String> {
+        if !self.supported() {
+            return Err(
+                "the MCP client did not declare the elicitation capability, so nobody can be asked"
+                    .into(),
+            );
+        }
+        let params = ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message: prompt(request),
+            requested_schema: schema(),
+        };
+        let id = request.approval_id.clone();
+        let request_id = Arc::new(Mutex::new(None));
+        let (peer, approvals, asks, sent) = (
+            self.peer.clone(),
+            Arc::clone(approvals),
+            Arc::clone(&self.asks),
+            Arc::clone(&request_id),
+        );
+        // Registered before the task can finish and remove it.
+        let mut guard = lock(&self.asks);
+        let task = self.runtime.spawn(async move {
+            let reply = match peer
+                .send_cancellable_request(
+                    ServerRequest::ElicitRequest(ElicitRequest::new(params)),
+                    PeerRequestOptions::no_options(),
+                )
+                .await
+            {
+                Ok(handle) => {
+                    *lock(&sent) = Some(handle.id.clone());
+                    handle.await_response().await
+                }
+                Err(e) => Err(e),
+            };
+            lock(&asks).remove(&id);
+            approvals.answer(answer_of(&id, reply));
+        });
+        guard.insert(
+            request.approval_id.clone(),
+            InFlight {
+                task: task.abort_handle(),
+                request_id,
+            },
+        );
+        Ok(())
+    }
+
+    fn withdraw(&self, approval_id: &str) {
+        let Some(f) = lock(&self.asks).remove(approval_id) else {
+            return;
+        };
+        f.task.abort();
+        let Some(request_id) = lock(&f.request_id).take() else {
+            return;
+        };
+        let peer = self.peer.clone();
+        self.runtime.spawn(async move {
+            let p = CancelledNotificationParam::new(
+                Some(request_id),
+                Some("the cell no longer waits for this approval".into()),
+            );
+            if let Err(e) = peer.notify_cancelled(p).await {
+                tracing::debug!(error = %e, "cancelling an elicitation failed");
+            }
+        });
+    }
+}
