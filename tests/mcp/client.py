@@ -15,11 +15,15 @@ import sys
 import time
 
 import anyio
+import mcp.types as types
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
 SCENARIOS = {}
+# Scenarios whose client answers elicitation requests, and what it was asked.
+ELICITING = set()
+ASKED = []
 
 
 def scenario(f):
@@ -133,6 +137,100 @@ async def events(s, opts):
     ev = r.structured_content["events"]
     assert [e["name"] for e in ev] == ["loaded", "step_start", "step_log", "step_end", "metric"], ev
     return {"events": len(ev)}
+
+
+async def elicit(ctx, params):
+    """A person who answers by the first word of the message: accept, decline, cancel, slow
+    (accepts after 1.2 s), or never (waits until the request is cancelled)."""
+    entry = {"message": params.message, "schema": params.requested_schema, "cancelled": False}
+    ASKED.append(entry)
+    word = params.message.split()[0]
+    try:
+        if word == "accept":
+            return types.ElicitResult(action="accept", content={"comment": "fine by me"})
+        if word == "decline":
+            return types.ElicitResult(action="decline")
+        if word == "cancel":
+            return types.ElicitResult(action="cancel")
+        if word == "slow":
+            await anyio.sleep(1.2)
+            return types.ElicitResult(action="accept", content={})
+        await anyio.sleep_forever()
+    except anyio.get_cancelled_exc_class():
+        entry["cancelled"] = True
+        raise
+
+
+def approval_statuses(r):
+    return [e["data"]["status"] for e in r.structured_content["events"] if e["name"] == "approval"]
+
+
+@scenario
+async def approvals(s, opts):
+    """flow.request_approval as elicitation/create: accept, decline, cancel, timeout_s, a slow
+    answer past the cell's timeout, and an interrupt while waiting."""
+    code = (
+        "a = flow.request_approval('accept the deploy?', env='prod')\n"
+        "comment = flow.last_approval['comment']\n"
+        "b = flow.request_approval('decline this?')\n"
+        "try:\n    flow.request_approval('cancel this?')\nexcept flow.ApprovalCancelled as e:\n    c = str(e)\n"
+        "try:\n    flow.request_approval('never answered', timeout_s=0.5)\n"
+        "except flow.ApprovalCancelled as e:\n    d = str(e)\n"
+        "(a, comment, b, c, d)"
+    )
+    r = await run_cell(s, code)
+    assert not r.is_error, text_of(r)
+    assert r.structured_content["result"] == (
+        "(True, 'fine by me', False, 'the person dismissed the request', 'no answer within 0.5 s')"
+    ), r.structured_content["result"]
+    assert approval_statuses(r) == ["requested", "approved", "requested", "declined",
+                                    "requested", "cancelled", "requested", "timed_out"], r.structured_content
+    assert ASKED[0]["message"] == 'accept the deploy?\n\n{"env":"prod"}', ASKED[0]
+    assert "comment" in ASKED[0]["schema"]["properties"], ASKED[0]["schema"]
+    assert "[event 2] approval" in text_of(r), text_of(r)
+    # The request the cell gave up on was cancelled on the client too.
+    for _ in range(50):
+        if ASKED[3]["cancelled"]:
+            break
+        await anyio.sleep(0.02)
+    assert ASKED[3]["cancelled"], ASKED[3]
+    # An answer after the cell's own timeout: the wait does not count.
+    r = await run_cell(s, "flow.request_approval('slow answer')", timeout_ms=600)
+    assert not r.is_error and text_of(r).endswith("Out[2]: True"), text_of(r)
+    # Interrupted while waiting.
+    results = {}
+
+    async def waiting():
+        results["cell"] = await run_cell(s, "kept = 1\nflow.request_approval('never mind')")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiting)
+        while len(ASKED) < 6:
+            await anyio.sleep(0.02)
+        results["interrupt"] = await s.call_tool("interrupt", {})
+    cell = results["cell"]
+    assert results["interrupt"].structured_content["interrupted"] is True
+    assert cell.is_error and cell.structured_content["error"]["type"] == "KeyboardInterrupt", text_of(cell)
+    assert approval_statuses(cell) == ["requested", "interrupted"], cell.structured_content
+    r = await run_cell(s, "kept")
+    assert text_of(r).endswith("Out[4]: 1"), text_of(r)
+    return {"asked": len(ASKED)}
+
+
+@scenario
+async def approvals_without_elicitation(s, opts):
+    """A client without the elicitation capability: None at once, and the request recorded."""
+    t0 = time.monotonic()
+    r = await run_cell(s, "flow.request_approval('anyone?') is None")
+    assert time.monotonic() - t0 < 5
+    assert "Out[1]: True" in text_of(r), text_of(r)
+    assert approval_statuses(r) == ["requested", "unavailable"], r.structured_content
+    reason = r.structured_content["events"][1]["data"]["reason"]
+    assert "elicitation capability" in reason, reason
+    return {}
+
+
+ELICITING.add("approvals")
 
 
 @scenario
@@ -405,7 +503,8 @@ async def main():
         args += ["--python", opts.python]
     params = StdioServerParameters(command=opts.flowrepl, args=args, env=env)
     async with stdio_client(params) as (read, write):
-        async with ClientSession(read, write) as s:
+        callback = elicit if opts.scenario in ELICITING else None
+        async with ClientSession(read, write, elicitation_callback=callback) as s:
             opts.init = await s.initialize()
             facts = await SCENARIOS[opts.scenario](s, opts)
     print(json.dumps(facts or {}))

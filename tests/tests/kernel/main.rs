@@ -1,6 +1,7 @@
 //! Integration tests: the real `flowrepl` binary over pipes, against real CPython.
 //! Each module covers one part of the core kernel issue.
 
+mod approvals;
 mod dropin;
 mod exit;
 mod faults;

@@ -385,3 +385,18 @@ fn events_are_shown_in_the_text_and_structured() {
         assert_eq!(read_log(&log)[0].events.len(), 5, "{mode}");
     }
 }
+
+#[test]
+fn approvals_are_elicitation_requests_when_the_client_can_answer() {
+    for mode in MODES {
+        let (facts, log, _logs) = Scenario::mode(mode).run("approvals");
+        assert_eq!(facts["asked"], 6, "{mode}");
+        let approvals = read_log(&log)
+            .iter()
+            .flat_map(|r| r.events.iter())
+            .filter(|e| e.name == "approval")
+            .count();
+        assert_eq!(approvals, 12, "{mode}");
+        Scenario::mode(mode).run("approvals_without_elicitation");
+    }
+}
