@@ -23,9 +23,10 @@ pub struct Cli {
     )]
     pub log_dir: PathBuf,
 
-    /// Python to emulate: an interpreter or a venv directory (default: $VIRTUAL_ENV, else the
-    /// interpreter flowrepl was built against). Must be the same major.minor version.
-    #[arg(global = true, long, value_name = "PATH")]
+    /// Python to serve: a CPython 3.10+ interpreter or a venv directory [default: $VIRTUAL_ENV,
+    /// else the venv flowrepl is installed in, else the python3 on PATH, else the interpreter
+    /// flowrepl was built against].
+    #[arg(global = true, long, env = "FLOWREPL_PYTHON", value_name = "PATH")]
     pub python: Option<PathBuf>,
 
     /// Default cell timeout in milliseconds, when a request gives no timeout_ms [default:

@@ -50,6 +50,8 @@ pub struct Config {
     pub max_output_bytes: u64,
     /// The python to emulate.
     pub python: PathBuf,
+    /// Why it was chosen.
+    pub python_source: flowrepl_pythons::Source,
     /// Worker mode, when set.
     pub worker: Option<WorkerConfig>,
     /// After SIGINT, how long a cell has to stop: then worker mode kills the worker, and
@@ -105,9 +107,19 @@ pub enum ConfigError {
     /// The log directory cannot be made absolute (no working directory).
     #[error("cannot resolve the log directory")]
     LogDir(#[source] std::io::Error),
-    /// The python could not be resolved.
+    /// The python cannot be served.
     #[error(transparent)]
-    Python(#[from] flowrepl_worker::InitError),
+    Python(#[from] flowrepl_pythons::PythonError),
+    /// This kernel embeds another Python version (`flowrepl-kernel` started directly).
+    #[error("{program} is Python {version}, but this kernel embeds Python {embedded}; start `flowrepl`, which runs the kernel built for each version")]
+    WrongKernel {
+        /// The interpreter.
+        program: String,
+        /// Its version.
+        version: flowrepl_pythons::Version,
+        /// The embedded version.
+        embedded: String,
+    },
     /// A `--startup` file is missing.
     #[error("startup file {0} not found")]
     StartupMissing(String),
@@ -123,10 +135,21 @@ impl Config {
         let log_dir = std::path::absolute(&cli.log_dir).map_err(ConfigError::LogDir)?;
         let log_file =
             flowrepl_task_logger::task_log_path(&log_dir, &identity.plan_id, &identity.task_id);
-        let python = flowrepl_worker::resolve_python(
-            cli.python.as_deref(),
-            std::env::var_os("VIRTUAL_ENV").as_deref(),
-        )?;
+        let chosen = crate::launcher::choose(cli)?;
+        let embedded = crate::launcher::build_python().1;
+        if embedded != Some(chosen.version) {
+            return Err(ConfigError::WrongKernel {
+                program: chosen.program.display().to_string(),
+                version: chosen.version,
+                embedded: flowrepl_worker::interpreter::BUILD_PYTHON_VERSION.to_owned(),
+            });
+        }
+        // Started by the launcher: it says why it chose this interpreter.
+        let python_source = std::env::var(crate::launcher::PYTHON_SOURCE_ENV)
+            .ok()
+            .and_then(|s| flowrepl_pythons::Source::from_name(&s))
+            .unwrap_or(chosen.source);
+        let python = chosen.program;
         let limits = Limits {
             memory_mb: cli.memory_mb,
             cpu_seconds: cli.cpu_seconds,
@@ -221,6 +244,7 @@ impl Config {
             max_request_bytes,
             max_output_bytes: cli.max_output_bytes,
             python,
+            python_source,
             mcp: cli
                 .command
                 .as_ref()

@@ -11,6 +11,7 @@
 //! - [`session`]: engine + task log + counters, and the one dispatcher both fronts use.
 //! - [`records`]: the task-log record writer thread.
 //! - [`terminate`]: SIGTERM/SIGHUP write every record before the kernel ends.
+//! - [`launcher`]: `flowrepl` picks the interpreter and runs the kernel built for its version.
 //! - [`jsonrpc`]: the JSON-RPC front (request loop, busy-time watcher, reply writer).
 //! - [`mcp`]: the MCP front (`flowrepl mcp`).
 //!
@@ -29,6 +30,7 @@ pub mod dropin;
 pub mod engine;
 pub mod events;
 pub mod jsonrpc;
+pub mod launcher;
 pub mod mcp;
 pub mod records;
 pub mod session;

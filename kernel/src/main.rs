@@ -1,5 +1,8 @@
+//! `flowrepl`: finds the Python the user means and starts the kernel built for its version
+//! ([`flowrepl::launcher`]).
+
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    flowrepl::run(flowrepl::cli::Cli::from_args())
+    flowrepl::launcher::main()
 }

@@ -152,6 +152,7 @@ impl Session {
                 message: None,
                 kernel_version: env!("CARGO_PKG_VERSION").to_owned(),
                 python: engine.python(),
+                python_source: config.python_source.as_str().to_owned(),
                 mode,
                 pid: std::process::id(),
                 worker_pid: None,

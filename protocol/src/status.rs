@@ -30,6 +30,11 @@ pub struct StatusInfo {
     /// The interpreter (its fields sit at the top level).
     #[serde(flatten)]
     pub python: PythonInfo,
+    /// Why this interpreter: `flag` (`--python`/`FLOWREPL_PYTHON`), `virtual_env`
+    /// (`$VIRTUAL_ENV`), `own_venv` (the venv flowrepl is installed in), `path` (the `python3`
+    /// on `PATH`), `build` (the interpreter flowrepl was built against).
+    #[serde(default)]
+    pub python_source: String,
     /// Where cells run.
     pub mode: Mode,
     /// The kernel's process id.

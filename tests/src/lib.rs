@@ -32,7 +32,7 @@ pub fn flowrepl_bin() -> &'static Path {
     BIN.get_or_init(|| {
         let exe = std::env::current_exe().unwrap();
         let profile_dir = exe.parent().unwrap().parent().unwrap(); // target/<profile>/deps/..
-        for name in ["flowrepl", "flowrepl-worker"] {
+        for name in ["flowrepl", "flowrepl-kernel", "flowrepl-worker"] {
             assert!(
                 profile_dir.join(name).is_file(),
                 "{name} is not in {}: run the tests with `cargo test --workspace`, which builds it",

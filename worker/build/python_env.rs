@@ -5,29 +5,53 @@
 // interpreter (PYO3_PYTHON, else `python3`, as pyo3 does) for its LIBDIR and add an rpath, and
 // record its executable and version so the binary can find its standard library at run time.
 
-fn python_build_facts() -> (String, String, String) {
-    println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
-    let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let out = std::process::Command::new(&python)
-        .args([
-            "-c",
-            "import sys, sysconfig; print(sysconfig.get_config_var('LIBDIR')); \
-             print(sys.executable); print('%d.%d' % sys.version_info[:2])",
-        ])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {python} to locate libpython: {e}"));
-    assert!(out.status.success(), "{python} failed: {}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).expect("python printed UTF-8");
-    let mut lines = text.lines().map(str::to_owned);
-    let libdir = lines.next().expect("LIBDIR");
-    let executable = lines.next().expect("sys.executable");
-    let version = lines.next().expect("version");
-    (libdir, executable, version)
+/// What an interpreter says about itself: LIBDIR, `sys.executable`, `major.minor`, and
+/// whether its shared libpython exists.
+#[allow(dead_code)]
+struct PythonFacts {
+    libdir: String,
+    executable: String,
+    version: String,
+    shared: bool,
 }
 
-fn emit_python_link_facts() {
-    let (libdir, executable, version) = python_build_facts();
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{libdir}");
-    println!("cargo:rustc-env=FLOWREPL_BUILD_PYTHON={executable}");
-    println!("cargo:rustc-env=FLOWREPL_BUILD_PYTHON_VERSION={version}");
+fn python_facts(python: &str) -> Result<PythonFacts, String> {
+    let out = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import os, sys, sysconfig\n\
+             v = sysconfig.get_config_var\n\
+             lib = os.path.join(v('LIBDIR') or '', v('LDLIBRARY') or '')\n\
+             print(v('LIBDIR')); print(sys.executable); print('%d.%d' % sys.version_info[:2])\n\
+             print(int(bool(v('Py_ENABLE_SHARED')) or (lib.endswith('.so') and os.path.exists(lib))))",
+        ])
+        .output()
+        .map_err(|e| format!("cannot run {python}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{python} failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let text = String::from_utf8(out.stdout).map_err(|e| e.to_string())?;
+    let mut lines = text.lines().map(str::to_owned);
+    let mut next = |what: &str| lines.next().ok_or(format!("{python} did not say its {what}"));
+    Ok(PythonFacts {
+        libdir: next("LIBDIR")?,
+        executable: next("executable")?,
+        version: next("version")?,
+        shared: next("shared")? == "1",
+    })
+}
+
+/// The interpreter pyo3 builds against.
+fn build_python() -> String {
+    println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
+    std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".to_owned())
+}
+
+fn emit_python_link_facts() -> PythonFacts {
+    let python = build_python();
+    let facts = python_facts(&python).unwrap_or_else(|e| panic!("locating libpython: {e}"));
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", facts.libdir);
+    println!("cargo:rustc-env=FLOWREPL_BUILD_PYTHON={}", facts.executable);
+    println!("cargo:rustc-env=FLOWREPL_BUILD_PYTHON_VERSION={}", facts.version);
+    facts
 }

@@ -42,7 +42,7 @@ const PYCF_IGNORE_COOKIE: c_int = 0x0800;
 /// How to start the executor.
 #[derive(Clone)]
 pub struct ExecutorConfig {
-    /// The python to emulate ([`interpreter::resolve_python`]).
+    /// The python to emulate: an interpreter or a venv's `bin/python` of the embedded version.
     pub python: PathBuf,
     /// Per stream and cell, output beyond this is dropped from the middle.
     pub max_output_bytes: u64,

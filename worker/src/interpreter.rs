@@ -2,13 +2,12 @@
 //!
 //! The interpreter derives `sys.prefix` (and so the stdlib and site-packages) from its program
 //! name. We initialise through `PyConfig` with `program_name` set to the python to emulate:
-//! `--python PATH` (an interpreter, or a venv directory), else `$VIRTUAL_ENV/bin/python`, else
-//! the interpreter flowrepl was built against. Its `sys.executable` then names that python,
-//! which is what `subprocess` and `multiprocessing` start. A venv must be of the same
-//! major.minor version as the embedded libpython; that is checked before starting.
+//! the interpreter or venv the kernel chose (`flowrepl_pythons`), whose `major.minor` is the
+//! embedded libpython's (the launcher starts the kernel built for it). Its `sys.executable`
+//! then names that python, which is what `subprocess` and `multiprocessing` start.
 
 use pyo3::ffi;
-use std::ffi::{CStr, CString, OsStr};
+use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -21,68 +20,12 @@ pub const BUILD_PYTHON_VERSION: &str = env!("FLOWREPL_BUILD_PYTHON_VERSION");
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InitError {
-    /// The python or venv named does not exist.
-    #[error("python interpreter not found: {0}")]
-    NotFound(PathBuf),
-    /// The venv was made with another Python version.
-    #[error("{venv} was made with Python {found}, but flowrepl embeds Python {BUILD_PYTHON_VERSION}; make the venv with that version")]
-    VersionMismatch {
-        /// The venv directory.
-        venv: PathBuf,
-        /// The version its pyvenv.cfg names.
-        found: String,
-    },
     /// CPython refused to start.
     #[error("python initialisation failed: {0}")]
     Python(String),
     /// A path contains a NUL byte.
     #[error("path contains a NUL byte: {0}")]
     Nul(PathBuf),
-}
-
-/// Which python to emulate: `explicit` (`--python`), else `virtual_env` (`VIRTUAL_ENV`), else
-/// the build interpreter. Checks that it exists and that a venv's version matches.
-pub fn resolve_python(
-    explicit: Option<&Path>,
-    virtual_env: Option<&OsStr>,
-) -> Result<PathBuf, InitError> {
-    let program = match (explicit, virtual_env.filter(|v| !v.is_empty())) {
-        (Some(p), _) if p.is_dir() => p.join("bin/python"),
-        (Some(p), _) => p.to_path_buf(),
-        (None, Some(venv)) => Path::new(venv).join("bin/python"),
-        (None, None) => PathBuf::from(BUILD_PYTHON),
-    };
-    if !program.exists() {
-        return Err(InitError::NotFound(program));
-    }
-    if let Some(venv) = program.parent().and_then(Path::parent) {
-        check_venv_version(venv)?;
-    }
-    Ok(program)
-}
-
-fn check_venv_version(venv: &Path) -> Result<(), InitError> {
-    let Ok(cfg) = std::fs::read_to_string(venv.join("pyvenv.cfg")) else {
-        return Ok(()); // not a venv
-    };
-    for line in cfg.lines() {
-        let Some((k, v)) = line.split_once('=') else {
-            continue;
-        };
-        let k = k.trim();
-        if k == "version" || k == "version_info" {
-            let v = v.trim();
-            let mm: Vec<&str> = v.split('.').take(2).collect();
-            if mm.join(".") != BUILD_PYTHON_VERSION {
-                return Err(InitError::VersionMismatch {
-                    venv: venv.to_path_buf(),
-                    found: v.to_owned(),
-                });
-            }
-            return Ok(());
-        }
-    }
-    Ok(())
 }
 
 fn status_error(status: ffi::PyStatus) -> Option<String> {

@@ -41,6 +41,6 @@ pub mod tail;
 pub mod usage;
 
 pub use executor::{CallError, CellOutcome, Executor, ExecutorConfig, ExecutorError, SessionSetup};
-pub use interpreter::{resolve_python, InitError};
+pub use interpreter::InitError;
 pub use monitor::Interrupter;
 pub use tail::OutputTail;

@@ -63,7 +63,7 @@ def _open_std(fd):
 def setup():
     sys.stdin = sys.__stdin__ = NoStdin()
     # Like the interactive interpreter: modules in the working directory import.
-    if not sys.flags.safe_path and (not sys.path or sys.path[0] != ""):
+    if not getattr(sys.flags, "safe_path", False) and (not sys.path or sys.path[0] != ""):
         sys.path.insert(0, "")
     import __main__
     return __main__.__dict__

@@ -15,4 +15,5 @@ mod python_env;
 mod results;
 mod task_log;
 mod timeouts;
+mod versions;
 mod worker;

@@ -1,0 +1,258 @@
+//! Every CPython the machine has: the core results in both modes on each version found, and a
+//! clear one-line error for every interpreter flowrepl cannot serve.
+//!
+//! `FLOWREPL_REQUIRE_PYTHONS=N` (CI sets 3) fails the matrix when fewer than N versions are
+//! found, so that a machine without them cannot pass it by testing one.
+
+use flowrepl_tests::{flowrepl_bin, Kernel, MODES};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// A venv of `python` with a module in its site-packages; `None` when the interpreter has no
+/// `venv` module (Debian's without python3-venv): then the base interpreter is used, with the
+/// module on `PYTHONPATH`.
+fn venv_with_module(python: &Path, dir: &Path) -> (PathBuf, Option<PathBuf>) {
+    let venv = dir.join("venv");
+    let made = Command::new(python)
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let site = if made {
+        let lib = venv.join("lib");
+        let pyver = std::fs::read_dir(&lib).unwrap().next().unwrap().unwrap();
+        pyver.path().join("site-packages")
+    } else {
+        dir.join("pythonpath")
+    };
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("flowmatrix_mod.py"), "VALUE = 42\n").unwrap();
+    if made {
+        (venv, None)
+    } else {
+        (python.to_path_buf(), Some(site))
+    }
+}
+
+#[test]
+fn every_python_found_gives_the_same_results_in_both_modes() {
+    let found = flowrepl_pythons::discover();
+    let mut versions: Vec<_> = found.iter().map(|f| f.version).collect();
+    versions.dedup();
+    let need: usize = std::env::var("FLOWREPL_REQUIRE_PYTHONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    assert!(
+        versions.len() >= need,
+        "FLOWREPL_REQUIRE_PYTHONS={need}, but only these CPython versions were found: {found:?}"
+    );
+    for f in &found {
+        let tmp = tempfile::tempdir().unwrap();
+        let (target, pythonpath) = venv_with_module(&f.program, tmp.path());
+        let what = format!("{} ({})", f.program.display(), f.version);
+        eprintln!(
+            "version matrix: {what}{}",
+            if pythonpath.is_some() {
+                ", no venv module: the base interpreter"
+            } else {
+                ", in a venv"
+            }
+        );
+        for mode in MODES {
+            let mut opts = Kernel::options()
+                .mode(mode)
+                .arg("--python")
+                .arg(target.display().to_string());
+            if let Some(p) = &pythonpath {
+                opts = opts.env("PYTHONPATH", p.display().to_string());
+            }
+            let mut k = opts.start();
+            assert_eq!(k.ready["python_source"], "flag", "{what} {mode}");
+            assert!(
+                k.ready["python_version"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("{}.", f.version)),
+                "{what} {mode}: {}",
+                k.ready
+            );
+            let r = k.ok("import os, sys, flowmatrix_mod\n\
+                 print('out')\n\
+                 os.write(1, b'raw\\n')\n\
+                 sys.stderr.write('err\\n')\n\
+                 (sys.version_info[:2], flowmatrix_mod.VALUE)");
+            assert_eq!(
+                r["result"],
+                format!("(({}, {}), 42)", f.version.major, f.version.minor),
+                "{what} {mode}"
+            );
+            assert_eq!(r["stdout"], "out\nraw\n", "{what} {mode}");
+            assert_eq!(r["stderr"], "err\n", "{what} {mode}");
+            assert_eq!(
+                r["added_vars"],
+                json!(["flowmatrix_mod", "os", "sys"]),
+                "{what} {mode}"
+            );
+            assert!(
+                r["added_imports"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!("flowmatrix_mod")),
+                "{what} {mode}: {r}"
+            );
+            // The session is the venv's: prefix and executable (what subprocess starts).
+            let r = k.ok("sys.prefix, sys.executable");
+            let want = if pythonpath.is_none() {
+                format!(
+                    "('{}', '{}')",
+                    target.display(),
+                    target.join("bin/python").display()
+                )
+            } else {
+                format!("'{}')", f.program.display())
+            };
+            assert!(
+                r["result"].as_str().unwrap().ends_with(&want),
+                "{what} {mode}: {} vs {want}",
+                r["result"]
+            );
+            // Errors: the type, the message, a plain-text traceback with the cell's lines.
+            let r = k.execute("def f():\n    return 1 / 0\nf()");
+            assert_eq!(r["error"]["type"], "ZeroDivisionError", "{what} {mode}");
+            assert_eq!(r["error"]["message"], "division by zero", "{what} {mode}");
+            let tb = r["error"]["traceback"].as_str().unwrap();
+            assert!(
+                tb.contains("line 2, in f") && tb.contains("return 1 / 0"),
+                "{what} {mode}: {tb}"
+            );
+            assert!(!tb.contains('\x1b'), "{what} {mode}: colours in {tb:?}");
+            let r = k.execute("def f(:");
+            assert_eq!(r["error"]["type"], "SyntaxError", "{what} {mode}");
+            // A timeout stops the cell and keeps the session.
+            let r =
+                k.execute_params(json!({"code": "import time\ntime.sleep(10)", "timeout_ms": 300}));
+            assert_eq!(r["timed_out"], true, "{what} {mode}");
+            assert_eq!(r["error"]["type"], "KeyboardInterrupt", "{what} {mode}");
+            let r = k.ok("flowmatrix_mod.VALUE + 1");
+            assert_eq!(r["result"], "43", "{what} {mode}");
+            assert!(k.close().success(), "{what} {mode}");
+        }
+    }
+}
+
+/// Runs `flowrepl --python <python>` expecting it to refuse: exit code 2, one line on stderr
+/// that contains `says`, nothing on stdout.
+fn refused(python: &Path, says: &str) {
+    let out = Command::new(flowrepl_bin())
+        .arg("--python")
+        .arg(python)
+        .env_remove("VIRTUAL_ENV")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{python:?}: {err}");
+    assert!(out.stdout.is_empty(), "{python:?}: stdout {:?}", out.stdout);
+    assert_eq!(err.trim_end().lines().count(), 1, "{python:?}: {err}");
+    assert!(
+        err.starts_with("flowrepl: ") && err.contains(says),
+        "{python:?}: {err}"
+    );
+}
+
+fn executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn interpreters_it_cannot_serve_get_one_clear_line_and_exit_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    refused(&t.join("nowhere/python3"), "not found");
+    // Not Python: a program that answers nothing, and a file that is not a program.
+    refused(Path::new("/bin/true"), "is not a Python interpreter");
+    std::fs::write(t.join("notes.txt"), "hello").unwrap();
+    refused(&t.join("notes.txt"), "is not a Python interpreter");
+    // Too old, by name (without running them) and for real where pyenv has them.
+    for (name, says) in [
+        ("python2.7", "is Python 2.7"),
+        ("python3.9", "is CPython 3.9"),
+    ] {
+        executable(&t.join(name), "#!/bin/sh\nexit 1\n");
+        refused(&t.join(name), says);
+    }
+    let pyenv = std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv/versions"));
+    for entry in pyenv
+        .and_then(|p| std::fs::read_dir(p).ok())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let v = entry.file_name().into_string().unwrap();
+        if v.starts_with("2.") || v.starts_with("3.9") || v.starts_with("3.8") {
+            refused(
+                &entry.path().join("bin/python"),
+                "flowrepl supports CPython 3.10 to",
+            );
+        }
+    }
+    // A venv whose base interpreter was deleted.
+    let base = flowrepl_pythons::discover()
+        .into_iter()
+        .next()
+        .expect("a CPython 3.10+");
+    let copy = t.join("base/bin");
+    std::fs::create_dir_all(&copy).unwrap();
+    let name = base.program.file_name().unwrap();
+    std::os::unix::fs::symlink(
+        std::fs::canonicalize(&base.program).unwrap(),
+        copy.join(name),
+    )
+    .unwrap();
+    let ok = Command::new(copy.join(name))
+        .args(["-m", "venv", "--without-pip"])
+        .arg(t.join("venv"))
+        .status()
+        .unwrap();
+    if ok.success() {
+        std::fs::remove_dir_all(t.join("base")).unwrap();
+        refused(&t.join("venv"), "is broken");
+    }
+}
+
+#[test]
+fn a_kernel_started_directly_for_another_version_says_to_use_the_launcher() {
+    let kernel = flowrepl_bin().with_file_name("flowrepl-kernel");
+    let mut served = Vec::new();
+    for f in flowrepl_pythons::discover() {
+        let log = tempfile::tempdir().unwrap();
+        let out = Command::new(&kernel)
+            .arg("--python")
+            .arg(&f.program)
+            .env("FLOWREPL_LOG_DIR", log.path())
+            .env_remove("VIRTUAL_ENV")
+            .env_remove("FLOWREPL_PYTHON")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            served.push(f.version);
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(2), "{f:?}: {err}");
+        assert!(out.stdout.is_empty(), "{f:?}");
+        assert!(
+            err.contains(&format!("is Python {}", f.version)) && err.contains("start `flowrepl`"),
+            "{f:?}: {err}"
+        );
+    }
+    served.dedup();
+    assert_eq!(served.len(), 1, "one kernel serves one version: {served:?}");
+}
