@@ -234,6 +234,15 @@ ELICITING.add("approvals")
 
 
 @scenario
+async def interpreter(s, opts):
+    """Which Python the server runs cells in (for the pip-install check)."""
+    r = await run_cell(s, "import sys; print(list(sys.version_info[:2]), sys.prefix, sys.executable)")
+    assert not r.is_error, text_of(r)
+    version, prefix, executable = r.structured_content["stdout"].strip().rsplit(" ", 2)
+    return {"version": json.loads(version.replace(" ", "")), "prefix": prefix, "executable": executable}
+
+
+@scenario
 async def large_requests(s, opts):
     """A cell of 50 MB runs under the default limit; a call over FLOWREPL_MAX_REQUEST_BYTES
     (when set) is a -32001 error and the session goes on."""
