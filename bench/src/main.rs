@@ -8,6 +8,7 @@
 //! - [`kernel`]: the JSON-RPC kernel in-process against the raw pipe and a plain Python REPL.
 //! - [`worker`]: worker mode.
 //! - [`flow`]: the cost of `flow.event` inside a cell.
+//! - [`versions`]: every Python version the build serves.
 //! - [`ab`]: an interleaved A/B against another kernel build (`--baseline`).
 
 mod ab;
@@ -16,6 +17,7 @@ mod flow;
 mod kernel;
 mod peer;
 mod stats;
+mod versions;
 mod worker;
 
 use clap::Parser;
@@ -41,6 +43,9 @@ pub struct Args {
     /// Instead of the anchors: an interleaved A/B of `--kernel` against this older build.
     #[arg(long, value_name = "KERNEL")]
     pub baseline: Option<PathBuf>,
+    /// Only the table of every Python version the build serves.
+    #[arg(long)]
+    pub versions: bool,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -69,11 +74,13 @@ fn main() {
     let logs = std::env::temp_dir().join(format!("flowrepl-bench-{}", std::process::id()));
     match &args.baseline {
         Some(old) => ab::run(&args, old, &logs),
+        None if args.versions => versions::run(&args, &logs),
         None => {
             let python = peer::real_python();
             let anchors = kernel::run(&args, &python, &logs);
             worker::run(&args, &python, &logs, &anchors);
             flow::run(&args, &logs);
+            versions::run(&args, &logs);
         }
     }
     let _ = std::fs::remove_dir_all(&logs);
