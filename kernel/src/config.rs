@@ -126,6 +126,31 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The limits in force, as the session records say them.
+    pub fn session_limits(&self) -> flowrepl_task_logger::SessionLimits {
+        let worker = self.worker.as_ref().map(|w| w.limits).unwrap_or_default();
+        flowrepl_task_logger::SessionLimits {
+            timeout_ms: self.default_timeout_ms,
+            max_output_bytes: self.max_output_bytes,
+            max_request_bytes: self.max_request_bytes as u64,
+            kill_grace_ms: self.kill_grace.as_millis() as u64,
+            memory_mb: worker.memory_mb,
+            cpu_seconds: worker.cpu_seconds,
+            max_procs: worker.max_procs,
+        }
+    }
+
+    /// Which front serves the session: `mcp`, `dropin` or `jsonrpc`.
+    pub fn front(&self) -> &'static str {
+        if self.mcp.is_some() {
+            "mcp"
+        } else if self.setup.argv.is_some() {
+            "dropin"
+        } else {
+            "jsonrpc"
+        }
+    }
+
     /// Resolves the command line and environment.
     pub fn resolve(cli: &Cli) -> Result<Config, ConfigError> {
         let worker_env = std::env::var("USE_SUBPROCESS_WORKER")

@@ -119,13 +119,17 @@ pub fn run(cli: cli::Cli) -> ExitCode {
     }
     match jsonrpc::serve(&mut session, &front, config.legacy_errors) {
         Ok(ended) => {
-            let records = session.finish();
+            let reason = match ended {
+                jsonrpc::Ended::Shutdown => "shutdown",
+                jsonrpc::Ended::Eof => "eof",
+            };
+            let records = session.finish(reason);
             tracing::info!(?ended, records, "flowrepl exiting");
             ExitCode::SUCCESS
         }
         Err(e) => {
             tracing::error!(error = %e, "protocol channel failed");
-            session.finish();
+            session.finish("error");
             ExitCode::from(1)
         }
     }
@@ -145,7 +149,7 @@ fn run_mcp(
         "flowrepl MCP server ready"
     );
     let served = mcp::serve(session, config, input, output);
-    let records = session.finish();
+    let records = session.finish(if served.is_ok() { "eof" } else { "error" });
     match served {
         Ok(()) => {
             tracing::info!(records, "flowrepl exiting");

@@ -20,8 +20,8 @@
 use crate::config::Identity;
 use flowrepl_protocol::{ExecuteParams, ExecuteResult, Mode};
 use flowrepl_task_logger::{
-    ContextRecord, EventRecord, ExecutionRecord, LogError, RecordHead, TaskLog, FORMAT_VERSION,
-    RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
+    ContextRecord, EventRecord, ExecutionRecord, LogError, RecordHead, SessionRecord, TaskLog,
+    FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
 };
 use flowrepl_worker::sys::chain;
 use std::borrow::Cow;
@@ -204,6 +204,19 @@ impl std::fmt::Debug for Flusher {
 }
 
 impl Flusher {
+    /// Writes a session record after every record queued so far (they are small and rare:
+    /// written on the calling thread). Failures are reported on stderr.
+    pub fn write_session(&self, record: &SessionRecord<'_>) {
+        self.flush();
+        let mut log = self.0.log.lock().unwrap_or_else(|p| p.into_inner());
+        match log.append(record) {
+            Ok(()) => self.0.lock().written += 1,
+            Err(e) => {
+                tracing::warn!(error = %chain(&e), event = %record.event, "session record not written")
+            }
+        }
+    }
+
     /// Waits until every record queued so far has been handled.
     pub fn flush(&self) {
         let mut st = self.0.lock();

@@ -16,7 +16,9 @@ use flowrepl_protocol::{
     InterruptReply, Mode, RestartReply, RpcError, ShutdownReply, StatusInfo, VariableInfo,
     VariablesReply,
 };
+use flowrepl_task_logger::{SessionLimits, SessionRecord, FORMAT_VERSION, RECORD_TYPE_SESSION};
 use serde::Serialize;
+use std::borrow::Cow;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -71,6 +73,14 @@ pub enum Flow {
 pub struct StatusBoard {
     template: StatusInfo,
     executions: AtomicU64,
+    /// Cells that failed.
+    failures: AtomicU64,
+    /// For the session records: the limits, the front, when the kernel started.
+    limits: SessionLimits,
+    front: &'static str,
+    started: Instant,
+    /// The end record was written.
+    ended: std::sync::atomic::AtomicBool,
     /// Cells whose record was queued (or skipped, when the log is unusable).
     settled: AtomicU64,
     control: Arc<dyn Control>,
@@ -114,6 +124,49 @@ impl StatusBoard {
     /// In-process or worker.
     pub fn status_mode(&self) -> Mode {
         self.template.mode
+    }
+
+    /// The session record of `event` (`start`, `end`), with the end's `reason` and counts.
+    fn session_record(
+        &self,
+        event: &'static str,
+        reason: Option<&'static str>,
+    ) -> SessionRecord<'_> {
+        let t = &self.template;
+        let end = reason.is_some();
+        SessionRecord {
+            kind: Cow::Borrowed(RECORD_TYPE_SESSION),
+            version: FORMAT_VERSION,
+            plan_id: Cow::Borrowed(&t.plan_id),
+            task_id: Cow::Borrowed(&t.task_id),
+            task_name: t.task_name.as_deref().map(Cow::Borrowed),
+            session_id: Cow::Borrowed(&t.session_id),
+            event: Cow::Borrowed(event),
+            timestamp: Cow::Owned(Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)),
+            kernel_version: Cow::Borrowed(&t.kernel_version),
+            python_version: Cow::Borrowed(&t.python.python_version),
+            python_executable: Cow::Borrowed(&t.python.python_executable),
+            python_source: Cow::Borrowed(&t.python_source),
+            mode: Cow::Borrowed(t.mode.as_str()),
+            front: Cow::Borrowed(self.front),
+            pid: t.pid,
+            worker_pid: self.control.worker_pid(),
+            limits: self.limits.clone(),
+            reason: reason.map(Cow::Borrowed),
+            cells: end.then(|| self.executions()),
+            failures: end.then(|| self.failures.load(Ordering::Relaxed)),
+            duration_ms: end.then(|| (self.started.elapsed().as_micros() as f64) / 1000.0),
+        }
+    }
+
+    /// Writes the session's end record (once; later calls do nothing), after every pending
+    /// record. `reason`: `eof`, `shutdown`, `signal`, `error`.
+    pub fn end_session(&self, reason: &'static str) {
+        if self.ended.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.flusher
+            .write_session(&self.session_record("end", Some(reason)));
     }
 }
 
@@ -166,10 +219,18 @@ impl Session {
                 default_timeout_ms: config.default_timeout_ms,
             },
             executions: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            limits: config.session_limits(),
+            front: config.front(),
+            started: Instant::now(),
+            ended: std::sync::atomic::AtomicBool::new(false),
             settled: AtomicU64::new(0),
             control: engine.control(),
             flusher: records.flusher(),
         });
+        board
+            .flusher
+            .write_session(&board.session_record("start", None));
         Ok(Session {
             engine,
             records,
@@ -282,6 +343,9 @@ impl Session {
             events,
         };
         self.record_this = self.records.check(&mut result.report.warnings);
+        if !result.success {
+            self.board.failures.fetch_add(1, Ordering::Relaxed);
+        }
         (result, o.images)
     }
 
@@ -299,11 +363,13 @@ impl Session {
         self.board.settled.fetch_add(1, Ordering::Release);
     }
 
-    /// The session ends: the cells' exit handlers run (see [`Engine::finish`]), then every
-    /// pending record is written. Returns how many records were written.
-    pub fn finish(&mut self) -> u64 {
+    /// The session ends for `reason` (`eof`, `shutdown`, `error`): the cells' exit handlers
+    /// run (see [`Engine::finish`]), then every pending record is written, then the session's
+    /// end record. Returns how many records were written.
+    pub fn finish(&mut self, reason: &'static str) -> u64 {
         self.engine.finish();
         self.records.flush();
+        self.board.end_session(reason);
         self.records.written()
     }
 }

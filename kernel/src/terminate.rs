@@ -63,6 +63,7 @@ pub fn install(board: Arc<StatusBoard>, grace: Duration) -> std::io::Result<()> 
             if !board.settle_until(Instant::now() + grace + Duration::from_secs(1)) {
                 tracing::warn!("not every record could be written before exiting");
             }
+            board.end_session("signal");
             // SAFETY: restoring the default action; no handler of ours runs concurrently.
             unsafe {
                 let _ = signal(sig, SigHandler::SigDfl);

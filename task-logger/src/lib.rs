@@ -22,7 +22,8 @@ pub use reader::{
     context_path, last_context, load_context, read_records, save_context, ReadOutcome, SkippedLine,
 };
 pub use record::{
-    ContextRecord, EventRecord, ExecutionRecord, ImageRecord, RecordHead, FORMAT_VERSION,
-    RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
+    ContextRecord, EventRecord, ExecutionRecord, ImageRecord, RecordHead, SessionLimits,
+    SessionRecord, FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
+    RECORD_TYPE_SESSION,
 };
 pub use writer::{LogError, TaskLog};

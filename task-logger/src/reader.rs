@@ -5,8 +5,8 @@
 //! without `\n` (a write in progress) is skipped too.
 
 use crate::record::{
-    ContextRecord, EventRecord, ExecutionRecord, FORMAT_VERSION, RECORD_TYPE_CONTEXT,
-    RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
+    ContextRecord, EventRecord, ExecutionRecord, SessionRecord, FORMAT_VERSION,
+    RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION, RECORD_TYPE_SESSION,
 };
 use std::io;
 use std::path::Path;
@@ -29,6 +29,8 @@ pub struct ReadOutcome {
     pub events: Vec<EventRecord<'static>>,
     /// The context records, in file order.
     pub contexts: Vec<ContextRecord<'static>>,
+    /// The session records, in file order.
+    pub sessions: Vec<SessionRecord<'static>>,
     /// Lines that were not returned, with the reason.
     pub skipped: Vec<SkippedLine>,
 }
@@ -96,7 +98,12 @@ pub fn parse_records(bytes: &[u8]) -> ReadOutcome {
                     {
                         out.contexts.push(c)
                     }
-                    _ => out.skipped.push(skip(format!("not a record: {e}"))),
+                    _ => match serde_json::from_slice::<SessionRecord<'static>>(line) {
+                        Ok(s) if s.kind == RECORD_TYPE_SESSION && s.version <= FORMAT_VERSION => {
+                            out.sessions.push(s)
+                        }
+                        _ => out.skipped.push(skip(format!("not a record: {e}"))),
+                    },
                 },
             },
         }

@@ -5,7 +5,7 @@
 //!
 //! | field | type | meaning |
 //! | --- | --- | --- |
-//! | `type` | string | `"execution"` (other types may come later; skip what you do not know) |
+//! | `type` | string | `"execution"` (other types: `event`, `context`, `session`; skip what you do not know) |
 //! | `version` | int | format version, [`FORMAT_VERSION`] |
 //! | `plan_id`, `task_id` | string | from `FLOW_PLAN_ID` / `FLOW_TASK_ID` (defaults `local` / `adhoc`), unaltered |
 //! | `task_name` | string or null | `FLOW_TASK_NAME` |
@@ -36,6 +36,11 @@
 //! execution record, so that a reader can follow a plan's events without parsing cells:
 //! `type`, `version`, `plan_id`, `task_id`, `task_name`, `session_id`, `execution_count`, and
 //! the event's `seq`, `name`, `data` (a JSON object), `timestamp`, `step` (string or null).
+//!
+//! # Session records (`type: "session"`)
+//! A kernel writes one when it starts (`event: "start"`) and one when it ends (`event:
+//! "end"`): see [`SessionRecord`]. Context records (`type: "context"`): [`ContextRecord`].
+//! The JSON Schema of every record type is in `docs/schema/`.
 //!
 //! Compatibility rule: fields are only ever added within a version; a reader must ignore
 //! fields it does not know. Removing or changing the meaning of a field bumps `version`.
@@ -181,6 +186,84 @@ pub struct ImageRecord {
 
 /// The `type` of a context record.
 pub const RECORD_TYPE_CONTEXT: &str = "context";
+/// The `type` of a session record.
+pub const RECORD_TYPE_SESSION: &str = "session";
+
+/// A kernel's start (`event: "start"`) or end (`event: "end"`): what ran the task's cells.
+/// A kernel that ran no cell still leaves both.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionRecord<'a> {
+    /// `"session"`.
+    #[serde(rename = "type")]
+    pub kind: Cow<'a, str>,
+    /// [`FORMAT_VERSION`] when written.
+    pub version: u32,
+    /// The Flow plan id.
+    pub plan_id: Cow<'a, str>,
+    /// The Flow task id.
+    pub task_id: Cow<'a, str>,
+    /// The Flow task name, if given.
+    pub task_name: Option<Cow<'a, str>>,
+    /// Unique id of the kernel run.
+    pub session_id: Cow<'a, str>,
+    /// `start` or `end`.
+    pub event: Cow<'a, str>,
+    /// When, UTC ISO 8601 with milliseconds and `Z`.
+    pub timestamp: Cow<'a, str>,
+    /// The flowrepl version.
+    pub kernel_version: Cow<'a, str>,
+    /// `sys.version` of the session's Python.
+    pub python_version: Cow<'a, str>,
+    /// `sys.executable`.
+    pub python_executable: Cow<'a, str>,
+    /// Why that interpreter (`flag`, `virtual_env`, `own_venv`, `path`, `build`).
+    pub python_source: Cow<'a, str>,
+    /// `in_process` or `worker`.
+    pub mode: Cow<'a, str>,
+    /// `jsonrpc`, `mcp` or `dropin`.
+    pub front: Cow<'a, str>,
+    /// The kernel's process id.
+    pub pid: u32,
+    /// Worker mode: the worker's process id at that moment.
+    #[serde(default)]
+    pub worker_pid: Option<u32>,
+    /// The limits in force.
+    pub limits: SessionLimits,
+    /// At the end: `eof` (stdin closed), `shutdown`, `signal` (SIGTERM/SIGHUP), `error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Cow<'a, str>>,
+    /// At the end: cells run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cells: Option<u64>,
+    /// At the end: cells that failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failures: Option<u64>,
+    /// At the end: how long the kernel ran, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<f64>,
+}
+
+/// The limits of a session, as configured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionLimits {
+    /// Default cell timeout, ms.
+    pub timeout_ms: u64,
+    /// Output kept per stream and cell, bytes.
+    pub max_output_bytes: u64,
+    /// Longest request line, bytes.
+    pub max_request_bytes: u64,
+    /// Time a cell has to stop after SIGINT, ms.
+    pub kill_grace_ms: u64,
+    /// Worker mode: address-space limit, MB.
+    #[serde(default)]
+    pub memory_mb: Option<u64>,
+    /// Worker mode: CPU seconds per cell.
+    #[serde(default)]
+    pub cpu_seconds: Option<u64>,
+    /// Worker mode: RLIMIT_NPROC.
+    #[serde(default)]
+    pub max_procs: Option<u64>,
+}
 
 /// The task's context after a change (`flow.context.update`): the whole new context. A kernel
 /// started later for the same task starts from the last one. `type` is its first field, so

@@ -3,6 +3,7 @@
 //! JSON-RPC message as it arrives, so every test also checks that stdout stays clean.
 
 pub mod mcp;
+pub mod schema;
 
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -363,6 +364,11 @@ impl Drop for Kernel {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Every record the kernel wrote matches the published schema (not while a failing
+        // test unwinds: its own message matters more).
+        if !std::thread::panicking() {
+            schema::validate_logs(&self.log_dir);
+        }
     }
 }
 

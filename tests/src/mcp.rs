@@ -87,6 +87,7 @@ impl Scenario {
         );
         let facts = serde_json::from_str(stdout.lines().last().unwrap_or("{}"))
             .unwrap_or_else(|e| panic!("scenario {name} printed no facts ({e}): {stdout}"));
+        crate::schema::validate_logs(logs.path());
         let log =
             flowrepl_task_logger::task_log_path(logs.path(), "plan-mcp", &format!("task-{name}"));
         (facts, log, logs)

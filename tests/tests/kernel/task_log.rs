@@ -1,7 +1,7 @@
 //! The per-task JSONL log.
 
 use flowrepl_tests::{read_log, Kernel};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -43,9 +43,14 @@ fn one_record_per_call_with_every_field() {
     assert_eq!(e.error_type.as_deref(), Some("ZeroDivisionError"));
     assert_eq!(e.stderr, failed["stderr"].as_str().unwrap());
     assert_eq!(&*recs[2].removed_vars, ["x"]);
-    // Raw lines carry exactly the documented fields.
+    // Raw lines carry exactly the documented fields (the first line is the session's start).
     let line = std::fs::read_to_string(&path).unwrap();
-    let first: Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    let start: Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (&start["type"], &start["event"]),
+        (&json!("session"), &json!("start"))
+    );
+    let first: Value = serde_json::from_str(line.lines().nth(1).unwrap()).unwrap();
     for f in [
         "type",
         "version",
