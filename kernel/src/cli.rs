@@ -126,6 +126,9 @@ pub enum Command {
     /// Serve the same kernel as an MCP server over stdio (tools: execute_code,
     /// restart_session, interrupt, list_variables, read_output).
     Mcp(McpArgs),
+    /// Read the task logs: list tasks, show or follow a task's cells, statistics, the task
+    /// context, export as a script or notebook. Starts no Python.
+    Log(crate::logcmd::LogArgs),
 }
 
 /// Settings of `flowrepl mcp`.

@@ -22,14 +22,27 @@ pub struct Identity {
     pub session_id: String,
 }
 
+fn env_var(k: &str) -> Option<String> {
+    std::env::var_os(k).map(|v| v.to_string_lossy().into_owned())
+}
+
+/// `FLOW_PLAN_ID` (default `local`) and `FLOW_TASK_ID` (default `adhoc`): the task a kernel
+/// started here logs to, and the one `flowrepl log` reads when none is named.
+pub fn plan_and_task_from_env() -> (String, String) {
+    (
+        env_var("FLOW_PLAN_ID").unwrap_or_else(|| "local".into()),
+        env_var("FLOW_TASK_ID").unwrap_or_else(|| "adhoc".into()),
+    )
+}
+
 impl Identity {
     /// Reads the `FLOW_*` variables. Values that are not UTF-8 are converted lossily.
     pub fn from_env() -> Identity {
-        let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
+        let (plan_id, task_id) = plan_and_task_from_env();
         Identity {
-            plan_id: var("FLOW_PLAN_ID").unwrap_or_else(|| "local".into()),
-            task_id: var("FLOW_TASK_ID").unwrap_or_else(|| "adhoc".into()),
-            task_name: var("FLOW_TASK_NAME"),
+            plan_id,
+            task_id,
+            task_name: env_var("FLOW_TASK_NAME"),
             session_id: uuid::Uuid::new_v4().to_string(),
         }
     }
@@ -270,10 +283,10 @@ impl Config {
             max_output_bytes: cli.max_output_bytes,
             python,
             python_source,
-            mcp: cli
-                .command
-                .as_ref()
-                .map(|crate::cli::Command::Mcp(m)| m.clone()),
+            mcp: cli.command.as_ref().and_then(|c| match c {
+                crate::cli::Command::Mcp(m) => Some(m.clone()),
+                crate::cli::Command::Log(_) => None,
+            }),
         })
     }
 }

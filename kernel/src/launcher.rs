@@ -89,6 +89,9 @@ pub fn choose(cli: &Cli) -> Result<Interpreter, flowrepl_pythons::PythonError> {
 /// Runs the launcher: resolve, then `exec` the kernel. Returns only on failure.
 pub fn main() -> ExitCode {
     let cli = Cli::from_args();
+    if let Some(crate::cli::Command::Log(args)) = &cli.command {
+        return crate::logcmd::run(&cli.log_dir, args);
+    }
     let interpreter = match choose(&cli) {
         Ok(i) => i,
         Err(e) => {

@@ -12,6 +12,7 @@
 //! - [`records`]: the task-log record writer thread.
 //! - [`terminate`]: SIGTERM/SIGHUP write every record before the kernel ends.
 //! - [`launcher`]: `flowrepl` picks the interpreter and runs the kernel built for its version.
+//! - [`logcmd`]: `flowrepl log`: the task logs for people, and as JSON.
 //! - [`jsonrpc`]: the JSON-RPC front (request loop, busy-time watcher, reply writer).
 //! - [`mcp`]: the MCP front (`flowrepl mcp`).
 //!
@@ -31,6 +32,7 @@ pub mod engine;
 pub mod events;
 pub mod jsonrpc;
 pub mod launcher;
+pub mod logcmd;
 pub mod mcp;
 pub mod records;
 pub mod session;
@@ -41,6 +43,9 @@ use std::process::ExitCode;
 /// Runs the kernel until `shutdown` or EOF. Exit codes: 0 after shutdown/EOF, 1 when Python
 /// or the protocol channel fails, 2 for a configuration error.
 pub fn run(cli: cli::Cli) -> ExitCode {
+    if let Some(cli::Command::Log(args)) = &cli.command {
+        return logcmd::run(&cli.log_dir, args);
+    }
     let stdio = match flowrepl_worker::stdio::take_protocol_stdio() {
         Ok(s) => s,
         Err(e) => {

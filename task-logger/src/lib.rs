@@ -19,7 +19,8 @@ pub mod writer;
 
 pub use path::{safe_component, task_log_path};
 pub use reader::{
-    context_path, last_context, load_context, read_records, save_context, ReadOutcome, SkippedLine,
+    context_path, for_each_line, last_context, load_context, parse_line, read_records,
+    save_context, ReadOutcome, Record, SkippedLine,
 };
 pub use record::{
     ContextRecord, EventRecord, ExecutionRecord, ImageRecord, RecordHead, SessionLimits,

@@ -41,74 +41,124 @@ pub fn read_records(path: &Path) -> io::Result<ReadOutcome> {
     Ok(parse_records(&bytes))
 }
 
+/// One record of a known type, owned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Record {
+    /// `type: "execution"`.
+    Execution(Box<ExecutionRecord<'static>>),
+    /// `type: "event"`.
+    Event(Box<EventRecord<'static>>),
+    /// `type: "context"`.
+    Context(Box<ContextRecord<'static>>),
+    /// `type: "session"`.
+    Session(Box<SessionRecord<'static>>),
+}
+
+/// Parses one line (without its `\n`): a record, or why it is not one this reader returns
+/// (not JSON, an unknown type, a newer format version).
+pub fn parse_line(line: &[u8]) -> Result<Record, String> {
+    #[derive(serde::Deserialize)]
+    struct Peek<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: std::borrow::Cow<'a, str>,
+        #[serde(default)]
+        version: u32,
+    }
+    // The type first: one small parse that ignores the rest, then the record of that type.
+    let peek: Peek<'_> = serde_json::from_slice(line).map_err(|e| format!("not a record: {e}"))?;
+    if peek.version > FORMAT_VERSION {
+        return Err(format!(
+            "format version {} is newer than {FORMAT_VERSION}",
+            peek.version
+        ));
+    }
+    let bad = |e: serde_json::Error| format!("not a valid {} record: {e}", peek.kind);
+    Ok(match &*peek.kind {
+        RECORD_TYPE_EXECUTION => Record::Execution(Box::new(into_owned(
+            serde_json::from_slice::<ExecutionRecord<'_>>(line).map_err(bad)?,
+        ))),
+        RECORD_TYPE_EVENT => Record::Event(Box::new(serde_json::from_slice(line).map_err(bad)?)),
+        RECORD_TYPE_CONTEXT => {
+            Record::Context(Box::new(serde_json::from_slice(line).map_err(bad)?))
+        }
+        RECORD_TYPE_SESSION => {
+            Record::Session(Box::new(serde_json::from_slice(line).map_err(bad)?))
+        }
+        other => return Err(format!("record type {other:?}")),
+    })
+}
+
+/// Calls `f(line_number, line)` for every complete line of `reader` (without its `\n`),
+/// reading 1 MiB at a time (a line may be longer). Returns the number of a last line that
+/// has no `\n` (a write in progress, or a torn write), which `f` does not see.
+pub fn for_each_line(
+    mut reader: impl std::io::Read,
+    mut f: impl FnMut(usize, &[u8]),
+) -> io::Result<Option<usize>> {
+    let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
+    let mut start = 0; // where the current line begins in buf
+    let mut line_no = 0;
+    loop {
+        if start > 0 && start * 2 >= buf.len() {
+            buf.drain(..start);
+            start = 0;
+        }
+        let len = buf.len();
+        buf.resize(len + (1 << 20), 0);
+        let n = loop {
+            match reader.read(&mut buf[len..]) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => break r,
+            }
+        };
+        let n = n.inspect_err(|_| buf.truncate(len))?;
+        buf.truncate(len + n);
+        if n == 0 {
+            let rest = &buf[start..];
+            return Ok((!rest.iter().all(u8::is_ascii_whitespace)).then_some(line_no + 1));
+        }
+        let mut search = len.max(start);
+        while let Some(i) = memchr::memchr(b'\n', &buf[search..]) {
+            let end = search + i;
+            line_no += 1;
+            f(line_no, &buf[start..end]);
+            start = end + 1;
+            search = start;
+        }
+    }
+}
+
 /// Parses the contents of a log.
 pub fn parse_records(bytes: &[u8]) -> ReadOutcome {
     let mut out = ReadOutcome::default();
-    let mut rest = bytes;
-    let mut line_no = 0;
-    while !rest.is_empty() {
-        line_no += 1;
-        let (line, complete) = match rest.iter().position(|&b| b == b'\n') {
-            Some(i) => {
-                let line = &rest[..i];
-                rest = &rest[i + 1..];
-                (line, true)
-            }
-            None => {
-                let line = rest;
-                rest = &[];
-                (line, false)
-            }
-        };
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let skip = |reason: String| SkippedLine {
-            line: line_no,
-            reason,
-        };
-        if !complete {
-            out.skipped.push(skip("incomplete last line".into()));
-            continue;
-        }
-        let newer = |version: u32| {
-            skip(format!(
-                "format version {version} is newer than {FORMAT_VERSION}"
-            ))
-        };
-        match serde_json::from_slice::<ExecutionRecord<'_>>(line) {
-            Ok(rec) if rec.kind != RECORD_TYPE_EXECUTION => out
-                .skipped
-                .push(skip(format!("record type {:?}", rec.kind))),
-            Ok(rec) if rec.version > FORMAT_VERSION => out.skipped.push(newer(rec.version)),
-            Ok(rec) => out.records.push(into_owned(rec)),
-            Err(e) => match serde_json::from_slice::<EventRecord<'static>>(line) {
-                Ok(ev)
-                    if ev.head.kind == RECORD_TYPE_EVENT && ev.head.version <= FORMAT_VERSION =>
-                {
-                    out.events.push(ev)
-                }
-                Ok(ev) if ev.head.kind == RECORD_TYPE_EVENT => {
-                    out.skipped.push(newer(ev.head.version))
-                }
-                _ => match serde_json::from_slice::<ContextRecord<'static>>(line) {
-                    Ok(c)
-                        if c.head.kind == RECORD_TYPE_CONTEXT
-                            && c.head.version <= FORMAT_VERSION =>
-                    {
-                        out.contexts.push(c)
-                    }
-                    _ => match serde_json::from_slice::<SessionRecord<'static>>(line) {
-                        Ok(s) if s.kind == RECORD_TYPE_SESSION && s.version <= FORMAT_VERSION => {
-                            out.sessions.push(s)
-                        }
-                        _ => out.skipped.push(skip(format!("not a record: {e}"))),
-                    },
-                },
-            },
-        }
+    let torn = for_each_line(bytes, |line_no, line| out.take(line_no, line))
+        .expect("reading from memory cannot fail");
+    if let Some(line) = torn {
+        out.skipped.push(SkippedLine {
+            line,
+            reason: "incomplete last line".into(),
+        });
     }
     out
+}
+
+impl ReadOutcome {
+    /// Adds line `line_no` of a log.
+    fn take(&mut self, line_no: usize, line: &[u8]) {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return;
+        }
+        match parse_line(line) {
+            Ok(Record::Execution(r)) => self.records.push(*r),
+            Ok(Record::Event(r)) => self.events.push(*r),
+            Ok(Record::Context(r)) => self.contexts.push(*r),
+            Ok(Record::Session(r)) => self.sessions.push(*r),
+            Err(reason) => self.skipped.push(SkippedLine {
+                line: line_no,
+                reason,
+            }),
+        }
+    }
 }
 
 /// The file next to a task log that holds its current context: `<task>.context.json`.

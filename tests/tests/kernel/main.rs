@@ -9,6 +9,7 @@ mod flow;
 mod interrupt;
 mod isolation;
 mod limits;
+mod log_cli;
 mod mcp;
 mod protocol;
 mod python_env;
