@@ -8,6 +8,7 @@
 //! - [`kernel`]: the JSON-RPC kernel in-process against the raw pipe and a plain Python REPL.
 //! - [`worker`]: worker mode.
 //! - [`flow`]: the cost of `flow.event` inside a cell.
+//! - [`logging`]: the task log's cost per cell.
 //! - [`versions`]: every Python version the build serves.
 //! - [`ab`]: an interleaved A/B against another kernel build (`--baseline`).
 
@@ -15,6 +16,7 @@ mod ab;
 mod echo;
 mod flow;
 mod kernel;
+mod logging;
 mod peer;
 mod stats;
 mod versions;
@@ -46,6 +48,9 @@ pub struct Args {
     /// Only the table of every Python version the build serves.
     #[arg(long)]
     pub versions: bool,
+    /// Only the task log's cost per cell.
+    #[arg(long)]
+    pub logging: bool,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -75,11 +80,13 @@ fn main() {
     match &args.baseline {
         Some(old) => ab::run(&args, old, &logs),
         None if args.versions => versions::run(&args, &logs),
+        None if args.logging => logging::run(&args, &logs),
         None => {
             let python = peer::real_python();
             let anchors = kernel::run(&args, &python, &logs);
             worker::run(&args, &python, &logs, &anchors);
             flow::run(&args, &logs);
+            logging::run(&args, &logs);
             versions::run(&args, &logs);
         }
     }

@@ -62,6 +62,10 @@ pub struct Cli {
     #[arg(global = true, long)]
     pub worker: bool,
 
+    /// Write no task log (no records, and the task context is not saved).
+    #[arg(global = true, long, env = "FLOWREPL_NO_LOG")]
+    pub no_log: bool,
+
     /// After SIGINT (timeout or interrupt), how long a cell has to stop, in milliseconds.
     /// Then worker mode kills the worker's process group; in-process mode (which cannot kill
     /// the cell) answers the request with `CellNotStopped`.

@@ -61,6 +61,8 @@ pub struct Config {
     pub max_request_bytes: usize,
     /// Output limit per stream and cell.
     pub max_output_bytes: u64,
+    /// Whether records are written (`--no-log` turns it off).
+    pub logging: bool,
     /// The python to emulate.
     pub python: PathBuf,
     /// Why it was chosen.
@@ -281,6 +283,7 @@ impl Config {
             }),
             max_request_bytes,
             max_output_bytes: cli.max_output_bytes,
+            logging: !cli.no_log,
             python,
             python_source,
             mcp: cli.command.as_ref().and_then(|c| match c {

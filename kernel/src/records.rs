@@ -55,6 +55,8 @@ struct Shared {
     log: Mutex<TaskLog>,
     identity: Identity,
     mode: Mode,
+    /// `--no-log`: nothing is written.
+    disabled: bool,
 }
 
 /// Records with more text than this go to the writer thread.
@@ -75,18 +77,28 @@ pub struct RecordWriter {
 }
 
 impl RecordWriter {
-    /// Starts the writer for `path`. Opens the log at once so that an unusable location is
-    /// reported at start (on stderr) and in the first result.
-    pub fn start(path: PathBuf, identity: Identity, mode: Mode) -> std::io::Result<RecordWriter> {
+    /// Starts the writer for `path` (`None`: `--no-log`, nothing is ever written). Opens
+    /// the log at once so that an unusable location is reported at start (on stderr) and in
+    /// the first result.
+    pub fn start(
+        path: Option<PathBuf>,
+        identity: Identity,
+        mode: Mode,
+    ) -> std::io::Result<RecordWriter> {
+        let disabled = path.is_none();
+        let path = path.unwrap_or_default();
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             drained: Condvar::new(),
             log: Mutex::new(TaskLog::new(path.clone())),
             identity,
             mode,
+            disabled,
         });
         let mut probe = TaskLog::new(path.clone());
-        if let Err(e) = probe.open() {
+        if disabled {
+            tracing::info!("--no-log: no task log is written");
+        } else if let Err(e) = probe.open() {
             let msg = chain(&e);
             tracing::warn!(error = %msg, "task log unavailable; cells will run and logging will be retried");
             shared.lock().broken = Some(msg);
@@ -112,6 +124,9 @@ impl RecordWriter {
     /// Before a reply: moves warnings about earlier records into `warnings`, and says whether
     /// this cell's record can be written (if not, adds a warning saying so).
     pub fn check(&mut self, warnings: &mut Vec<String>) -> bool {
+        if self.shared.disabled {
+            return false;
+        }
         let mut st = self.shared.lock();
         warnings.append(&mut st.deferred);
         if st.broken.is_none() {
@@ -207,6 +222,9 @@ impl Flusher {
     /// Writes a session record after every record queued so far (they are small and rare:
     /// written on the calling thread). Failures are reported on stderr.
     pub fn write_session(&self, record: &SessionRecord<'_>) {
+        if self.0.disabled {
+            return;
+        }
         self.flush();
         let mut log = self.0.log.lock().unwrap_or_else(|p| p.into_inner());
         match log.append(record) {

@@ -193,7 +193,11 @@ impl Session {
         approvals: Arc<Approvals>,
     ) -> io::Result<Session> {
         let mode = engine.mode();
-        let records = RecordWriter::start(config.log_file.clone(), config.identity.clone(), mode)?;
+        let records = RecordWriter::start(
+            config.logging.then(|| config.log_file.clone()),
+            config.identity.clone(),
+            mode,
+        )?;
         let Identity {
             plan_id,
             task_id,
