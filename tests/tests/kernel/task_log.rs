@@ -266,3 +266,51 @@ fn large_and_small_records_stay_in_order() {
     assert_eq!(counts, (1..=40).collect::<Vec<_>>());
     assert!(recs.iter().step_by(3).all(|r| r.stdout.len() == 300_001));
 }
+
+/// A kernel leaves a start and an end record even when it runs no cell, and the end says why
+/// it ended: EOF, `shutdown`, or SIGTERM.
+#[test]
+fn session_records_bracket_every_kernel_run() {
+    use flowrepl_tests::MODES;
+    let sessions =
+        |dir: &Path| flowrepl_tests::read_log_all(&dir.join("local/adhoc.jsonl")).sessions;
+    for mode in MODES {
+        // No cell, stdin closed.
+        let logs = tempfile::tempdir().unwrap();
+        let mut k = Kernel::options().mode(mode).log_dir(logs.path()).start();
+        assert!(k.close().success());
+        let s = sessions(logs.path());
+        assert_eq!(s.len(), 2, "{mode}: {s:?}");
+        assert_eq!((&*s[0].event, &*s[1].event), ("start", "end"), "{mode}");
+        assert_eq!(s[1].reason.as_deref(), Some("eof"), "{mode}");
+        assert_eq!((s[1].cells, s[1].failures), (Some(0), Some(0)), "{mode}");
+        assert_eq!(s[0].mode, mode, "{mode}");
+        assert_eq!(s[0].front, "jsonrpc");
+        assert_eq!(s[0].limits.kill_grace_ms, 2000);
+        assert_eq!(s[0].session_id, s[1].session_id);
+        // shutdown after a failing cell.
+        let logs = tempfile::tempdir().unwrap();
+        let mut k = Kernel::options().mode(mode).log_dir(logs.path()).start();
+        k.execute("1/0");
+        k.call("shutdown", Value::Null);
+        assert!(k.wait().success());
+        let s = sessions(logs.path());
+        assert_eq!(s[1].reason.as_deref(), Some("shutdown"), "{mode}");
+        assert_eq!((s[1].cells, s[1].failures), (Some(1), Some(1)), "{mode}");
+        // SIGTERM.
+        let logs = tempfile::tempdir().unwrap();
+        let k = Kernel::options().mode(mode).log_dir(logs.path()).start();
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(k.pid() as i32, libc::SIGTERM) };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while sessions(logs.path()).len() < 2 && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let s = sessions(logs.path());
+        assert_eq!(
+            s.last().unwrap().reason.as_deref(),
+            Some("signal"),
+            "{mode}: {s:?}"
+        );
+    }
+}
