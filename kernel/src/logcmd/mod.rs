@@ -342,9 +342,10 @@ impl Skips {
     }
 }
 
-/// Calls `f` for every record of `file`, in order, reporting what it skips. An unreadable
-/// file is reported and counts as empty. Returns the number of lines skipped.
-fn each_record(file: &Path, mut f: impl FnMut(Record)) -> usize {
+/// Calls `f` for every non-blank complete line of `file`, with its number and a [`Skips`]
+/// to report a line the caller cannot use; reports an unreadable file, a torn last line and
+/// a read error itself. Returns the number of lines skipped.
+fn each_line(file: &Path, mut f: impl FnMut(usize, &[u8], &mut Skips)) -> usize {
     let reader = match std::fs::File::open(file) {
         Ok(r) => r,
         Err(e) => {
@@ -354,12 +355,8 @@ fn each_record(file: &Path, mut f: impl FnMut(Record)) -> usize {
     };
     let mut skips = Skips::default();
     let torn = for_each_line(reader, |no, line| {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            return;
-        }
-        match parse_line(line) {
-            Ok(r) => f(r),
-            Err(why) => skips.skip(file, no, &why),
+        if !line.iter().all(u8::is_ascii_whitespace) {
+            f(no, line, &mut skips);
         }
     });
     match torn {
@@ -369,6 +366,15 @@ fn each_record(file: &Path, mut f: impl FnMut(Record)) -> usize {
     }
     skips.finish(file);
     skips.count
+}
+
+/// Calls `f` for every record of `file`, in order, reporting what it skips. An unreadable
+/// file is reported and counts as empty. Returns the number of lines skipped.
+fn each_record(file: &Path, mut f: impl FnMut(Record)) -> usize {
+    each_line(file, |no, line, skips| match parse_line(line) {
+        Ok(r) => f(r),
+        Err(why) => skips.skip(file, no, &why),
+    })
 }
 
 /// Prints a JSON document on stdout.

@@ -4,7 +4,7 @@
 //! cell for the percentiles.
 
 use super::table::{head, ms, paint, table, Colour};
-use super::{print_json, scoped_files, LogCmdError, Read, Scope, Skips};
+use super::{each_line, print_json, scoped_files, LogCmdError, Read, Scope};
 use flowrepl_task_logger::FORMAT_VERSION;
 use serde::Deserialize;
 use serde_json::json;
@@ -54,18 +54,7 @@ pub(super) struct Light<'a> {
 /// Calls `f` for every record of `file` in the light view, reporting skipped lines. Returns
 /// the number of lines skipped.
 pub(super) fn each_light(file: &Path, mut f: impl FnMut(&Light<'_>)) -> usize {
-    let reader = match std::fs::File::open(file) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("flowrepl log: {}: cannot read: {e}", file.display());
-            return 0;
-        }
-    };
-    let mut skips = Skips::default();
-    let torn = flowrepl_task_logger::for_each_line(reader, |no, line| {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            return;
-        }
+    each_line(file, |no, line, skips| {
         match serde_json::from_slice::<Light<'_>>(line) {
             Ok(r) if r.version > FORMAT_VERSION => skips.skip(
                 file,
@@ -78,14 +67,7 @@ pub(super) fn each_light(file: &Path, mut f: impl FnMut(&Light<'_>)) -> usize {
             Ok(r) => f(&r),
             Err(e) => skips.skip(file, no, &format!("not a record: {e}")),
         }
-    });
-    match torn {
-        Ok(Some(no)) => skips.skip(file, no, "incomplete last line"),
-        Ok(None) => {}
-        Err(e) => eprintln!("flowrepl log: {}: reading stopped: {e}", file.display()),
-    }
-    skips.finish(file);
-    skips.count
+    })
 }
 
 /// How many slowest cells a summary names.
