@@ -98,6 +98,10 @@ pub struct WorkerHello {
     /// Its interpreter (fields at the top level).
     #[serde(flatten)]
     pub python: crate::PythonInfo,
+    /// Where the first cell's stdout and stderr start in the capture files the kernel handed
+    /// over (see [`DoneReport::capture_ends`]).
+    #[serde(default)]
+    pub capture_starts: [u64; 2],
 }
 
 /// A cell's end as the worker reports it: everything but stdout and stderr, which came as
@@ -112,6 +116,10 @@ pub struct DoneReport {
     /// Figures and rich values (only when the worker collects them: `--max-images` > 0).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<Image>,
+    /// Where the next cell's stdout and stderr start in the capture files: if the worker dies
+    /// during that cell, the kernel reads what it had not yet received from there.
+    #[serde(default)]
+    pub capture_ends: [u64; 2],
 }
 
 /// The answer to a Variables frame.
@@ -612,6 +620,7 @@ mod tests {
                 },
                 data: "AAAA".into(),
             }],
+            capture_ends: [10, 20],
         }
     }
 

@@ -110,8 +110,11 @@ pub fn punch_hole(fd: BorrowedFd<'_>, start: u64, end: u64) -> io::Result<()> {
 }
 
 impl Stream {
-    fn install(name: &CStr, target: RawFd) -> io::Result<Stream> {
-        let memfd = memfd_create(name, MFdFlags::MFD_CLOEXEC)?;
+    fn install(name: &CStr, target: RawFd, given: Option<OwnedFd>) -> io::Result<Stream> {
+        let memfd = match given {
+            Some(fd) => fd,
+            None => memfd_create(name, MFdFlags::MFD_CLOEXEC)?,
+        };
         // O_APPEND on the shared open file description: every writer (children included)
         // appends, whatever the offset.
         fcntl(&memfd, FcntlArg::F_SETFL(OFlag::O_APPEND))?;
@@ -236,12 +239,22 @@ pub struct Capture {
 }
 
 impl Capture {
-    /// Points fds 1 and 2 at fresh capture files. Call after
-    /// [`crate::stdio::take_protocol_stdio`] has saved the originals.
-    pub fn install() -> io::Result<Capture> {
+    /// Points fds 1 and 2 at capture files: `given` (worker mode: memfds the kernel made and
+    /// keeps, so that it can read what a dying worker had not sent), else fresh ones. Call
+    /// after [`crate::stdio::take_protocol_stdio`] has saved the originals.
+    pub fn install(given: Option<[OwnedFd; 2]>) -> io::Result<Capture> {
+        let [out, err] = match given {
+            Some([o, e]) => [Some(o), Some(e)],
+            None => [None, None],
+        };
         Ok(Capture {
-            stdout: Stream::install(c"flowrepl-stdout", 1)?,
-            stderr: Stream::install(c"flowrepl-stderr", 2)?,
+            stdout: Stream::install(c"flowrepl-stdout", 1, out)?,
+            stderr: Stream::install(c"flowrepl-stderr", 2, err)?,
         })
+    }
+
+    /// The capture files' current read offsets: where the next cell's output starts.
+    pub fn cursors(&self) -> [u64; 2] {
+        [self.stdout.cursor(), self.stderr.cursor()]
     }
 }

@@ -28,6 +28,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::{ffi, intern};
 use std::ffi::{c_int, CStr, CString};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,6 +57,8 @@ pub struct ExecutorConfig {
     /// Where `flow.request_approval` sends its requests; `None`: nobody can be asked (it
     /// returns `None`).
     pub approver: Option<Arc<dyn crate::approval::Approver>>,
+    /// Worker mode: the capture files (stdout, stderr) the kernel made and keeps.
+    pub capture: Option<[Arc<OwnedFd>; 2]>,
 }
 
 /// What a session starts from, before its first cell (and again after an in-process
@@ -202,7 +205,11 @@ impl Executor {
     /// Starts Python on the calling thread and prepares the namespace. Fds 1 and 2 are
     /// captured from here on: save the originals first ([`crate::stdio::take_protocol_stdio`]).
     pub fn start(config: &ExecutorConfig) -> Result<Executor, ExecutorError> {
-        let capture = Capture::install()?;
+        let given = match &config.capture {
+            Some([o, e]) => Some([o.try_clone()?, e.try_clone()?]),
+            None => None,
+        };
+        let capture = Capture::install(given)?;
         interpreter::initialize(&config.python)?;
         let streamer = config.sink.clone().map(|sink| {
             Arc::new(Streamer::new(
@@ -311,6 +318,11 @@ impl Executor {
                 .idle_from(&[exec.capture.stdout.cursor(), exec.capture.stderr.cursor()]);
             Ok(exec)
         })
+    }
+
+    /// Where the next cell's stdout and stderr start in the capture files.
+    pub fn capture_cursors(&self) -> [u64; 2] {
+        self.capture.cursors()
     }
 
     /// A handle other threads use to interrupt the running cell.

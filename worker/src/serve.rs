@@ -60,6 +60,28 @@ pub struct WorkerArgs {
     /// The session's setup ([`SessionSetup`] as JSON).
     #[arg(long, value_name = "JSON", value_parser = parse_setup)]
     pub setup: Option<SessionSetup>,
+    /// Fds 3 and 4 are the capture files for stdout and stderr (memfds the kernel keeps, so
+    /// that it can read what this worker had not sent when it dies).
+    #[arg(long)]
+    pub capture_fds: bool,
+}
+
+/// Takes fds 3 and 4 as the capture files (`--capture-fds`), close-on-exec from now on (the
+/// cells' processes inherit fds 1 and 2 instead).
+fn inherited_capture() -> io::Result<[Arc<std::os::fd::OwnedFd>; 2]> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let take = |fd: i32| -> io::Result<Arc<OwnedFd>> {
+        fcntl(
+            // SAFETY: the kernel's pre-exec code put an open memfd at this fd for us, and
+            // nothing else in this process owns it.
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+            FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC),
+        )?;
+        // SAFETY: as above; from here on this OwnedFd is its only owner.
+        Ok(Arc::new(unsafe { OwnedFd::from_raw_fd(fd) }))
+    };
+    Ok([take(3)?, take(4)?])
 }
 
 fn parse_setup(s: &str) -> Result<SessionSetup, String> {
@@ -241,6 +263,7 @@ fn done_report(o: CellOutcome, cpu_total_ms: f64) -> DoneReport {
         report: o.report,
         cpu_total_ms,
         images: o.images,
+        capture_ends: [0; 2],
     }
 }
 
@@ -267,7 +290,19 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         input: Arc::clone(&input),
         local: Mutex::new(None),
     });
+    let capture = if args.capture_fds {
+        match inherited_capture() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::error!(error = %e, "the capture files the kernel handed over are unusable");
+                return ExitCode::from(1);
+            }
+        }
+    } else {
+        None
+    };
     let config = ExecutorConfig {
+        capture,
         python: args.python.clone(),
         max_output_bytes: args.max_output_bytes,
         sink: Some(channel.clone()),
@@ -289,6 +324,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             &WorkerHello {
                 pid: std::process::id(),
                 python: info,
+                capture_starts: executor.capture_cursors(),
             },
         )
     });
@@ -335,6 +371,7 @@ fn serve(
                     executor.execute(code, Duration::from_millis(timeout_ms), execution_count);
                 crate::sys::block_sigint();
                 let mut rep = done_report(outcome, executor.cpu_total_ms());
+                rep.capture_ends = executor.capture_cursors();
                 channel.with(|buf| {
                     if frame::encode_done(buf, id, &rep).is_err() {
                         if !rep.images.is_empty() {

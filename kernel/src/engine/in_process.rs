@@ -28,6 +28,7 @@ impl InProcess {
             images: config.image_limits(),
             setup: config.setup.clone(),
             approver: Some(Arc::new(InProcessApprover(approvals))),
+            capture: None,
         })?;
         let control = Arc::new(InProcessControl(executor.interrupter()));
         Ok(InProcess { executor, control })

@@ -489,3 +489,53 @@ fn a_cell_without_a_worker_is_worker_unavailable_until_one_can_start() {
     std::fs::copy(&built, &exe).unwrap();
     assert_eq!(k.ok("'ran'")["result"], "'ran'");
 }
+
+/// Output written right before the worker dies arrives whole: what was not yet streamed is
+/// read from the capture files the kernel handed the worker (an `os._exit` right after a
+/// print, a segfault, a large output partly streamed, and one over the output limit).
+#[test]
+fn output_to_the_last_byte_when_the_worker_dies() {
+    let mut k = Kernel::options().worker().start();
+    let r = k.execute(
+        "import os, sys\nprint('before exit', flush=True)\nsys.stderr.write('err line\\n')\nos.write(1, b'raw\\n')\nos._exit(3)",
+    );
+    assert_eq!(r["error"]["type"], "WorkerDied", "{r}");
+    assert_eq!(r["stdout"], "before exit\nraw\n");
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .starts_with("err line\nWorkerDied"),
+        "{r}"
+    );
+    let r = k.execute("import ctypes\nprint('then a segfault', flush=True)\nctypes.string_at(0)");
+    assert_eq!(r["stdout"], "then a segfault\n", "{r}");
+    // 3 MB: some of it streamed while the cell ran, the rest read after the death.
+    let r = k.execute(
+        "import os, time\nfor i in range(30):\n    os.write(1, (str(i % 10) * 99_999 + '\\n').encode())\n    time.sleep(0.004)\nos._exit(1)",
+    );
+    let out = r["stdout"].as_str().unwrap();
+    assert_eq!(out.len(), 3_000_000, "{}", &out[..100]);
+    for (i, line) in out.lines().enumerate() {
+        assert_eq!(line, (i % 10).to_string().repeat(99_999), "line {i}");
+    }
+    // Over the output limit: the head, the marker and the tail, as for a cell that ends.
+    let mut k = Kernel::options()
+        .worker()
+        .env("FLOWREPL_MAX_OUTPUT_BYTES", "65536")
+        .start();
+    let r = k.execute("import os\nos.write(1, b'H' * 100_000 + b'T' * 100_000)\nos._exit(1)");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.starts_with(&"H".repeat(32768)), "{}", &out[..50]);
+    assert!(
+        out.ends_with(&"T".repeat(16384)),
+        "{}",
+        &out[out.len() - 50..]
+    );
+    assert!(
+        out.contains("bytes of output dropped here"),
+        "{}",
+        &out[32760..32900]
+    );
+    assert!(out.len() < 60_000, "{}", out.len());
+}

@@ -191,6 +191,8 @@ pub struct Worker {
     last_cpu_total_ms: f64,
     /// Where the cells' approval requests go.
     approvals: Arc<Approvals>,
+    /// Where the next cell's output starts in the current worker's capture files.
+    capture_next: [u64; 2],
 }
 
 /// What one cell's frames added up to.
@@ -239,6 +241,7 @@ impl Worker {
             send_buf: Vec::with_capacity(4096),
             last_cpu_total_ms: 0.0,
             approvals,
+            capture_next: [0; 2],
         };
         w.ensure_ready()?;
         Ok(w)
@@ -284,6 +287,7 @@ impl Worker {
                             unreachable!("only a starting worker sends Ready");
                         };
                         self.python = hello.python.clone();
+                        self.capture_next = hello.capture_starts;
                         self.state = State::Ready { proc, hello };
                         return Ok(());
                     }
@@ -431,6 +435,49 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// What the running cell wrote that did not arrive as Output frames (`received` bytes per
+    /// stream did), read from the kernel's handle on the capture files of a worker that
+    /// died, with the output limit applied as the worker would have: the kept head, the
+    /// marker, the last quarter.
+    fn unsent_output(&self, received: [usize; 2]) -> [Vec<u8>; 2] {
+        use flowrepl_worker::capture::{drop_marker, file_size, kept_ranges, pread_into};
+        let Some(p) = self.state.process() else {
+            return Default::default();
+        };
+        let max = self.spawn.max_output_bytes;
+        let mut out: [Vec<u8>; 2] = Default::default();
+        for i in 0..2 {
+            let fd = p.capture[i].as_fd();
+            let Ok(size) = file_size(fd) else { continue };
+            let start = self.capture_next[i];
+            let from = start + received[i] as u64;
+            let read = |buf: &mut Vec<u8>, a: u64, b: u64| {
+                if b <= a {
+                    return;
+                }
+                let at = buf.len();
+                buf.resize(at + (b - a) as usize, 0);
+                let mut n = 0;
+                while at + n < buf.len() {
+                    match pread_into(fd, &mut buf[at + n..], a + n as u64) {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => n += k,
+                    }
+                }
+                buf.truncate(at + n);
+            };
+            if size.saturating_sub(start) <= max {
+                read(&mut out[i], from, size);
+            } else {
+                let (head_end, tail_start) = kept_ranges(start, size, max);
+                read(&mut out[i], from, head_end);
+                out[i].extend_from_slice(drop_marker(tail_start - head_end, max).as_bytes());
+                read(&mut out[i], tail_start.max(from), size);
+            }
+        }
+        out
     }
 
     /// Publishes the running cell's output so far to [`WorkerControl::output_tail`].
@@ -695,10 +742,17 @@ impl Engine for Worker {
             st.interrupted_at.take().is_some()
         };
         let elapsed = started.elapsed();
+        if c.done.is_none() {
+            // The worker died: what it wrote and had not sent is still in its capture files.
+            let [out, err] = self.unsent_output([c.stdout.len(), c.stderr.len()]);
+            c.stdout.extend_from_slice(&out);
+            c.stderr.extend_from_slice(&err);
+        }
         let stdout = decode_output(c.stdout, "stdout", &mut warnings);
         let stderr = decode_output(c.stderr, "stderr", &mut warnings);
         if let Some(done) = c.done {
             self.last_cpu_total_ms = done.cpu_total_ms;
+            self.capture_next = done.capture_ends;
             let mut run = self.finished_run(*done, stdout, stderr, interrupted);
             warnings.append(&mut run.outcome.report.warnings);
             run.outcome.report.warnings = warnings;

@@ -14,12 +14,14 @@
 
 use crate::config::Limits;
 use flowrepl_protocol::frame::FrameReader;
+use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::prctl::set_pdeathsig;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::{getpid, getppid, Pid};
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -51,6 +53,9 @@ pub struct WorkerProcess {
     pub to_worker: Arc<Mutex<File>>,
     /// Frames from the worker.
     pub from_worker: FrameReader<File>,
+    /// Its capture files (stdout, stderr): made here and handed over as its fds 3 and 4, so
+    /// that what a dying worker had not sent can still be read.
+    pub capture: [std::os::fd::OwnedFd; 2],
     guard: Option<libc::pid_t>,
     reaped: bool,
 }
@@ -116,6 +121,12 @@ impl WorkerProcess {
             let json = serde_json::to_string(&config.setup).expect("setup serializes");
             cmd.arg("--setup").arg(json);
         }
+        let capture = [
+            memfd_create(c"flowrepl-worker-stdout", MFdFlags::MFD_CLOEXEC)?,
+            memfd_create(c"flowrepl-worker-stderr", MFdFlags::MFD_CLOEXEC)?,
+        ];
+        let capture_raw = [capture[0].as_raw_fd(), capture[1].as_raw_fd()];
+        cmd.arg("--capture-fds");
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(diagnostics.try_clone()?)
@@ -123,10 +134,21 @@ impl WorkerProcess {
         let limits = config.limits;
         let kernel = getpid();
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-        // syscalls (prctl, getppid, getrlimit/setrlimit, _exit) through thin wrappers that
-        // neither allocate nor lock.
+        // syscalls (fcntl, dup2, prctl, getppid, getrlimit/setrlimit, _exit) through thin
+        // wrappers that neither allocate nor lock.
         unsafe {
             cmd.pre_exec(move || {
+                // The capture files at fds 3 and 4 (through high fds first, so that neither
+                // overwrites the other), without close-on-exec.
+                let high = [
+                    libc::fcntl(capture_raw[0], libc::F_DUPFD_CLOEXEC, 100),
+                    libc::fcntl(capture_raw[1], libc::F_DUPFD_CLOEXEC, 100),
+                ];
+                for (fd, target) in high.into_iter().zip([3, 4]) {
+                    if fd < 0 || libc::dup2(fd, target) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
                 set_pdeathsig(Signal::SIGKILL)?;
                 if getppid() != kernel {
                     // The kernel died before the death signal was armed.
@@ -157,6 +179,7 @@ impl WorkerProcess {
             pid,
             to_worker: Arc::new(Mutex::new(to_worker)),
             from_worker,
+            capture,
             guard,
             reaped: false,
         })
