@@ -20,8 +20,8 @@
 use crate::config::Identity;
 use flowrepl_protocol::{ExecuteParams, ExecuteResult, Mode};
 use flowrepl_task_logger::{
-    ContextRecord, EventRecord, ExecutionRecord, LogError, RecordHead, SessionRecord, TaskLog,
-    FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
+    ContextRecord, EventRecord, ExecutionRecord, LogError, RecordHead, SessionRecord, TaskHead,
+    TaskLog, FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
 };
 use flowrepl_worker::sys::chain;
 use std::borrow::Cow;
@@ -331,15 +331,22 @@ fn write_one(shared: &Shared, job: &Job) {
     shared.drained.notify_all();
 }
 
-/// The head of a small record of cell `execution_count`.
-fn head<'a>(id: &'a Identity, kind: &'static str, execution_count: u64) -> RecordHead<'a> {
-    RecordHead {
+/// The first fields of a record of type `kind` of this session.
+pub fn task_head<'a>(id: &'a Identity, kind: &'static str) -> TaskHead<'a> {
+    TaskHead {
         kind: Cow::Borrowed(kind),
         version: FORMAT_VERSION,
         plan_id: Cow::Borrowed(&id.plan_id),
         task_id: Cow::Borrowed(&id.task_id),
         task_name: id.task_name.as_deref().map(Cow::Borrowed),
         session_id: Cow::Borrowed(&id.session_id),
+    }
+}
+
+/// The head of a small record of cell `execution_count`.
+fn head<'a>(id: &'a Identity, kind: &'static str, execution_count: u64) -> RecordHead<'a> {
+    RecordHead {
+        task: task_head(id, kind),
         execution_count,
     }
 }

@@ -16,7 +16,7 @@ use flowrepl_protocol::{
     InterruptReply, Mode, RestartReply, RpcError, ShutdownReply, StatusInfo, VariableInfo,
     VariablesReply,
 };
-use flowrepl_task_logger::{SessionLimits, SessionRecord, FORMAT_VERSION, RECORD_TYPE_SESSION};
+use flowrepl_task_logger::{SessionLimits, SessionRecord, RECORD_TYPE_SESSION};
 use serde::Serialize;
 use std::borrow::Cow;
 use std::io;
@@ -81,6 +81,8 @@ pub struct StatusBoard {
     started: Instant,
     /// The end record was written.
     ended: std::sync::atomic::AtomicBool,
+    /// Whose records these are.
+    identity: Identity,
     /// Cells whose record was queued (or skipped, when the log is unusable).
     settled: AtomicU64,
     control: Arc<dyn Control>,
@@ -135,12 +137,7 @@ impl StatusBoard {
         let t = &self.template;
         let end = reason.is_some();
         SessionRecord {
-            kind: Cow::Borrowed(RECORD_TYPE_SESSION),
-            version: FORMAT_VERSION,
-            plan_id: Cow::Borrowed(&t.plan_id),
-            task_id: Cow::Borrowed(&t.task_id),
-            task_name: t.task_name.as_deref().map(Cow::Borrowed),
-            session_id: Cow::Borrowed(&t.session_id),
+            head: crate::records::task_head(&self.identity, RECORD_TYPE_SESSION),
             event: Cow::Borrowed(event),
             timestamp: Cow::Owned(Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)),
             kernel_version: Cow::Borrowed(&t.kernel_version),
@@ -228,6 +225,7 @@ impl Session {
             front: config.front(),
             started: Instant::now(),
             ended: std::sync::atomic::AtomicBool::new(false),
+            identity: config.identity.clone(),
             settled: AtomicU64::new(0),
             control: engine.control(),
             flusher: records.flusher(),

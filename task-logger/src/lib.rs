@@ -24,7 +24,7 @@ pub use reader::{
 };
 pub use record::{
     ContextRecord, EventRecord, ExecutionRecord, ImageRecord, RecordHead, SessionLimits,
-    SessionRecord, FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
-    RECORD_TYPE_SESSION,
+    SessionRecord, TaskHead, FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT,
+    RECORD_TYPE_EXECUTION, RECORD_TYPE_SESSION,
 };
 pub use writer::{LogError, TaskLog};

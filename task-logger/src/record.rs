@@ -136,11 +136,9 @@ pub struct ExecutionRecord<'a> {
     pub events: Cow<'a, [Event]>,
 }
 
-/// The fields every record of a cell starts with. The execution record spells them out
-/// itself instead of flattening this: a flattened struct is buffered whole when read, and
-/// execution records can hold megabytes of output.
+/// The fields every record starts with: its type and version, and whose it is.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RecordHead<'a> {
+pub struct TaskHead<'a> {
     /// The record's type.
     #[serde(rename = "type")]
     pub kind: Cow<'a, str>,
@@ -154,6 +152,16 @@ pub struct RecordHead<'a> {
     pub task_name: Option<Cow<'a, str>>,
     /// Unique id of the kernel run.
     pub session_id: Cow<'a, str>,
+}
+
+/// The fields every record of a cell starts with. The execution record spells them out
+/// itself instead of flattening this: a flattened struct is buffered whole when read, and
+/// execution records can hold megabytes of output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordHead<'a> {
+    /// The type, version, plan, task and session.
+    #[serde(flatten)]
+    pub task: TaskHead<'a>,
     /// The cell the record is about.
     pub execution_count: u64,
 }
@@ -193,19 +201,9 @@ pub const RECORD_TYPE_SESSION: &str = "session";
 /// A kernel that ran no cell still leaves both.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionRecord<'a> {
-    /// `"session"`.
-    #[serde(rename = "type")]
-    pub kind: Cow<'a, str>,
-    /// [`FORMAT_VERSION`] when written.
-    pub version: u32,
-    /// The Flow plan id.
-    pub plan_id: Cow<'a, str>,
-    /// The Flow task id.
-    pub task_id: Cow<'a, str>,
-    /// The Flow task name, if given.
-    pub task_name: Option<Cow<'a, str>>,
-    /// Unique id of the kernel run.
-    pub session_id: Cow<'a, str>,
+    /// `type: "session"`, the version, plan, task and session.
+    #[serde(flatten)]
+    pub head: TaskHead<'a>,
     /// `start` or `end`.
     pub event: Cow<'a, str>,
     /// When, UTC ISO 8601 with milliseconds and `Z`.

@@ -411,7 +411,7 @@ fn context(log_dir: &Path, scope: &Scope) -> Result<Read, LogCmdError> {
         print_json(&serde_json::json!({
             "plan_id": plan,
             "task_id": task,
-            "session_id": c.head.session_id,
+            "session_id": c.head.task.session_id,
             "execution_count": c.head.execution_count,
             "timestamp": c.timestamp,
             "context": context,
@@ -420,7 +420,7 @@ fn context(log_dir: &Path, scope: &Scope) -> Result<Read, LogCmdError> {
         println!(
             "# plan {plan}, task {task}: set by cell {} of session {} at {}",
             c.head.execution_count,
-            short_id(&c.head.session_id),
+            short_id(&c.head.task.session_id),
             c.timestamp
         );
         print_json(&context)?;

@@ -61,7 +61,7 @@ impl TaskLog {
             Record::Context(c) => {
                 let ctx = serde_json::from_str(c.context.get()).unwrap_or(Value::Null);
                 if let Some(cell) = self.cells.iter_mut().rev().find(|x| {
-                    x.record.session_id == c.head.session_id
+                    x.record.session_id == c.head.task.session_id
                         && x.record.execution_count == c.head.execution_count
                 }) {
                     cell.contexts.push(ctx);
@@ -103,7 +103,7 @@ pub fn cell_json(c: &Cell) -> Value {
 /// A session record as JSON.
 pub fn session_json(s: &SessionRecord<'_>) -> Value {
     json!({
-        "session_id": s.session_id,
+        "session_id": s.head.session_id,
         "event": s.event,
         "timestamp": s.timestamp,
         "python_version": s.python_version,
@@ -206,7 +206,7 @@ pub fn session_text(s: &SessionRecord<'_>) -> String {
     paint(
         &format!(
             "── session {} {what} at {}",
-            short_id(&s.session_id),
+            short_id(&s.head.session_id),
             s.timestamp
         ),
         Colour::Dim,

@@ -87,11 +87,15 @@ fn events_steps_and_lines_in_order_in_the_result_and_the_log() {
         assert_eq!(log.events.len(), 8, "{mode}");
         for (i, e) in log.events.iter().enumerate() {
             assert_eq!(
-                (&*e.head.plan_id, &*e.head.task_id, e.head.execution_count),
+                (
+                    &*e.head.task.plan_id,
+                    &*e.head.task.task_id,
+                    e.head.execution_count
+                ),
                 ("plan-f", "task-f", 1),
                 "{mode}"
             );
-            assert_eq!(e.head.session_id, log.records[0].session_id, "{mode}");
+            assert_eq!(e.head.task.session_id, log.records[0].session_id, "{mode}");
             assert_eq!(e.event.seq, i as u64 + 1, "{mode}");
         }
         // A cell without events has none, and pays for none.

@@ -309,6 +309,25 @@ fn sh(cwd: &Path, cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Runs `sql` with DuckDB's Python API in `cwd` (the CLI may not be installed); it must
+/// return rows.
+fn duckdb_rows(py: &Path, cwd: &Path, sql: &str) {
+    let out = Command::new(py)
+        .args([
+            "-c",
+            "import sys, duckdb\nrows = duckdb.sql(sys.argv[1]).fetchall()\nassert rows, 'no rows'",
+            sql,
+        ])
+        .current_dir(cwd)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{sql}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The fenced blocks of `lang` in a Markdown file.
 fn blocks(file: &Path, lang: &str) -> Vec<String> {
     let text = std::fs::read_to_string(file).unwrap();
@@ -366,17 +385,7 @@ fn the_documented_queries_run_with_jq_pandas_and_duckdb() {
             {
                 if let Some(q) = line.strip_prefix("duckdb -c \"") {
                     // The DuckDB CLI may not be installed: the same query through its Python API.
-                    let sql = q.trim_end().trim_end_matches('"');
-                    let out = Command::new(&py)
-                        .args(["-c", "import sys, duckdb\nrows = duckdb.sql(sys.argv[1]).fetchall()\nassert rows, 'no rows'", sql])
-                        .current_dir(cwd)
-                        .output()
-                        .unwrap();
-                    assert!(
-                        out.status.success(),
-                        "{sql}\n{}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
+                    duckdb_rows(&py, cwd, q.trim_end().trim_end_matches('"'));
                     ran += 1;
                     continue;
                 }
@@ -405,16 +414,7 @@ fn the_documented_queries_run_with_jq_pandas_and_duckdb() {
                 .filter(|l| !l.starts_with("--"))
                 .collect::<Vec<_>>()
                 .join("\n");
-            let out = Command::new(&py)
-                .args(["-c", "import sys, duckdb\nrows = duckdb.sql(sys.argv[1]).fetchall()\nassert rows, 'no rows'\nprint(rows)", &sql])
-                .current_dir(cwd)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{sql}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            duckdb_rows(&py, cwd, &sql);
             ran += 1;
         }
     }

@@ -287,7 +287,7 @@ fn session_records_bracket_every_kernel_run() {
         assert_eq!(s[0].mode, mode, "{mode}");
         assert_eq!(s[0].front, "jsonrpc");
         assert_eq!(s[0].limits.kill_grace_ms, 2000);
-        assert_eq!(s[0].session_id, s[1].session_id);
+        assert_eq!(s[0].head.session_id, s[1].head.session_id);
         // shutdown after a failing cell.
         let logs = tempfile::tempdir().unwrap();
         let mut k = Kernel::options().mode(mode).log_dir(logs.path()).start();
