@@ -39,7 +39,8 @@ pub type Deliver = Box<dyn FnOnce(ApprovalAnswer) + Send>;
 #[derive(Default)]
 pub struct Approvals {
     asker: Mutex<Option<Arc<dyn Asker>>>,
-    pending: Mutex<HashMap<String, Deliver>>,
+    /// Pending requests: how to deliver the answer, and the question (for progress reports).
+    pending: Mutex<HashMap<String, (Deliver, String)>>,
     /// In-process: answers delivered and not yet taken by the waiting cell.
     answered: Mutex<HashMap<String, ApprovalAnswer>>,
     arrived: Condvar,
@@ -75,7 +76,7 @@ impl Approvals {
     /// A cell asks: `deliver` gets the answer (at once when nobody can be asked).
     pub fn open(self: &Arc<Self>, request: &ApprovalRequest, deliver: Deliver) {
         let id = request.approval_id.clone();
-        lock(&self.pending).insert(id.clone(), deliver);
+        lock(&self.pending).insert(id.clone(), (deliver, request.message.clone()));
         let asker = lock(&self.asker).clone();
         let refused =
             match asker {
@@ -100,7 +101,7 @@ impl Approvals {
     pub fn answer(&self, answer: ApprovalAnswer) -> bool {
         let deliver = lock(&self.pending).remove(&answer.approval_id);
         match deliver {
-            Some(d) => {
+            Some((d, _)) => {
                 tracing::info!(approval_id = %answer.approval_id, outcome = answer.outcome.as_str(), "approval answered");
                 d(answer);
                 true
@@ -118,6 +119,11 @@ impl Approvals {
                 a.withdraw(approval_id);
             }
         }
+    }
+
+    /// The question of a pending request, if a cell waits for one.
+    pub fn waiting_for(&self) -> Option<String> {
+        lock(&self.pending).values().next().map(|(_, m)| m.clone())
     }
 
     /// Cancels every pending request (the client went away, or the worker died).

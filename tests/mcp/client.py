@@ -194,9 +194,17 @@ async def approvals(s, opts):
             break
         await anyio.sleep(0.02)
     assert ASKED[3]["cancelled"], ASKED[3]
-    # An answer after the cell's own timeout: the wait does not count.
-    r = await run_cell(s, "flow.request_approval('slow answer')", timeout_ms=600)
+    # An answer after the cell's own timeout: the wait does not count; progress says why
+    # the cell is waiting.
+    heard = []
+
+    async def on_progress(progress, total, message):
+        heard.append(message or "")
+
+    r = await s.call_tool("execute_code", {"code": "flow.request_approval('slow answer')", "timeout_ms": 600},
+                          progress_callback=on_progress)
     assert not r.is_error and text_of(r).endswith("Out[2]: True"), text_of(r)
+    assert any("waiting for approval: slow answer" in m for m in heard), heard
     # Interrupted while waiting.
     results = {}
 

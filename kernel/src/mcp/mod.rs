@@ -131,7 +131,7 @@ pub struct Shared {
     /// In-process or worker.
     pub mode: flowrepl_protocol::Mode,
     /// The cells' approval requests.
-    approvals: Arc<crate::approvals::Approvals>,
+    pub approvals: Arc<crate::approvals::Approvals>,
     /// Approvals are asked through the client (set at the first `execute_code`).
     asking: std::sync::Once,
 }

@@ -144,7 +144,7 @@ impl KernelServer {
 
     #[tool(
         name = "execute_code",
-        description = "Run Python code in a persistent CPython session, like a notebook cell. Variables, functions and imports persist across calls until restart_session. Returns what the code printed (stdout; stderr under [stderr], with the traceback if it raised) and, if the code ends with an expression, its value as Out[n]. A cell that raises is a result with isError true; the session stays usable. Matplotlib figures left open are returned as PNG images and closed (no plt.show() needed). Output over the budget (20000 characters by default) keeps its head and tail with a marker between them; page through the cut part with read_output using the offset the marker gives. timeout_ms (default 300000) stops a long cell with KeyboardInterrupt; variables survive. There is no stdin (input() gets EOF). Long cells send progress notifications if the call has a progress token; cancelling the call interrupts the cell.",
+        description = "Run Python code in a persistent CPython session, like a notebook cell. Variables, functions and imports persist across calls until restart_session. Returns what the code printed (stdout; stderr under [stderr], with the traceback if it raised) and, if the code ends with an expression, its value as Out[n]. A cell that raises is a result with isError true; the session stays usable. Matplotlib figures left open are returned as PNG images and closed (no plt.show() needed). Output over the budget (20000 characters by default) keeps its head and tail with a marker between them; page through the cut part with read_output using the offset the marker gives. timeout_ms (default 300000) stops a long cell with KeyboardInterrupt; variables survive. There is no stdin (input() gets EOF). Long cells send progress notifications if the call has a progress token; cancelling the call interrupts the cell. In cells, `flow.event(name, **data)` and `with flow.step(name):` report progress (listed after the output), `flow.context` keeps task state across sessions, and `flow.request_approval(message)` asks the user (an elicitation request) and returns True or False.",
         input_schema = schema_for_input::<Parameters<ExecuteArgs>>().expect("an object schema"),
         output_schema = schema::shallow::<McpExecuteResult>(),
         annotations(title = "Run Python", destructive_hint = true, open_world_hint = true)
@@ -214,6 +214,8 @@ impl KernelServer {
                     let elapsed = started.elapsed().as_secs_f64();
                     let mut message = if ticket.is_queued() {
                         format!("waiting {elapsed:.0} s for the previous call to finish")
+                    } else if let Some(q) = self.shared.approvals.waiting_for() {
+                        format!("running for {elapsed:.0} s, waiting for approval: {q}")
                     } else {
                         format!("running for {elapsed:.0} s")
                     };
