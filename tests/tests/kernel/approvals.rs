@@ -15,6 +15,11 @@ fn send(k: &mut Kernel, id: u64, method: &str, params: Value) {
     k.send_raw(&line);
 }
 
+/// Starts a cell (request `id`) without waiting for its reply.
+fn start_cell(k: &mut Kernel, id: u64, code: &str) {
+    send(k, id, "execute_code", json!({ "code": code }));
+}
+
 /// The next message, which must be the `approval_requested` notification; its params.
 fn requested(k: &mut Kernel) -> Value {
     let n = k.recv();
@@ -72,11 +77,10 @@ fn approved_and_declined_answers_arrive_while_the_cell_waits_past_its_timeout() 
         let late = k.call("approve", json!({"approval_id": id, "approved": false}));
         assert_eq!(late["result"], json!({"accepted": false}), "{mode}");
 
-        send(
+        start_cell(
             &mut k,
             101,
-            "execute_code",
-            json!({"code": "with flow.step('ship'):\n    no = flow.request_approval('Really?')\nno"}),
+            "with flow.step('ship'):\n    no = flow.request_approval('Really?')\nno",
         );
         let id = requested(&mut k)["approval_id"]
             .as_str()
@@ -123,12 +127,7 @@ fn approved_and_declined_answers_arrive_while_the_cell_waits_past_its_timeout() 
 fn a_wait_ends_by_timeout_s_or_interrupt_and_the_session_goes_on() {
     for mode in MODES {
         let mut k = Kernel::options().mode(mode).start();
-        send(
-            &mut k,
-            100,
-            "execute_code",
-            json!({"code": "kept = 7\ntry:\n    flow.request_approval('ok?', timeout_s=0.3)\nexcept flow.ApprovalCancelled as e:\n    print('cancelled:', e)\nimport flowrepl\nflowrepl.ApprovalCancelled is flow.ApprovalCancelled"}),
-        );
+        start_cell(&mut k, 100, "kept = 7\ntry:\n    flow.request_approval('ok?', timeout_s=0.3)\nexcept flow.ApprovalCancelled as e:\n    print('cancelled:', e)\nimport flowrepl\nflowrepl.ApprovalCancelled is flow.ApprovalCancelled");
         requested(&mut k);
         let r = k.recv()["result"].clone();
         assert_eq!(r["success"], true, "{mode}: {r:#}");
@@ -137,12 +136,7 @@ fn a_wait_ends_by_timeout_s_or_interrupt_and_the_session_goes_on() {
         assert_eq!(statuses(&r), ["requested", "timed_out"], "{mode}");
 
         // Interrupted while waiting: KeyboardInterrupt, state kept, the request withdrawn.
-        send(
-            &mut k,
-            101,
-            "execute_code",
-            json!({"code": "flow.request_approval('wait for me')"}),
-        );
+        start_cell(&mut k, 101, "flow.request_approval('wait for me')");
         let id = requested(&mut k)["approval_id"]
             .as_str()
             .unwrap()
@@ -186,12 +180,7 @@ fn a_wait_ends_by_timeout_s_or_interrupt_and_the_session_goes_on() {
 fn closing_stdin_cancels_the_wait_and_the_cell_is_logged() {
     for mode in MODES {
         let mut k = Kernel::options().mode(mode).start();
-        send(
-            &mut k,
-            100,
-            "execute_code",
-            json!({"code": "try:\n    flow.request_approval('anyone?')\nexcept flow.ApprovalCancelled as e:\n    print('cancelled:', e)"}),
-        );
+        start_cell(&mut k, 100, "try:\n    flow.request_approval('anyone?')\nexcept flow.ApprovalCancelled as e:\n    print('cancelled:', e)");
         requested(&mut k);
         k.close_stdin();
         let r = k.recv()["result"].clone();

@@ -105,39 +105,17 @@ fn every_subcommand_with_and_without_json() {
         2,
         "start and end"
     );
-    let failed = log_json(
-        dir,
-        &[
-            "show", "--plan", "plan-log", "--task", "t-worker", "--failed",
-        ],
-    );
+    let worker_show = |extra: &[&str]| {
+        let mut args = vec!["show", "--plan", "plan-log", "--task", "t-worker"];
+        args.extend_from_slice(extra);
+        log_json(dir, &args)
+    };
+    let failed = worker_show(&["--failed"]);
     assert_eq!(failed["cells"].as_array().unwrap().len(), 1);
     let session = cells[0]["session_id"].as_str().unwrap();
-    let by_session = log_json(
-        dir,
-        &[
-            "show",
-            "--plan",
-            "plan-log",
-            "--task",
-            "t-worker",
-            "--session",
-            &session[..8],
-        ],
-    );
+    let by_session = worker_show(&["--session", &session[..8]]);
     assert_eq!(by_session["cells"].as_array().unwrap().len(), 3);
-    let later = log_json(
-        dir,
-        &[
-            "show",
-            "--plan",
-            "plan-log",
-            "--task",
-            "t-worker",
-            "--since",
-            "2999-01-01",
-        ],
-    );
+    let later = worker_show(&["--since", "2999-01-01"]);
     assert!(later["cells"].as_array().unwrap().is_empty());
     let (code, text, _) = log(
         dir,
