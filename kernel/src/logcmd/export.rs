@@ -4,7 +4,7 @@
 //! kept).
 
 use super::show::{read_task, Cell};
-use super::{io_err, one_task, print_json, task_file, LogCmdError, Read, Scope};
+use super::{io_err, one_task, print_json, say, task_file, LogCmdError, Read, Scope};
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -156,13 +156,7 @@ pub fn run(
             }
         }
         None if scope.json => print_json(&doc)?,
-        None => {
-            use std::io::Write;
-            std::io::stdout()
-                .lock()
-                .write_all(text.as_bytes())
-                .map_err(io_err("writing to stdout"))?;
-        }
+        None => say(text.trim_end_matches('\n'))?,
     }
     Ok(Read::from_count(log.records))
 }

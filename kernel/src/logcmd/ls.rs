@@ -2,7 +2,7 @@
 
 use super::stats::each_light;
 use super::table::{paint, table, Colour};
-use super::{print_json, scoped_files, LogCmdError, Read, Scope};
+use super::{print_json, say, scoped_files, LogCmdError, Read, Scope};
 use serde_json::json;
 use std::collections::HashSet;
 use std::path::Path;
@@ -81,7 +81,7 @@ pub fn run(log_dir: &Path, scope: &Scope) -> Result<Read, LogCmdError> {
                 s("last"),
             ]);
         }
-        println!("{t}");
+        say(t)?;
     }
     Ok(Read::from_count(records))
 }

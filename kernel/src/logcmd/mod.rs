@@ -377,14 +377,17 @@ fn each_record(file: &Path, mut f: impl FnMut(Record)) -> usize {
     })
 }
 
+/// Writes a line of the command's output. `flowrepl log` runs without a kernel (in the
+/// launcher or `flowrepl-kernel`, before any Python starts), so stdout is its own here and
+/// never the protocol channel; all of its output goes through this one place, and a closed stdout (`| head`) ends the command quietly.
+fn say(text: impl std::fmt::Display) -> Result<(), LogCmdError> {
+    use std::io::Write;
+    writeln!(std::io::stdout().lock(), "{text}").map_err(io_err("writing to stdout"))
+}
+
 /// Prints a JSON document on stdout.
 fn print_json(value: &serde_json::Value) -> Result<(), LogCmdError> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, value)
-        .map_err(std::io::Error::other)
-        .and_then(|()| writeln!(out))
-        .map_err(io_err("writing to stdout"))
+    say(serde_json::to_string_pretty(value).expect("JSON values serialize"))
 }
 
 /// `context`: the task's last context record.
@@ -417,12 +420,12 @@ fn context(log_dir: &Path, scope: &Scope) -> Result<Read, LogCmdError> {
             "context": context,
         }))?;
     } else {
-        println!(
+        say(format!(
             "# plan {plan}, task {task}: set by cell {} of session {} at {}",
             c.head.execution_count,
             short_id(&c.head.task.session_id),
             c.timestamp
-        );
+        ))?;
         print_json(&context)?;
     }
     Ok(Read::Something)

@@ -1,7 +1,9 @@
 //! `flowrepl log show`: a task's cells in order, each with its events and context changes.
 
 use super::table::{head, ms, paint, Colour};
-use super::{each_record, one_task, print_json, short_id, task_file, LogCmdError, Read, Scope};
+use super::{
+    each_record, one_task, print_json, say, short_id, task_file, LogCmdError, Read, Scope,
+};
 use flowrepl_task_logger::{ExecutionRecord, Record, SessionRecord};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -236,13 +238,13 @@ pub fn run(log_dir: &Path, scope: &Scope, filter: &Filter) -> Result<Read, LogCm
         let mut sessions = log.sessions.iter().peekable();
         for c in &cells {
             while let Some(s) = sessions.next_if(|s| *s.timestamp <= *c.record.timestamp) {
-                println!("{}", session_text(s));
+                say(session_text(s))?;
             }
-            println!("{}", cell_text(c));
+            say(cell_text(c))?;
         }
         if filter.since.is_none() && filter.session.is_none() && !filter.failed {
             for s in sessions {
-                println!("{}", session_text(s));
+                say(session_text(s))?;
             }
         }
         if cells.is_empty() {

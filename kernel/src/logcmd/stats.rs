@@ -4,7 +4,7 @@
 //! cell for the percentiles.
 
 use super::table::{head, ms, paint, table, Colour};
-use super::{each_line, print_json, scoped_files, LogCmdError, Read, Scope};
+use super::{each_line, print_json, say, scoped_files, LogCmdError, Read, Scope};
 use flowrepl_task_logger::FORMAT_VERSION;
 use serde::Deserialize;
 use serde_json::json;
@@ -235,12 +235,14 @@ pub fn run(log_dir: &Path, scope: &Scope) -> Result<Read, LogCmdError> {
     if scope.json {
         print_json(&doc)?;
     } else {
-        print_people(&doc);
+        print_people(&doc)?;
     }
     Ok(Read::from_count(records))
 }
 
-fn print_people(d: &serde_json::Value) {
+/// The summary for people.
+fn print_people(d: &serde_json::Value) -> Result<(), LogCmdError> {
+    let mut lines = Vec::new();
     let n = |k: &str| d[k].as_u64().unwrap_or(0);
     let f = |a: &str, b: &str| d[a][b].as_f64().unwrap_or(0.0);
     let scope = match (d["plan_id"].as_str(), d["task_id"].as_str()) {
@@ -248,16 +250,16 @@ fn print_people(d: &serde_json::Value) {
         (Some(p), None) => format!("plan {p}"),
         _ => "every plan".to_owned(),
     };
-    println!(
+    lines.push(format!(
         "{} ({} files, {} records, {} sessions)",
         paint(&scope, Colour::Bold),
         n("files"),
         n("records"),
         n("sessions")
-    );
+    ));
     let failures = n("failures");
     let failed = format!("{failures} failed");
-    println!(
+    lines.push(format!(
         "cells: {}, {}, success rate {:.1}%",
         n("cells"),
         if failures > 0 {
@@ -266,37 +268,37 @@ fn print_people(d: &serde_json::Value) {
             paint(&failed, Colour::Green)
         },
         d["success_rate"].as_f64().unwrap_or(0.0) * 100.0
-    );
-    println!(
+    ));
+    lines.push(format!(
         "elapsed: p50 {}, p95 {}, max {}, total {}",
         ms(f("elapsed_ms", "p50")),
         ms(f("elapsed_ms", "p95")),
         ms(f("elapsed_ms", "max")),
         ms(f("elapsed_ms", "total"))
-    );
-    println!(
+    ));
+    lines.push(format!(
         "cpu: p50 {}, total {}; peak RSS {:.1} MB",
         ms(f("cpu_ms", "p50")),
         ms(f("cpu_ms", "total")),
         n("peak_rss_kb_max") as f64 / 1024.0
-    );
+    ));
     if let (Some(a), Some(b)) = (d["first"].as_str(), d["last"].as_str()) {
-        println!("activity: {a} to {b}");
+        lines.push(format!("activity: {a} to {b}"));
     }
-    let list = |title: &str, key: &str, name: &str| {
+    let list = |title: &str, key: &str, name: &str| -> Option<String> {
         let items = d[key].as_array().map(Vec::as_slice).unwrap_or(&[]);
         if items.is_empty() {
-            return;
+            return None;
         }
         let text: Vec<String> = items
             .iter()
             .map(|i| format!("{} ({})", i[name].as_str().unwrap_or("?"), i["count"]))
             .collect();
-        println!("{title}: {}", text.join(", "));
+        Some(format!("{title}: {}", text.join(", ")))
     };
-    list("errors", "top_errors", "error_type");
-    list("imports", "imports", "module");
-    list("events", "events", "name");
+    lines.extend(list("errors", "top_errors", "error_type"));
+    lines.extend(list("imports", "imports", "module"));
+    lines.extend(list("events", "events", "name"));
     let slowest = d["slowest"].as_array().map(Vec::as_slice).unwrap_or(&[]);
     if !slowest.is_empty() {
         let mut t = table(&["elapsed", "plan", "task", "cell", "code"]);
@@ -313,6 +315,7 @@ fn print_people(d: &serde_json::Value) {
                 s["code"].as_str().unwrap_or("").to_owned(),
             ]);
         }
-        println!("slowest cells:\n{t}");
+        lines.push(format!("slowest cells:\n{t}"));
     }
+    say(lines.join("\n"))
 }

@@ -4,10 +4,10 @@
 //! again from its start. `--json` prints the records as written, one per line.
 
 use super::show::{cell_text, read_task, session_text, Cell, TaskLog};
-use super::{one_task, plan_dir_of, task_file, task_files_in, LogCmdError, Read, Scope};
+use super::{one_task, plan_dir_of, say, task_file, task_files_in, LogCmdError, Read, Scope};
 use flowrepl_task_logger::{parse_line, Record};
 use std::collections::HashMap;
-use std::io::{Read as _, Seek, SeekFrom, Write};
+use std::io::{Read as _, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -68,7 +68,6 @@ pub fn run(log_dir: &Path, scope: &Scope, follow: bool, n: usize) -> Result<Read
     }
     cells.sort_by(|a, b| a.1.record.timestamp.cmp(&b.1.record.timestamp));
     let skip = cells.len().saturating_sub(n);
-    let mut out = std::io::stdout().lock();
     for (task, c) in cells.iter().skip(skip) {
         let text = if scope.json {
             super::show::cell_json(c).to_string()
@@ -77,12 +76,10 @@ pub fn run(log_dir: &Path, scope: &Scope, follow: bool, n: usize) -> Result<Read
         } else {
             cell_text(c)
         };
-        if writeln!(out, "{text}").is_err() {
+        if say(text).is_err() {
             return Ok(Read::from_count(records));
         }
     }
-    let _ = out.flush();
-    drop(out);
     if !follow {
         return Ok(Read::from_count(records));
     }
@@ -128,7 +125,6 @@ pub fn run(log_dir: &Path, scope: &Scope, follow: bool, n: usize) -> Result<Read
 
 /// Prints new complete lines; false when stdout is gone.
 fn print_new(lines: &[u8], json: bool, task: Option<&str>) -> bool {
-    let mut out = std::io::stdout().lock();
     for line in lines.split(|&b| b == b'\n') {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
@@ -153,9 +149,9 @@ fn print_new(lines: &[u8], json: bool, task: Option<&str>) -> bool {
                 Ok(Record::Event(_)) | Err(_) => continue,
             }
         };
-        if writeln!(out, "{text}").is_err() {
+        if say(text).is_err() {
             return false;
         }
     }
-    out.flush().is_ok()
+    true
 }
