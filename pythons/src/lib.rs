@@ -96,17 +96,6 @@ impl Source {
         .into_iter()
         .find(|x| x.as_str() == s)
     }
-
-    /// For people: why it was chosen.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Source::Flag => "given with --python",
-            Source::VirtualEnv => "the active venv ($VIRTUAL_ENV)",
-            Source::OwnVenv => "the venv flowrepl is installed in",
-            Source::Path => "the python3 on PATH",
-            Source::Build => "the interpreter flowrepl was built against",
-        }
-    }
 }
 
 /// An interpreter flowrepl can serve.
