@@ -91,6 +91,27 @@ pub struct Cli {
     /// Worker mode: the `flowrepl-worker` executable (default: next to `flowrepl`).
     #[arg(global = true, long, env = "FLOWREPL_WORKER_BIN", value_name = "PATH")]
     pub worker_bin: Option<PathBuf>,
+
+    /// When the namespace is checkpointed beside the task log: after each successful cell
+    /// once idle (on-success), only on `checkpoint` (manual), or never (off).
+    #[arg(
+        global = true,
+        long,
+        env = "FLOWREPL_SNAPSHOT",
+        default_value = "on-success",
+        value_name = "POLICY"
+    )]
+    pub snapshot: flowrepl_protocol::SnapshotPolicy,
+
+    /// Variables whose pickle is larger than this many MB are not checkpointed (they are
+    /// listed as unsaved).
+    #[arg(global = true, long, env = "FLOWREPL_SNAPSHOT_MAX_MB", default_value_t = 1024,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub snapshot_max_mb: u64,
+
+    /// Start from the task's automatic checkpoint, if it has one (also FLOWREPL_RESUME=1).
+    #[arg(global = true, long, env = "FLOWREPL_RESUME")]
+    pub resume: bool,
 }
 
 /// Clients whose conventions flowrepl can follow.

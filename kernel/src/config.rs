@@ -80,6 +80,12 @@ pub struct Config {
     pub legacy_errors: bool,
     /// Environment variables that carry drop-in interpreter flags to Python.
     pub python_env: Vec<(&'static str, String)>,
+    /// Checkpoints of the namespace beside the task log; `None` with `FLOWREPL_SNAPSHOT=off`.
+    pub snapshots: Option<flowrepl_worker::SnapshotConfig>,
+    /// The task's snapshot folder (`<log_dir>/<plan>/<task>.snapshot`).
+    pub snapshot_root: PathBuf,
+    /// `--resume`: start from the automatic checkpoint, if there is one.
+    pub resume: bool,
 }
 
 impl Config {
@@ -268,7 +274,18 @@ impl Config {
                 tracing::info!(ignored = ?d.ignored, "drop-in mode: interpreter options without effect on the session");
             }
         }
+        let snapshot_root = flowrepl_task_logger::snapshot::snapshot_root(&log_file);
+        let snapshots = (cli.snapshot != flowrepl_protocol::SnapshotPolicy::Off).then(|| {
+            flowrepl_worker::SnapshotConfig {
+                root: snapshot_root.clone(),
+                policy: cli.snapshot,
+                max_bytes: cli.snapshot_max_mb.saturating_mul(1 << 20),
+            }
+        });
         Ok(Config {
+            snapshots,
+            snapshot_root,
+            resume: cli.resume,
             setup,
             legacy_errors: dropin.is_some() || cli.compat.is_some(),
             python_env: dropin.map(|d| d.env.clone()).unwrap_or_default(),

@@ -12,11 +12,12 @@ use crate::engine::{Control, Engine, EngineError};
 use crate::records::{Flusher, RecordWriter};
 use chrono::{SecondsFormat, Utc};
 use flowrepl_protocol::{
-    ApproveReply, Call, CellReport, ErrorCode, ExecuteParams, ExecuteResult, Fault, Image,
-    InterruptReply, Mode, RestartReply, RpcError, ShutdownReply, StatusInfo, VariableInfo,
-    VariablesReply,
+    ApproveReply, Call, CellReport, CheckpointSummary, CheckpointsReply, ErrorCode, ExecuteParams,
+    ExecuteResult, Fault, Image, InterruptReply, Mode, RestartReply, RestoreReport, RpcError,
+    ShutdownReply, SnapshotPolicy, StatusInfo, VariableInfo, VariablesReply,
 };
 use flowrepl_task_logger::{SessionLimits, SessionRecord, RECORD_TYPE_SESSION};
+use flowrepl_worker::checkpoint::{IDLE_BEFORE_CHECKPOINT, MAX_CHECKPOINT_DELAY};
 use serde::Serialize;
 use std::borrow::Cow;
 use std::io;
@@ -40,6 +41,12 @@ pub enum Answer {
     Shutdown(ShutdownReply),
     /// `approve`.
     Approve(ApproveReply),
+    /// `checkpoint`.
+    Checkpoint(CheckpointSummary),
+    /// `restore`.
+    Restore(RestoreReport),
+    /// `checkpoints`.
+    Checkpoints(CheckpointsReply),
 }
 
 /// How a front answers the calls the dispatcher runs.
@@ -180,6 +187,11 @@ pub struct Session {
     contexts: Vec<String>,
     /// The cells' approval requests.
     approvals: Arc<Approvals>,
+    /// The task's snapshot folder, and `FLOWREPL_SNAPSHOT`.
+    snapshot_root: std::path::PathBuf,
+    snapshot_policy: SnapshotPolicy,
+    /// An automatic restore failed: said in the next cell's warnings.
+    restore_failed: Option<String>,
 }
 
 impl Session {
@@ -242,7 +254,25 @@ impl Session {
             record_this: false,
             contexts: Vec::new(),
             approvals,
+            snapshot_root: config.snapshot_root.clone(),
+            restore_failed: None,
+            snapshot_policy: config
+                .snapshots
+                .as_ref()
+                .map_or(SnapshotPolicy::Off, |s| s.policy),
         })
+    }
+
+    /// Between requests: does the engine's pending work (the automatic checkpoint, in-process)
+    /// once no request came within [`IDLE_BEFORE_CHECKPOINT`] (`request_within` waits for
+    /// one and says whether one came), or at once when it is overdue.
+    pub fn idle_work(&mut self, request_within: impl FnOnce(Duration) -> bool) {
+        let Some(since) = self.engine.idle_work_since() else {
+            return;
+        };
+        if since.elapsed() >= MAX_CHECKPOINT_DELAY || !request_within(IDLE_BEFORE_CHECKPOINT) {
+            self.engine.do_idle_work();
+        }
     }
 
     /// What `status` says, for the threads that answer it while a cell runs.
@@ -290,12 +320,34 @@ impl Session {
                 let interrupted = self.board.control.interrupt();
                 to.answer(Answer::Interrupt(InterruptReply { interrupted }))?
             }
-            Call::Restart => match self.engine.restart() {
+            Call::Restart(p) => match self.engine.restart(p.restore) {
                 Ok(r) => {
-                    tracing::info!(pid = r.pid, "restarted");
+                    tracing::info!(pid = r.pid, restored = r.restored.is_some(), "restarted");
                     to.answer(Answer::Restart(r))?
                 }
-                Err(e) => to.failed(internal("restart failed", &e))?,
+                Err(e) => to.failed(snapshot_error("restart failed", &e))?,
+            },
+            Call::Checkpoint(p) => match self.engine.checkpoint(p.name()) {
+                Ok(s) => to.answer(Answer::Checkpoint(s))?,
+                Err(e) => to.failed(snapshot_error("checkpoint failed", &e))?,
+            },
+            Call::Restore(p) => match self.engine.restore(p.name()) {
+                Ok(r) => {
+                    tracing::info!(checkpoint = %r.checkpoint, restored = r.restored_vars.len(), lost = r.lost_vars.len(), "restored");
+                    to.answer(Answer::Restore(r))?
+                }
+                Err(e) => to.failed(snapshot_error("restore failed", &e))?,
+            },
+            Call::Checkpoints => match flowrepl_task_logger::snapshot::list(&self.snapshot_root) {
+                Ok(checkpoints) => to.answer(Answer::Checkpoints(CheckpointsReply {
+                    checkpoints,
+                    directory: self.snapshot_root.display().to_string(),
+                    policy: self.snapshot_policy.as_str().to_owned(),
+                }))?,
+                Err(e) => to.failed(RpcError::new(
+                    ErrorCode::InternalError,
+                    format!("checkpoints: {e}"),
+                ))?,
             },
             Call::ListVariables => match self.list_variables() {
                 Ok(v) => to.answer(Answer::Variables(VariablesReply::new(v)))?,
@@ -323,8 +375,24 @@ impl Session {
         let execution_count = self.board.executions.fetch_add(1, Ordering::Relaxed) + 1;
         let timestamp = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
         let timeout = Duration::from_millis(params.timeout_ms.unwrap_or(self.default_timeout_ms));
+        if self
+            .engine
+            .idle_work_since()
+            .is_some_and(|t| t.elapsed() >= MAX_CHECKPOINT_DELAY)
+        {
+            // Requests kept coming: the overdue checkpoint goes before this cell.
+            self.engine.do_idle_work();
+        }
         let started = Instant::now();
         let run = self.engine.run(&params.code, timeout, execution_count);
+        let restored = match self.engine.take_restored() {
+            Some(Ok(r)) => Some(r),
+            Some(Err(e)) => {
+                self.restore_failed = Some(e);
+                None
+            }
+            None => None,
+        };
         let elapsed_ms = (started.elapsed().as_micros() as f64) / 1000.0;
         let mut o = run.outcome;
         o.report.debug_info.elapsed_ms = elapsed_ms;
@@ -343,7 +411,13 @@ impl Session {
             timestamp,
             state_lost: run.state_lost,
             events,
+            restored,
         };
+        if let Some(e) = self.restore_failed.take() {
+            result.report.warnings.push(format!(
+                "the session was to start from the last checkpoint, but it could not be restored: {e}"
+            ));
+        }
         self.record_this = self.records.check(&mut result.report.warnings);
         if !result.success {
             self.board.failures.fetch_add(1, Ordering::Relaxed);
@@ -373,6 +447,19 @@ impl Session {
         self.records.flush();
         self.board.end_session(reason);
         self.records.written()
+    }
+}
+
+/// A failed `restart`, `checkpoint` or `restore`: a bad or unknown checkpoint name is the
+/// caller's (-32602), anything else the kernel's (-32603).
+fn snapshot_error(what: &str, e: &EngineError) -> RpcError {
+    use flowrepl_task_logger::snapshot::SnapshotError;
+    use flowrepl_worker::CheckpointError;
+    match e {
+        EngineError::Checkpoint(CheckpointError::Snapshot(
+            SnapshotError::BadName(_) | SnapshotError::Missing(_),
+        )) => RpcError::new(ErrorCode::InvalidParams, format!("{what}: {e}")),
+        _ => internal(what, e),
     }
 }
 

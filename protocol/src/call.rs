@@ -5,16 +5,22 @@
 //! | `execute_code` (alias `execute`) | [`ExecuteParams`] | [`crate::ExecuteResult`] |
 //! | `status` (alias `ping`) | none | [`crate::StatusInfo`] |
 //! | `interrupt` | none | `{"interrupted": bool}`: true if a running cell was sent SIGINT |
-//! | `restart` | none | `{"restarted": true, "pid": int, "state_lost": true}`: a fresh worker (worker mode) or a cleared namespace (in-process) |
+//! | `restart` | [`RestartParams`] (optional) | [`RestartReply`]: a fresh worker (worker mode) or a cleared namespace (in-process); with `restore: true` started from the automatic checkpoint |
 //! | `list_variables` | none | `{"variables": [`[`crate::VariableInfo`]`], "count": int}`: the namespace's names, sorted |
 //! | `shutdown` | none | `{"shutting_down": true}`, then the kernel exits 0 |
 //! | `approve` | [`ApproveParams`] | [`ApproveReply`]: answers an `approval_requested` notification |
+//! | `checkpoint` | [`CheckpointParams`] (optional) | [`CheckpointSummary`]: saves every name now |
+//! | `restore` | [`CheckpointParams`] (optional) | [`RestoreReport`]: replaces the namespace with a checkpoint's |
+//! | `checkpoints` | none | [`CheckpointsReply`]: the task's checkpoints |
 //!
 //! `status`, `interrupt` and `approve` are answered at once even while a cell runs;
 //! everything else is answered in order.
 
 pub use crate::approval::{ApproveParams, ApproveReply};
 use crate::jsonrpc::{ErrorCode, Request, RpcError};
+use crate::snapshot::{CheckpointParams, RestartParams, RestoreReport};
+#[cfg(doc)]
+use crate::snapshot::{CheckpointSummary, CheckpointsReply};
 use serde::{Deserialize, Serialize};
 
 /// Largest accepted `timeout_ms`: 7 days. Larger values get -32602.
@@ -53,13 +59,20 @@ pub enum Call {
     Interrupt,
     /// `restart`: drop all state. Worker mode: kill the worker's process group and start a
     /// fresh worker. In-process: clear the `__main__` namespace (loaded modules stay).
-    Restart,
+    /// With `restore`, the fresh session starts from the automatic checkpoint.
+    Restart(RestartParams),
     /// `list_variables`: the namespace's names with type, short repr and size.
     ListVariables,
     /// `shutdown`: reply, flush, exit 0.
     Shutdown,
     /// `approve`: a person's answer to a cell's `flow.request_approval`.
     Approve(ApproveParams),
+    /// `checkpoint`: save every name now (to `auto`, or a named checkpoint).
+    Checkpoint(CheckpointParams),
+    /// `restore`: replace the namespace with a checkpoint's.
+    Restore(CheckpointParams),
+    /// `checkpoints`: list the task's checkpoints.
+    Checkpoints,
 }
 
 impl Call {
@@ -103,7 +116,10 @@ impl Call {
             "status" | "ping" => no_params(req, Call::Status),
             "shutdown" => no_params(req, Call::Shutdown),
             "interrupt" => no_params(req, Call::Interrupt),
-            "restart" => no_params(req, Call::Restart),
+            "restart" => optional_params(req, "{\"restore\"?: bool}").map(Call::Restart),
+            "checkpoint" => optional_params(req, "{\"name\"?: string}").map(Call::Checkpoint),
+            "restore" => optional_params(req, "{\"name\"?: string}").map(Call::Restore),
+            "checkpoints" => no_params(req, Call::Checkpoints),
             "list_variables" => no_params(req, Call::ListVariables),
             "approve" => {
                 let raw = req.params.map(|p| p.get()).unwrap_or("null");
@@ -117,7 +133,7 @@ impl Call {
             other => Err(RpcError::new(
                 ErrorCode::MethodNotFound,
                 format!(
-                    "method not found: {other:?} (methods: execute_code, execute, status, ping, interrupt, restart, list_variables, shutdown, approve)"
+                    "method not found: {other:?} (methods: execute_code, execute, status, ping, interrupt, restart, list_variables, shutdown, approve, checkpoint, restore, checkpoints)"
                 ),
             )),
         }
@@ -132,17 +148,20 @@ pub struct InterruptReply {
 }
 
 /// The answer to `restart`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RestartReply {
     /// True when state was dropped.
     pub restarted: bool,
     /// The process that will run the next cell.
     pub pid: u32,
-    /// Always true: variables (and in worker mode imports) are gone.
+    /// True unless the namespace was restored whole (`restore: true`).
     pub state_lost: bool,
     /// What happened, for people.
     pub message: String,
+    /// With `restore: true`: what came back (`restored`, `restored_vars`, `lost_vars`, ...).
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<RestoreReport>,
 }
 
 /// The answer to `list_variables`.
@@ -180,6 +199,22 @@ fn no_params(req: &Request<'_>, call: Call) -> Result<Call, RpcError> {
             ErrorCode::InvalidParams,
             format!("invalid params: `{}` takes no params", req.method),
         )),
+    }
+}
+
+/// Params that may be absent (`null`, `{}`) or an object of type `T`.
+fn optional_params<T: serde::de::DeserializeOwned + Default>(
+    req: &Request<'_>,
+    want: &str,
+) -> Result<T, RpcError> {
+    match req.params.map(|p| p.get().trim()) {
+        None | Some("null") | Some("[]") => Ok(T::default()),
+        Some(raw) => serde_json::from_str(raw).map_err(|e| {
+            RpcError::new(
+                ErrorCode::InvalidParams,
+                format!("invalid params for `{}` (want {want}): {e}", req.method),
+            )
+        }),
     }
 }
 

@@ -372,7 +372,9 @@ pub struct ExecuteResult {
     /// When the cell started: UTC, ISO 8601 with milliseconds and `Z`.
     pub timestamp: String,
     /// True when the worker died or was killed during this cell (or before it, with a
-    /// `restart`): every variable and import was lost and a fresh worker runs the next cell.
+    /// `restart`): its variables and imports were lost and a fresh worker runs the next cell.
+    /// When that worker starts from a checkpoint, the next cell's `restored` fields say what
+    /// came back; on that cell `state_lost` is true only if some names were lost.
     #[serde(default)]
     pub state_lost: bool,
     /// Figures and rich values the cell produced (MCP mode only; absent when empty).
@@ -381,4 +383,10 @@ pub struct ExecuteResult {
     /// Events the cell reported, in order (absent when none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<Event>,
+    /// The first cell after an automatic restore (a worker crash or kill, `--resume`): the
+    /// namespace it ran in came from a checkpoint. Its fields (`restored: true`,
+    /// `checkpoint`, `checkpoint_execution_count`, `restored_vars`, `lost_vars`,
+    /// `restore_ms`) appear at the top level; absent otherwise.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<crate::snapshot::RestoreReport>,
 }

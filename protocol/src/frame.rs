@@ -17,6 +17,7 @@
 //! | `0x02` Shutdown | kernel → worker | empty: exit after the current cell |
 //! | `0x03` Variables | kernel → worker | `id: u64`: list the namespace (between cells) |
 //! | `0x04` ApprovalAnswer | kernel → worker | JSON [`ApprovalAnswer`]: the answer to an ApprovalRequest, while its cell waits |
+//! | `0x05` Checkpoint | kernel → worker | `id: u64`, the checkpoint's name (UTF-8): save every name now (between cells) |
 //! | `0x81` Ready | worker → kernel | JSON [`WorkerHello`]: sent once, when Python is up |
 //! | `0x82` Output | worker → kernel | `id: u64`, `stream: u8` (1 stdout, 2 stderr), up to [`MAX_CHUNK_BYTES`] of output |
 //! | `0x83` Done | worker → kernel | `id: u64`, JSON [`DoneReport`]: the cell's result without its output |
@@ -25,6 +26,11 @@
 //! | `0x86` Context | worker → kernel | `id: u64`, the task's whole new context (a JSON object), sent as the cell changes it |
 //! | `0x87` ApprovalRequest | worker → kernel | `id: u64`, JSON [`ApprovalRequest`]: the cell waits for an ApprovalAnswer |
 //! | `0x88` ApprovalEnded | worker → kernel | `id: u64`, the `approval_id` (UTF-8): the cell no longer waits (answered, timed out or interrupted) |
+//! | `0x89` CheckpointReply | worker → kernel | `id: u64`, JSON [`CheckpointOutcome`] |
+//!
+//! Automatic checkpoints are not frames: the worker writes them itself between cells (see
+//! `docs/snapshots.md`), and a worker started with `--restore` reports in its Ready frame what
+//! it restored.
 //!
 //! A cell's output arrives as Output frames while it runs (the worker reads its capture
 //! files every monitor tick, 50 ms) and after it ends, in order, then exactly one Done frame
@@ -63,6 +69,8 @@ pub mod kind {
     pub const VARIABLES: u8 = 0x03;
     /// Kernel → worker: the answer to an approval request.
     pub const APPROVAL_ANSWER: u8 = 0x04;
+    /// Kernel → worker: write a checkpoint.
+    pub const CHECKPOINT: u8 = 0x05;
     /// Worker → kernel: started.
     pub const READY: u8 = 0x81;
     /// Worker → kernel: output of the running cell.
@@ -79,6 +87,8 @@ pub mod kind {
     pub const APPROVAL_REQUEST: u8 = 0x87;
     /// Worker → kernel: the running cell no longer waits for an approval.
     pub const APPROVAL_ENDED: u8 = 0x88;
+    /// Worker → kernel: the checkpoint asked for was written (or not).
+    pub const CHECKPOINT_REPLY: u8 = 0x89;
 }
 
 /// Which captured stream an Output frame carries.
@@ -102,6 +112,23 @@ pub struct WorkerHello {
     /// over (see [`DoneReport::capture_ends`]).
     #[serde(default)]
     pub capture_starts: [u64; 2],
+    /// Started with `--restore`: what came back from the checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<crate::RestoreReport>,
+    /// Started with `--restore`, and the checkpoint could not be restored at all: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_error: Option<String>,
+}
+
+/// The answer to a Checkpoint frame: the summary, or why there is none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum CheckpointOutcome {
+    /// Written.
+    #[serde(rename = "written")]
+    Written(crate::CheckpointSummary),
+    /// Not written: why.
+    #[serde(rename = "failed")]
+    Failed(String),
 }
 
 /// A cell's end as the worker reports it: everything but stdout and stderr, which came as
@@ -224,6 +251,20 @@ pub enum Frame<'a> {
         /// The request.
         approval_id: &'a str,
     },
+    /// Write a checkpoint now.
+    Checkpoint {
+        /// Matched by the reply.
+        id: u64,
+        /// Its name.
+        name: &'a str,
+    },
+    /// What Checkpoint `id` did.
+    CheckpointReply {
+        /// The request.
+        id: u64,
+        /// The outcome.
+        outcome: CheckpointOutcome,
+    },
     /// The namespace listing asked for by Variables `id`.
     VariablesReply {
         /// The request.
@@ -300,6 +341,22 @@ pub fn encode_approval_ended(
     out.extend_from_slice(&id.to_be_bytes());
     out.extend_from_slice(approval_id.as_bytes());
     Ok(())
+}
+
+/// Appends a Checkpoint frame.
+pub fn encode_checkpoint(out: &mut Vec<u8>, id: u64, name: &str) {
+    begin(out, kind::CHECKPOINT, 8 + name.len()).expect("names are short");
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(name.as_bytes());
+}
+
+/// Appends a CheckpointReply frame.
+pub fn encode_checkpoint_reply(
+    out: &mut Vec<u8>,
+    id: u64,
+    outcome: &CheckpointOutcome,
+) -> Result<(), FrameError> {
+    encode_json(out, kind::CHECKPOINT_REPLY, Some(id), outcome)
 }
 
 /// Appends a Shutdown frame.
@@ -436,6 +493,17 @@ pub fn decode(payload: &[u8]) -> Result<Frame<'_>, FrameError> {
                 std::str::from_utf8(rest).map_err(|e| malformed(kind, e.to_string()))?;
             Ok(Frame::ApprovalEnded { id, approval_id })
         }
+        kind::CHECKPOINT => {
+            let (id, rest) = split_u64(kind, body)?;
+            let name = std::str::from_utf8(rest).map_err(|e| malformed(kind, e.to_string()))?;
+            Ok(Frame::Checkpoint { id, name })
+        }
+        kind::CHECKPOINT_REPLY => {
+            let (id, rest) = split_u64(kind, body)?;
+            let outcome =
+                serde_json::from_slice(rest).map_err(|e| malformed(kind, e.to_string()))?;
+            Ok(Frame::CheckpointReply { id, outcome })
+        }
         kind::VARIABLES_REPLY => {
             let (id, rest) = split_u64(kind, body)?;
             let report =
@@ -521,6 +589,11 @@ impl<R: std::io::Read> FrameReader<R> {
     /// The stream.
     pub fn get_ref(&self) -> &R {
         &self.inner
+    }
+
+    /// Whether part of a frame has been read and not yet returned.
+    pub fn has_buffered(&self) -> bool {
+        self.expect.is_some() || !self.buf.is_empty()
     }
 
     /// The next complete frame's payload (`kind` + `body`) already buffered; no I/O.
@@ -725,6 +798,32 @@ mod tests {
             }
         );
         out.clear();
+        encode_checkpoint(&mut out, 6, "before-merge");
+        assert_eq!(
+            decode(payload(&out)).unwrap(),
+            Frame::Checkpoint {
+                id: 6,
+                name: "before-merge"
+            }
+        );
+        out.clear();
+        for outcome in [
+            CheckpointOutcome::Failed("disk full".into()),
+            CheckpointOutcome::Written(crate::CheckpointSummary {
+                checkpoint: "auto".into(),
+                execution_count: 3,
+                saved: vec!["a".into()],
+                unsaved: [("g".to_owned(), "a generator".to_owned())].into(),
+                ..Default::default()
+            }),
+        ] {
+            encode_checkpoint_reply(&mut out, 6, &outcome).unwrap();
+            assert_eq!(
+                decode(payload(&out)).unwrap(),
+                Frame::CheckpointReply { id: 6, outcome }
+            );
+            out.clear();
+        }
         encode_shutdown(&mut out);
         assert_eq!(out, [0, 0, 0, 1, kind::SHUTDOWN]);
     }

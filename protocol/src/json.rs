@@ -210,6 +210,15 @@ fn write_result(out: &mut Vec<u8>, r: &ExecuteResult) {
         // Events are small JSON already; serde's output is the reference.
         let _ = serde_json::to_writer(&mut *out, &r.events);
     }
+    if let Some(restored) = &r.restored {
+        // Once per restore: serde writes the object, spliced in without its braces.
+        if let Ok(obj) = serde_json::to_vec(restored) {
+            if obj.len() > 2 {
+                out.push(b',');
+                out.extend_from_slice(&obj[1..obj.len() - 1]);
+            }
+        }
+    }
     out.push(b'}');
 }
 
@@ -315,6 +324,7 @@ mod tests {
                 timestamp: "2026-11-22T02:14:11.124Z".into(),
                 step: Some("load".into()),
             }],
+            restored: None,
         };
         for id in [Id::Number(7.into()), Id::String("a\"b".into()), Id::Null] {
             for _ in 0..2 {
@@ -362,6 +372,14 @@ mod tests {
                     height: 480,
                     bytes: 9000,
                     source: "figure 1".into(),
+                });
+                r.restored = Some(crate::RestoreReport {
+                    restored: true,
+                    checkpoint: "auto".into(),
+                    checkpoint_execution_count: 11,
+                    restored_vars: vec!["a".into()],
+                    lost_vars: [("g".to_owned(), "not saved: a generator".to_owned())].into(),
+                    restore_ms: 1.5,
                 });
             }
         }

@@ -8,6 +8,8 @@
 //!   and their replies.
 //! - [`execute`]: the result of `execute_code` ([`execute::ExecuteResult`]).
 //! - [`fault`]: the `error.type`s of cells that failed outside Python ([`fault::Fault`]).
+//! - [`snapshot`]: checkpoints of the namespace: `checkpoint`, `restore`, `checkpoints`, and
+//!   how a restore is reported.
 //! - [`status`]: the answer to `status` and the params of the `ready` notification.
 //! - [`frame`]: the length-prefixed kernel ↔ worker pipe protocol (worker mode).
 //! - [`json`]: a fast writer for `execute_code` replies (same bytes as serde_json).
@@ -26,6 +28,7 @@ pub mod fault;
 pub mod frame;
 pub mod json;
 pub mod jsonrpc;
+pub mod snapshot;
 pub mod status;
 
 pub use approval::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};
@@ -39,4 +42,8 @@ pub use execute::{
 };
 pub use fault::Fault;
 pub use jsonrpc::{ErrorCode, Id, Request, RpcError};
+pub use snapshot::{
+    CheckpointInfo, CheckpointParams, CheckpointSummary, CheckpointsReply, RestartParams,
+    RestoreReport, SnapshotPolicy, AUTO_CHECKPOINT,
+};
 pub use status::{PythonInfo, StatusInfo, READY_MARKER};

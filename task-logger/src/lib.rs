@@ -10,11 +10,14 @@
 //! - [`writer`]: [`TaskLog`], one `write(2)` of one whole line per record, O_APPEND, 0600;
 //!   failures are returned, never panicked on, and the file is reopened on the next record.
 //! - [`reader`]: reads a log, skipping lines that are torn or not records.
+//! - [`snapshot`]: namespace checkpoints beside the log (`<task>.snapshot/`), and the one
+//!   reader of their journal.
 #![warn(missing_docs)]
 
 pub mod path;
 pub mod reader;
 pub mod record;
+pub mod snapshot;
 pub mod writer;
 
 pub use path::{safe_component, task_log_path};

@@ -13,6 +13,7 @@
 
 use crate::capture::{Capture, Collected};
 use crate::cell::{split_last_expression, Split};
+use crate::checkpoint::{CheckpointError, Checkpoints};
 use crate::interpreter::{self, InitError};
 use crate::monitor::Monitor;
 use crate::sink::{OutputSink, Streamer};
@@ -20,8 +21,8 @@ use crate::snapshot::KeySnapshot;
 use crate::usage::UsageMeter;
 use flowrepl_protocol::frame::OutputStream;
 use flowrepl_protocol::{
-    CellReport, ExecError, ExecutionKind, Image, ImageInfo, Mode, PhaseTimings, PythonInfo,
-    VariableInfo,
+    CellReport, CheckpointSummary, ExecError, ExecutionKind, Image, ImageInfo, Mode, PhaseTimings,
+    PythonInfo, RestoreReport, VariableInfo,
 };
 use pyo3::exceptions::{PyKeyboardInterrupt, PyValueError};
 use pyo3::prelude::*;
@@ -59,6 +60,8 @@ pub struct ExecutorConfig {
     pub approver: Option<Arc<dyn crate::approval::Approver>>,
     /// Worker mode: the capture files (stdout, stderr) the kernel made and keeps.
     pub capture: Option<[Arc<OwnedFd>; 2]>,
+    /// Where and when checkpoints of the namespace are written; `None`: never.
+    pub snapshots: Option<crate::checkpoint::SnapshotConfig>,
 }
 
 /// What a session starts from, before its first cell (and again after an in-process
@@ -98,6 +101,7 @@ impl std::fmt::Debug for ExecutorConfig {
             .field("sink", &self.sink.is_some())
             .field("images", &self.images)
             .field("setup", &self.setup)
+            .field("snapshots", &self.snapshots)
             .finish()
     }
 }
@@ -196,6 +200,8 @@ pub struct Executor {
     _flow: Py<PyAny>,
     /// In-process, or worker mode (output goes to a sink).
     mode: Mode,
+    /// Checkpoints of the namespace, when they are on.
+    checkpoints: Option<Checkpoints>,
     feature_version: c_int,
     info: PythonInfo,
     _not_send: std::marker::PhantomData<*const ()>,
@@ -296,6 +302,7 @@ impl Executor {
                 startup: config.setup.startup.clone(),
                 emitter,
                 _flow: flow,
+                checkpoints: config.snapshots.clone().map(Checkpoints::new),
                 mode: if config.sink.is_some() {
                     Mode::Worker
                 } else {
@@ -342,6 +349,9 @@ impl Executor {
             let r = self.support.reset_namespace.bind(py).call1((globals,));
             if r.is_ok() {
                 self.run_startup(py);
+            }
+            if let Some(c) = &mut self.checkpoints {
+                c.namespace_reset();
             }
             self.rebaseline(py);
             self.discard_output();
@@ -408,6 +418,85 @@ impl Executor {
         })
     }
 
+    /// When the automatic checkpoint became pending, if one is (see [`crate::checkpoint`]).
+    pub fn checkpoint_pending(&self) -> Option<Instant> {
+        self.checkpoints.as_ref().and_then(|c| c.pending())
+    }
+
+    /// Writes the pending automatic checkpoint, if one is; failures are logged (and the next
+    /// write saves every name).
+    pub fn write_pending_checkpoint(&mut self) {
+        if self.checkpoint_pending().is_none() {
+            return;
+        }
+        match self.with_checkpoints(|c, py, globals| c.write_pending(py, globals)) {
+            Some(Some(Ok(s))) => {
+                tracing::debug!(
+                    execution_count = s.execution_count,
+                    saved = s.saved.len(),
+                    bytes = s.bytes,
+                    ms = s.ms,
+                    "checkpoint written"
+                );
+                for (name, why) in &s.unsaved {
+                    tracing::info!(%name, %why, "a variable was not checkpointed");
+                }
+            }
+            Some(Some(Err(e))) => {
+                tracing::warn!(error = %e, "the automatic checkpoint was not written");
+                if let Some(c) = &mut self.checkpoints {
+                    c.namespace_reset();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Writes checkpoint `name` now, with every name.
+    pub fn checkpoint(&mut self, name: &str) -> Result<CheckpointSummary, CheckpointError> {
+        self.with_checkpoints(|c, py, globals| c.write(py, globals, name))
+            .unwrap_or(Err(CheckpointError::Off))
+    }
+
+    /// Replaces the namespace with checkpoint `name`'s: emptied first (with the startup files
+    /// run again) unless `fresh` says it was just made. The task's context becomes the
+    /// checkpoint's only when the task has none (the task log keeps the newest). Whatever the
+    /// loading prints is discarded.
+    pub fn restore(&mut self, name: &str, fresh: bool) -> Result<RestoreReport, CheckpointError> {
+        if self.checkpoints.is_none() {
+            return Err(CheckpointError::Off);
+        }
+        if !fresh {
+            self.reset_namespace()?;
+        }
+        let r = self
+            .with_checkpoints(|c, py, globals| c.restore(py, globals, name))
+            .unwrap_or(Err(CheckpointError::Off));
+        Python::attach(|py| self.rebaseline(py));
+        // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
+        unsafe { libc::fflush(std::ptr::null_mut()) };
+        self.discard_output();
+        r
+    }
+
+    /// Runs `f` on the checkpoint state with the namespace; `None` if checkpoints are off.
+    /// Modules the checkpoint code imported (pickle, json, cloudpickle) are not the next
+    /// cell's imports.
+    fn with_checkpoints<R>(
+        &mut self,
+        f: impl FnOnce(&mut Checkpoints, Python<'_>, &Bound<'_, PyDict>) -> R,
+    ) -> Option<R> {
+        let mut c = self.checkpoints.take()?;
+        let r = Python::attach(|py| {
+            let globals = self.globals.bind(py).clone();
+            let r = f(&mut c, py, &globals);
+            self.rebaseline_modules(py);
+            r
+        });
+        self.checkpoints = Some(c);
+        Some(r)
+    }
+
     /// CPU time of this process so far, in milliseconds.
     pub fn cpu_total_ms(&self) -> f64 {
         self.usage.cpu_total_ms()
@@ -420,7 +509,8 @@ impl Executor {
         let name = format!("<cell-{}>", self.cells);
         self.emitter
             .begin(execution_count, self.capture.stdout.cursor());
-        let mut out = Python::attach(|py| self.execute_attached(py, code, name, timeout));
+        let mut out =
+            Python::attach(|py| self.execute_attached(py, code, name, timeout, execution_count));
         self.emitter.end();
         (out.events, out.contexts) = self.emitter.take();
         out
@@ -432,8 +522,10 @@ impl Executor {
         code: &str,
         name: String,
         timeout: Duration,
+        execution_count: u64,
     ) -> CellOutcome {
         let t0 = Instant::now();
+        let mut codes = Vec::new();
         // A SIGINT that arrived while idle must not interrupt this cell. (A signal not yet
         // delivered cannot be pending: delivery happens on the way back from any syscall.)
         clear_pending_signals();
@@ -454,6 +546,14 @@ impl Executor {
                 error = Some(e);
             }
             Ok((exec_part, eval_part)) => {
+                if self.checkpoints.as_ref().is_some_and(|c| c.tracks_cells()) {
+                    codes.extend(
+                        exec_part
+                            .iter()
+                            .chain(&eval_part)
+                            .map(|c| c.clone().unbind()),
+                    );
+                }
                 let starts = [self.capture.stdout.cursor(), self.capture.stderr.cursor()];
                 self.monitor.begin(timeout, &starts);
                 let r = run(py, exec_part, eval_part, &globals, self.images.is_some());
@@ -527,6 +627,9 @@ impl Executor {
                 self.rebaseline_modules(py);
             }
             None => self.register_sources(py, false),
+        }
+        if let Some(c) = &mut self.checkpoints {
+            c.note_cell(codes, out.report.error.is_none(), execution_count);
         }
         out.report.usage = self.usage.end(mark);
         let us = |a: Instant, b: Instant| b.duration_since(a).as_micros() as u64;

@@ -7,6 +7,7 @@
 //! - [`interpreter`]: starts embedded CPython with the right stdlib and venv.
 //! - [`cell`]: finds a cell's final expression by scanning text, without an AST.
 //! - [`snapshot`]: diffs namespace and `sys.modules` keys with one ordered walk.
+//! - [`checkpoint`]: checkpoints of the namespace (when, and the bridge to `snapshot.py`).
 //! - [`monitor`]: the one helper thread: timeouts (SIGINT to the executing thread) and the
 //!   output limit.
 //! - [`sink`]: worker mode: output streamed in chunks while a cell runs.
@@ -26,6 +27,7 @@
 pub mod approval;
 pub mod capture;
 pub mod cell;
+pub mod checkpoint;
 pub mod events;
 pub mod executor;
 pub mod interpreter;
@@ -40,6 +42,7 @@ pub mod sys;
 pub mod tail;
 pub mod usage;
 
+pub use checkpoint::{CheckpointError, SnapshotConfig};
 pub use executor::{CallError, CellOutcome, Executor, ExecutorConfig, ExecutorError, SessionSetup};
 pub use interpreter::InitError;
 pub use monitor::Interrupter;

@@ -13,13 +13,15 @@
 //! and is discarded when the next cell starts.
 
 use crate::approval::Approver;
+use crate::checkpoint::{SnapshotConfig, IDLE_BEFORE_CHECKPOINT, MAX_CHECKPOINT_DELAY};
 use crate::executor::{CellOutcome, Executor, ExecutorConfig, ImageLimits, SessionSetup};
 use crate::sink::OutputSink;
 use crate::sys::lock;
 use flowrepl_protocol::frame::{
-    self, DoneReport, Frame, FrameReader, OutputStream, VariablesReport, WorkerHello,
+    self, CheckpointOutcome, DoneReport, Frame, FrameReader, OutputStream, VariablesReport,
+    WorkerHello,
 };
-use flowrepl_protocol::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};
+use flowrepl_protocol::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest, SnapshotPolicy};
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -64,6 +66,18 @@ pub struct WorkerArgs {
     /// that it can read what this worker had not sent when it dies).
     #[arg(long)]
     pub capture_fds: bool,
+    /// The task's snapshot folder; without it, no checkpoints.
+    #[arg(long, value_name = "DIR")]
+    pub snapshot_dir: Option<PathBuf>,
+    /// When the automatic checkpoint is written: on-success, manual, off.
+    #[arg(long, default_value = "on-success")]
+    pub snapshot: SnapshotPolicy,
+    /// Names whose pickle is larger are not checkpointed, in MB.
+    #[arg(long, default_value_t = 1024)]
+    pub snapshot_max_mb: u64,
+    /// Restore this checkpoint before reporting ready.
+    #[arg(long, value_name = "NAME")]
+    pub restore: Option<String>,
 }
 
 /// Takes fds 3 and 4 as the capture files (`--capture-fds`), close-on-exec from now on (the
@@ -89,6 +103,16 @@ fn parse_setup(s: &str) -> Result<SessionSetup, String> {
 }
 
 impl WorkerArgs {
+    /// Checkpoints, when on.
+    pub fn snapshots(&self) -> Option<SnapshotConfig> {
+        let root = self.snapshot_dir.clone()?;
+        (self.snapshot != SnapshotPolicy::Off).then(|| SnapshotConfig {
+            root,
+            policy: self.snapshot,
+            max_bytes: self.snapshot_max_mb.saturating_mul(1 << 20),
+        })
+    }
+
     /// Figure collection, when on.
     pub fn images(&self) -> Option<ImageLimits> {
         (self.max_images > 0).then_some(ImageLimits {
@@ -309,6 +333,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         images: args.images(),
         setup: args.setup.clone().unwrap_or_default(),
         approver: Some(approver),
+        snapshots: args.snapshots(),
     };
     let mut executor = match Executor::start(&config) {
         Ok(e) => e,
@@ -318,6 +343,16 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         }
     };
     let info = executor.info().clone();
+    let (restored, restore_error) = match &args.restore {
+        None => (None, None),
+        Some(name) => match executor.restore(name, true) {
+            Ok(r) => (Some(r), None),
+            Err(e) => {
+                tracing::warn!(error = %e, checkpoint = %name, "the checkpoint was not restored");
+                (None, Some(e.to_string()))
+            }
+        },
+    };
     channel.with(|buf| {
         frame::encode_ready(
             buf,
@@ -325,6 +360,8 @@ pub fn run(args: WorkerArgs) -> ExitCode {
                 pid: std::process::id(),
                 python: info,
                 capture_starts: executor.capture_cursors(),
+                restored,
+                restore_error,
             },
         )
     });
@@ -338,6 +375,19 @@ pub fn run(args: WorkerArgs) -> ExitCode {
     }
 }
 
+/// Whether a frame from the kernel is buffered or arrives within `wait`.
+fn request_within(input: &Mutex<FrameReader<File>>, wait: Duration) -> io::Result<bool> {
+    let input = lock(input);
+    if input.has_buffered() {
+        return Ok(true);
+    }
+    match crate::sys::poll_readable(input.get_ref().as_raw_fd(), wait) {
+        Ok(ready) => Ok(ready),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
+        Err(e) => Err(e),
+    }
+}
+
 fn serve(
     executor: &mut Executor,
     channel: &Channel,
@@ -345,12 +395,22 @@ fn serve(
     args: &WorkerArgs,
 ) -> io::Result<()> {
     loop {
+        if let Some(since) = executor.checkpoint_pending() {
+            // Written while the kernel and its client handle the reply, unless the next
+            // request is already here (then after it, or once it is overdue).
+            if since.elapsed() >= MAX_CHECKPOINT_DELAY
+                || !request_within(input, IDLE_BEFORE_CHECKPOINT)?
+            {
+                executor.write_pending_checkpoint();
+            }
+        }
         // Not held while the cell runs: a cell waiting for an approval reads its answer.
         let next = lock(input).read_frame();
         let body = match next.map_err(io::Error::other)? {
             Some(body) => body,
             None => {
                 // The kernel closed the channel without a Shutdown frame: exit all the same.
+                executor.write_pending_checkpoint();
                 executor.finish();
                 return Ok(());
             }
@@ -426,7 +486,19 @@ fn serve(
                     .map_err(io::Error::other)?;
                 channel.send();
             }
+            Frame::Checkpoint { id, name } => {
+                let outcome = match executor.checkpoint(name) {
+                    Ok(summary) => CheckpointOutcome::Written(summary),
+                    Err(e) => CheckpointOutcome::Failed(e.to_string()),
+                };
+                channel
+                    .with(|buf| frame::encode_checkpoint_reply(buf, id, &outcome))
+                    .map_err(io::Error::other)?;
+                channel.send();
+            }
             Frame::Shutdown => {
+                // The session's last state is what `--resume` and `restart {restore}` get.
+                executor.write_pending_checkpoint();
                 executor.finish();
                 return Ok(());
             }

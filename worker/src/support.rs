@@ -1,4 +1,5 @@
-//! Loading the executor's Python support code (`support.py`, the module `_flowrepl`).
+//! Loading the executor's Python code: `support.py` (the module `_flowrepl`, at start) and
+//! `snapshot.py` (`_flowrepl_snapshot`, on the first checkpoint or restore).
 //!
 //! Compiling it costs about 2 ms, on every kernel and every worker start. The compiled code is
 //! therefore kept, marshalled, in the user's cache directory (`$XDG_CACHE_HOME/flowrepl`, else
@@ -12,16 +13,38 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyModule};
 use std::path::PathBuf;
 
-/// The source of `_flowrepl`.
-pub const SOURCE: &str = include_str!("support.py");
-/// Its file name in tracebacks.
-const FILENAME: &str = "<flowrepl-support>";
+/// A Python module of the executor's, compiled from source embedded in the binary.
+#[derive(Debug, Clone, Copy)]
+pub struct Source {
+    /// The module's name.
+    pub module: &'static str,
+    /// Its file name in tracebacks.
+    pub filename: &'static str,
+    /// Its source.
+    pub text: &'static str,
+}
 
-/// FNV-1a of the source: a cache key that changes with every change of the file.
-fn source_hash() -> u64 {
-    SOURCE.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+/// `_flowrepl`: loaded by every executor at start.
+pub const SUPPORT: Source = Source {
+    module: "_flowrepl",
+    filename: "<flowrepl-support>",
+    text: include_str!("support.py"),
+};
+
+/// `_flowrepl_snapshot`: checkpoints, loaded on the first checkpoint or restore.
+pub const SNAPSHOT: Source = Source {
+    module: "_flowrepl_snapshot",
+    filename: "<flowrepl-snapshot>",
+    text: include_str!("snapshot.py"),
+};
+
+impl Source {
+    /// FNV-1a of the source: a cache key that changes with every change of the file.
+    fn hash(&self) -> u64 {
+        self.text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
 }
 
 fn cache_dir() -> Option<PathBuf> {
@@ -34,14 +57,24 @@ fn cache_dir() -> Option<PathBuf> {
 
 /// The module `_flowrepl`, from the cached code when there is one.
 pub fn load(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
+    load_source(py, &SUPPORT)
+}
+
+/// Module `src`, from the cached code when there is one.
+pub fn load_source<'py>(py: Python<'py>, src: &Source) -> PyResult<Bound<'py, PyModule>> {
     let marshal = py.import("marshal")?;
     let magic: Vec<u8> = py
         .import("importlib._bootstrap_external")?
         .getattr("MAGIC_NUMBER")?
         .extract()?;
     let magic: String = magic.iter().map(|b| format!("{b:02x}")).collect();
-    let path =
-        cache_dir().map(|d| d.join(format!("support-{:016x}-{magic}.marshal", source_hash())));
+    let path = cache_dir().map(|d| {
+        d.join(format!(
+            "{}-{:016x}-{magic}.marshal",
+            src.module,
+            src.hash()
+        ))
+    });
     let cached = path
         .as_ref()
         .and_then(|p| std::fs::read(p).ok())
@@ -54,7 +87,7 @@ pub fn load(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
         Some(code) => code,
         None => {
             let builtins = py.import("builtins")?;
-            let code = builtins.call_method1("compile", (SOURCE, FILENAME, "exec"))?;
+            let code = builtins.call_method1("compile", (src.text, src.filename, "exec"))?;
             if let Some(p) = &path {
                 if let Ok(bytes) = marshal.call_method1("dumps", (&code,)) {
                     store(p, bytes.cast::<PyBytes>()?.as_bytes());
@@ -63,9 +96,9 @@ pub fn load(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
             code
         }
     };
-    let module = PyModule::new(py, "_flowrepl")?;
+    let module = PyModule::new(py, src.module)?;
     module.setattr("__builtins__", py.import("builtins")?)?;
-    module.setattr("__file__", FILENAME)?;
+    module.setattr("__file__", src.filename)?;
     let dict = module.dict();
     // SAFETY: `code` is a code object, `dict` a module dict with __builtins__, GIL held.
     unsafe {

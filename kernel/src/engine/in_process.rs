@@ -7,7 +7,9 @@
 use super::{CellRun, Control, Engine, EngineError};
 use crate::approvals::{Approvals, InProcessApprover};
 use crate::config::Config;
-use flowrepl_protocol::{Mode, PythonInfo, RestartReply, VariableInfo};
+use flowrepl_protocol::{
+    CheckpointSummary, Mode, PythonInfo, RestartReply, RestoreReport, VariableInfo, AUTO_CHECKPOINT,
+};
 use flowrepl_worker::{Executor, ExecutorConfig, ExecutorError, Interrupter, OutputTail};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,6 +18,8 @@ use std::time::{Duration, Instant};
 pub struct InProcess {
     executor: Executor,
     control: Arc<InProcessControl>,
+    /// `--resume`: what came back, for the first cell.
+    restored: Option<Result<RestoreReport, String>>,
 }
 
 impl InProcess {
@@ -29,9 +33,23 @@ impl InProcess {
             setup: config.setup.clone(),
             approver: Some(Arc::new(InProcessApprover(approvals))),
             capture: None,
+            snapshots: config.snapshots.clone(),
         })?;
         let control = Arc::new(InProcessControl(executor.interrupter()));
-        Ok(InProcess { executor, control })
+        let mut engine = InProcess {
+            executor,
+            control,
+            restored: None,
+        };
+        if super::resumes(config) {
+            engine.restored = Some(
+                engine
+                    .executor
+                    .restore(AUTO_CHECKPOINT, true)
+                    .map_err(|e| e.to_string()),
+            );
+        }
+        Ok(engine)
     }
 }
 
@@ -56,17 +74,49 @@ impl Engine for InProcess {
         Ok(self.executor.list_variables()?)
     }
 
-    fn restart(&mut self) -> Result<RestartReply, EngineError> {
-        self.executor.reset_namespace()?;
-        Ok(RestartReply {
+    fn restart(&mut self, restore: bool) -> Result<RestartReply, EngineError> {
+        // The session's last state is what `restore` gets.
+        self.executor.write_pending_checkpoint();
+        let mut reply = RestartReply {
             restarted: true,
             pid: std::process::id(),
             state_lost: true,
             message: "the namespace was cleared; modules already imported stay loaded in-process (use worker mode for a fresh interpreter)".into(),
-        })
+            restored: None,
+        };
+        if restore {
+            let r = self.executor.restore(AUTO_CHECKPOINT, false)?;
+            reply.state_lost = !r.complete();
+            reply.message = super::restored_message(&r);
+            reply.restored = Some(r);
+        } else {
+            self.executor.reset_namespace()?;
+        }
+        Ok(reply)
+    }
+
+    fn checkpoint(&mut self, name: &str) -> Result<CheckpointSummary, EngineError> {
+        Ok(self.executor.checkpoint(name)?)
+    }
+
+    fn restore(&mut self, name: &str) -> Result<RestoreReport, EngineError> {
+        Ok(self.executor.restore(name, false)?)
+    }
+
+    fn take_restored(&mut self) -> Option<Result<RestoreReport, String>> {
+        self.restored.take()
+    }
+
+    fn idle_work_since(&self) -> Option<Instant> {
+        self.executor.checkpoint_pending()
+    }
+
+    fn do_idle_work(&mut self) {
+        self.executor.write_pending_checkpoint();
     }
 
     fn finish(&mut self) {
+        self.executor.write_pending_checkpoint();
         self.executor.finish();
     }
 }

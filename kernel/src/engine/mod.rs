@@ -17,7 +17,9 @@ pub mod worker;
 
 use crate::approvals::Approvals;
 use crate::config::Config;
-use flowrepl_protocol::{Mode, PythonInfo, RestartReply, StoppedBy, VariableInfo};
+use flowrepl_protocol::{
+    CheckpointSummary, Mode, PythonInfo, RestartReply, RestoreReport, StoppedBy, VariableInfo,
+};
 use flowrepl_worker::{CellOutcome, OutputTail};
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -69,6 +71,12 @@ pub enum EngineError {
     /// Worker mode: no answer in time.
     #[error("the worker did not answer within {0:?} (a slow repr?)")]
     Timeout(Duration),
+    /// A checkpoint was not written or restored.
+    #[error(transparent)]
+    Checkpoint(#[from] flowrepl_worker::CheckpointError),
+    /// Worker mode: the worker restarted but could not restore the checkpoint.
+    #[error("the checkpoint was not restored: {0}")]
+    NotRestored(String),
 }
 
 /// Where cells run. One per kernel, driven from one thread (Python's main thread
@@ -86,8 +94,21 @@ pub trait Engine {
     fn run(&mut self, code: &str, timeout: Duration, execution_count: u64) -> CellRun;
     /// The namespace's names with type, short repr and size (between cells).
     fn list_variables(&mut self) -> Result<Vec<VariableInfo>, EngineError>;
-    /// Drops all state: a fresh worker, or an empty namespace in-process.
-    fn restart(&mut self) -> Result<RestartReply, EngineError>;
+    /// Drops all state: a fresh worker, or an empty namespace in-process; with `restore`,
+    /// the fresh session starts from the automatic checkpoint.
+    fn restart(&mut self, restore: bool) -> Result<RestartReply, EngineError>;
+    /// Writes checkpoint `name` now, with every name (between cells).
+    fn checkpoint(&mut self, name: &str) -> Result<CheckpointSummary, EngineError>;
+    /// Replaces the namespace with checkpoint `name`'s (worker mode: in a fresh worker).
+    fn restore(&mut self, name: &str) -> Result<RestoreReport, EngineError>;
+    /// A restore the engine did by itself (a fresh worker after a death, `--resume`), or
+    /// why it failed: reported once, with the next cell.
+    fn take_restored(&mut self) -> Option<Result<RestoreReport, String>>;
+    /// Work the engine does between requests: since when an automatic checkpoint is
+    /// pending here (in-process; a worker writes its own).
+    fn idle_work_since(&self) -> Option<Instant>;
+    /// Does that work now.
+    fn do_idle_work(&mut self);
     /// The session ends: the cells' `atexit` handlers run and open files are flushed (worker
     /// mode: within the kill grace period, then the worker's group is killed).
     fn finish(&mut self);
@@ -122,6 +143,38 @@ pub fn start(
             approvals,
         )?)),
     }
+}
+
+/// Whether the session starts from the automatic checkpoint: `--resume`, and the task has
+/// one.
+pub fn resumes(config: &Config) -> bool {
+    config.resume && has_auto_checkpoint(config)
+}
+
+/// Whether the task has an automatic checkpoint to restore (checkpoints on, and its journal
+/// exists).
+pub fn has_auto_checkpoint(config: &Config) -> bool {
+    config.snapshots.is_some()
+        && config
+            .snapshot_root
+            .join(flowrepl_protocol::AUTO_CHECKPOINT)
+            .join(flowrepl_task_logger::snapshot::JOURNAL)
+            .is_file()
+}
+
+/// What a restart or restore that restored says, for people.
+pub fn restored_message(r: &RestoreReport) -> String {
+    let mut m = format!(
+        "restored {} names from checkpoint {:?} (after cell {})",
+        r.restored_vars.len(),
+        r.checkpoint,
+        r.checkpoint_execution_count
+    );
+    if !r.lost_vars.is_empty() {
+        let lost: Vec<&str> = r.lost_vars.keys().map(String::as_str).collect();
+        m.push_str(&format!("; lost: {}", lost.join(", ")));
+    }
+    m
 }
 
 /// Why no engine could be started.

@@ -173,6 +173,15 @@ impl Front {
         Ok(Item::from_line(line, self.max_request_bytes))
     }
 
+    /// Whether a request is waiting, or arrives within `wait` (between cells, on the request
+    /// thread).
+    pub fn request_within(&self, wait: Duration) -> bool {
+        if !lock(&self.queue).is_empty() || lock(&self.reader).has_buffered() {
+            return true;
+        }
+        readable(self.input_fd, wait)
+    }
+
     /// A cell starts: the watcher takes over stdin.
     pub fn begin_cell(&self, watcher: &thread::Thread, id: Option<&Id>) {
         *lock(&self.cell_id) = id.cloned();
@@ -213,6 +222,7 @@ impl Front {
         let status = &self.board;
         let report = not_stopped(self.mode(), self.kill_grace, true);
         let result = ExecuteResult {
+            restored: None,
             success: false,
             stdout: String::new(),
             stderr: report

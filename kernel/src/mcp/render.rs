@@ -211,6 +211,14 @@ fn text_block(r: &ExecuteResult, stdout: &str, stderr: &str, result: Option<&str
         end_line(&mut t);
         let _ = write!(t, "Out[{}]: {v}", r.execution_count);
     }
+    if let Some(restored) = &r.restored {
+        end_line(&mut t);
+        let _ = write!(
+            t,
+            "[restored] {}",
+            crate::engine::restored_message(restored)
+        );
+    }
     for w in &r.report.warnings {
         end_line(&mut t);
         let _ = write!(t, "[warning] {w}");

@@ -10,7 +10,8 @@ use super::{Job, Shared, Ticket};
 use crate::session::{not_stopped, unstoppable_for, Answer};
 use flowrepl_protocol::call::MAX_TIMEOUT_MS;
 use flowrepl_protocol::{
-    Call, ExecuteMethod, ExecuteParams, RestartReply, VariableInfo, VariablesReply,
+    Call, CheckpointParams, CheckpointSummary, CheckpointsReply, ExecuteMethod, ExecuteParams,
+    RestartParams, RestartReply, RestoreReport, VariableInfo, VariablesReply,
 };
 use flowrepl_worker::OutputTail;
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -109,6 +110,39 @@ pub fn error_text(text: String) -> CallToolResult {
 pub fn answer_result(answer: Answer) -> CallToolResult {
     match answer {
         Answer::Restart(r) => structured(r.message.clone(), &r, false),
+        Answer::Restore(r) => structured(crate::engine::restored_message(&r), &r, false),
+        Answer::Checkpoint(c) => {
+            let mut text = format!(
+                "checkpoint {:?} written after cell {}: {} names saved, {} bytes, {:.1} ms",
+                c.checkpoint,
+                c.execution_count,
+                c.saved.len() + c.modules.len(),
+                c.bytes,
+                c.ms
+            );
+            for (name, why) in &c.unsaved {
+                let _ = write!(text, "\nnot saved: {name}: {why}");
+            }
+            structured(text, &c, false)
+        }
+        Answer::Checkpoints(c) => {
+            let mut text = String::new();
+            for cp in &c.checkpoints {
+                let _ = writeln!(
+                    text,
+                    "{}: after cell {}, {} names, {} bytes, {}",
+                    cp.name,
+                    cp.execution_count,
+                    cp.names.len(),
+                    cp.bytes,
+                    cp.time
+                );
+            }
+            if text.is_empty() {
+                text = format!("no checkpoints yet (FLOWREPL_SNAPSHOT={})", c.policy);
+            }
+            structured(text, &c, false)
+        }
         Answer::Variables(v) => structured(variables_text(&v.variables), &v, false),
         other => {
             let text = serde_json::to_string(&other).unwrap_or_default();
@@ -291,12 +325,45 @@ impl KernelServer {
 
     #[tool(
         name = "restart_session",
-        description = "Start over: drop every variable (and, in worker mode, every import: a fresh Python process). Waits for a running cell to finish first; use interrupt to stop it.",
+        description = "Start over: drop every variable (and, in worker mode, every import: a fresh Python process). With restore: true, the fresh session starts from the last automatic checkpoint instead (taken after each successful cell); the reply lists restored_vars and lost_vars. Waits for a running cell to finish first; use interrupt to stop it.",
+        input_schema = schema_for_input::<Parameters<RestartParams>>().expect("an object schema"),
         output_schema = schema::shallow::<RestartReply>(),
         annotations(title = "Restart the Python session", destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]
-    async fn restart_session(&self) -> Result<CallToolResult, ErrorData> {
-        self.ask(Call::Restart).await
+    async fn restart_session(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
+        self.ask(Call::Restart(parse_args(args)?)).await
+    }
+
+    #[tool(
+        name = "checkpoint",
+        description = "Save every variable of the session now, into the automatic checkpoint or, with name, a named one that later checkpoints do not overwrite. Functions, classes, data frames and arrays are saved; what cannot be (open files, generators, locks) is listed with the reason. A checkpoint is also taken automatically after each successful cell.",
+        input_schema = schema_for_input::<Parameters<CheckpointParams>>().expect("an object schema"),
+        output_schema = schema::shallow::<CheckpointSummary>(),
+        annotations(title = "Checkpoint the session", destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn checkpoint(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
+        self.ask(Call::Checkpoint(parse_args(args)?)).await
+    }
+
+    #[tool(
+        name = "restore_checkpoint",
+        description = "Replace the session's variables with a checkpoint's (the automatic one, or the one named): modules are imported again, and the reply lists restored_vars and lost_vars. Cells run after the checkpoint are not replayed.",
+        input_schema = schema_for_input::<Parameters<CheckpointParams>>().expect("an object schema"),
+        output_schema = schema::shallow::<RestoreReport>(),
+        annotations(title = "Restore a checkpoint", destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn restore_checkpoint(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
+        self.ask(Call::Restore(parse_args(args)?)).await
+    }
+
+    #[tool(
+        name = "list_checkpoints",
+        description = "List the task's checkpoints: name, the cell they were taken after, when, their size and the names they hold.",
+        output_schema = schema::shallow::<CheckpointsReply>(),
+        annotations(title = "List checkpoints", read_only_hint = true, open_world_hint = false)
+    )]
+    async fn list_checkpoints(&self) -> Result<CallToolResult, ErrorData> {
+        self.ask(Call::Checkpoints).await
     }
 
     #[tool(

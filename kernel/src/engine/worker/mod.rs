@@ -24,10 +24,12 @@ use super::{CellRun, Control, Engine, EngineError};
 use crate::approvals::Approvals;
 use crate::config::Limits;
 use crate::config::{Config, WorkerConfig};
-use flowrepl_protocol::frame::{self, DoneReport, Frame, FrameError, OutputStream, WorkerHello};
+use flowrepl_protocol::frame::{
+    self, CheckpointOutcome, DoneReport, Frame, FrameError, OutputStream, WorkerHello,
+};
 use flowrepl_protocol::{
-    CellReport, ExecutionKind, Fault, Mode, PythonInfo, ResourceUsage, RestartReply, StoppedBy,
-    VariableInfo,
+    CellReport, CheckpointSummary, ExecutionKind, Fault, Mode, PythonInfo, ResourceUsage,
+    RestartReply, RestoreReport, StoppedBy, VariableInfo, AUTO_CHECKPOINT,
 };
 use flowrepl_worker::capture::decode_output;
 use flowrepl_worker::sys::lock;
@@ -46,6 +48,8 @@ use std::time::{Duration, Instant};
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `list_variables` may take (it runs the reprs of the user's objects).
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a `checkpoint` may take (pickling and writing every name).
+const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Default)]
 struct ControlState {
@@ -150,7 +154,7 @@ pub enum State {
         /// The process.
         proc: WorkerProcess,
         /// What it said when ready.
-        hello: WorkerHello,
+        hello: Box<WorkerHello>,
     },
 }
 
@@ -193,6 +197,11 @@ pub struct Worker {
     approvals: Arc<Approvals>,
     /// Where the next cell's output starts in the current worker's capture files.
     capture_next: [u64; 2],
+    /// The automatic checkpoint's journal, when checkpoints are on: a fresh worker after a
+    /// death restores from it if it exists.
+    auto_journal: Option<std::path::PathBuf>,
+    /// What the last worker started with `--restore` restored (or why not), until reported.
+    restored: Option<Result<RestoreReport, String>>,
 }
 
 /// What one cell's frames added up to.
@@ -231,6 +240,7 @@ impl Worker {
                 limits: worker.limits,
                 images: config.image_limits(),
                 setup: config.setup.clone(),
+                snapshots: config.snapshots.clone(),
             },
             diagnostics,
             grace: config.kill_grace,
@@ -242,7 +252,15 @@ impl Worker {
             last_cpu_total_ms: 0.0,
             approvals,
             capture_next: [0; 2],
+            auto_journal: config.snapshots.as_ref().map(|_| {
+                config
+                    .snapshot_root
+                    .join(AUTO_CHECKPOINT)
+                    .join(flowrepl_task_logger::snapshot::JOURNAL)
+            }),
+            restored: None,
         };
+        w.spawn_worker(super::resumes(config).then_some(AUTO_CHECKPOINT))?;
         w.ensure_ready()?;
         Ok(w)
     }
@@ -251,14 +269,23 @@ impl Worker {
         self.spawn.limits
     }
 
-    /// `Absent` → `Starting`.
-    fn spawn_worker(&mut self) -> Result<(), WorkerError> {
-        let p = WorkerProcess::spawn(&self.spawn, &self.diagnostics).map_err(|source| {
-            WorkerError::Spawn {
-                exe: self.spawn.exe.display().to_string(),
-                source,
-            }
-        })?;
+    /// The checkpoint a fresh worker that replaces a dead one starts from, if there is one.
+    fn after_death(&self) -> Option<&'static str> {
+        self.auto_journal
+            .as_ref()
+            .filter(|j| j.is_file())
+            .map(|_| AUTO_CHECKPOINT)
+    }
+
+    /// `Absent` → `Starting`; with `restore`, the worker restores that checkpoint first.
+    fn spawn_worker(&mut self, restore: Option<&str>) -> Result<(), WorkerError> {
+        let p =
+            WorkerProcess::spawn(&self.spawn, &self.diagnostics, restore).map_err(|source| {
+                WorkerError::Spawn {
+                    exe: self.spawn.exe.display().to_string(),
+                    source,
+                }
+            })?;
         tracing::info!(pid = p.pid, "worker started");
         self.control.lock().pid = Some(p.pid);
         self.last_cpu_total_ms = 0.0;
@@ -270,7 +297,7 @@ impl Worker {
     /// `Ready`).
     fn ensure_ready(&mut self) -> Result<(), WorkerError> {
         if matches!(self.state, State::Absent) {
-            self.spawn_worker()?;
+            self.spawn_worker(self.after_death())?;
         }
         if matches!(self.state, State::Ready { .. }) {
             return Ok(());
@@ -279,7 +306,7 @@ impl Worker {
         loop {
             if let Some(payload) = self.next_buffered().map_err(io::Error::other)? {
                 match frame::decode(&payload) {
-                    Ok(Frame::Ready(hello)) => {
+                    Ok(Frame::Ready(mut hello)) => {
                         tracing::debug!(pid = hello.pid, "worker ready");
                         let State::Starting(proc) =
                             std::mem::replace(&mut self.state, State::Absent)
@@ -288,8 +315,20 @@ impl Worker {
                         };
                         self.python = hello.python.clone();
                         self.capture_next = hello.capture_starts;
-                        self.state = State::Ready { proc, hello };
+                        if let Some(r) = hello.restored.take() {
+                            self.restored = Some(Ok(r));
+                        } else if let Some(e) = hello.restore_error.take() {
+                            self.restored = Some(Err(e));
+                        }
+                        self.state = State::Ready {
+                            proc,
+                            hello: Box::new(hello),
+                        };
                         return Ok(());
+                    }
+                    Ok(Frame::Context { json, .. }) => {
+                        // Restoring gave the task the checkpoint's context (it had none).
+                        self.spawn.setup.flow.context = Some(json.to_owned());
                     }
                     other => {
                         let why = format!("sent {other:?} instead of Ready");
@@ -500,9 +539,77 @@ impl Worker {
         }
         let ended = self.drop_worker()?;
         Some(format!(
-            "the worker {} while idle, after the previous cell; every variable and import was lost and this cell ran on a fresh worker",
-            ended.describe()
+            "the worker {} while idle, after the previous cell; its state was lost and this cell ran on a fresh worker{}",
+            ended.describe(),
+            if self.after_death().is_some() {
+                " started from the last checkpoint (see `restored`)"
+            } else {
+                ""
+            }
         ))
+    }
+
+    /// Sends a request frame (`encode` with a fresh id) between cells and waits up to
+    /// `timeout` for the frame `pick` accepts; frames it does not are ignored. A worker that
+    /// dies meanwhile is replaced (from the last checkpoint, if there is one).
+    fn ask<T>(
+        &mut self,
+        encode: impl FnOnce(&mut Vec<u8>, u64),
+        timeout: Duration,
+        during: &'static str,
+        mut pick: impl FnMut(Frame<'_>, u64) -> Option<T>,
+    ) -> Result<T, EngineError> {
+        if let Some(w) = self.check_idle_worker() {
+            tracing::warn!("{w}");
+        }
+        self.ensure_ready()?;
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send_buf.clear();
+        encode(&mut self.send_buf, id);
+        let proc = self
+            .state
+            .process_mut()
+            .expect("ensure_ready left a worker");
+        lock(&proc.to_worker)
+            .write_all(&self.send_buf)
+            .map_err(WorkerError::Io)?;
+        let until = Instant::now() + timeout;
+        loop {
+            while let Some(payload) = self
+                .next_buffered()
+                .map_err(io::Error::other)
+                .map_err(WorkerError::Io)?
+            {
+                match frame::decode(&payload) {
+                    Ok(f) => {
+                        let shown = format!("{f:?}");
+                        match pick(f, id) {
+                            Some(v) => return Ok(v),
+                            None => {
+                                tracing::warn!(frame = %shown, "unexpected frame from the worker ignored")
+                            }
+                        }
+                    }
+                    Err(e) => return Err(WorkerError::Io(io::Error::other(e)).into()),
+                }
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(EngineError::Timeout(timeout));
+            }
+            match self.read_frames(left).map_err(WorkerError::Io)? {
+                Wait::Frames | Wait::Timeout => {}
+                Wait::Eof => {
+                    let ended = self.drop_worker();
+                    let how = ended.map(|e| e.describe()).unwrap_or_default();
+                    if let Err(e) = self.spawn_worker(self.after_death()) {
+                        tracing::error!(error = %flowrepl_worker::sys::chain(&e), "a new worker could not be started");
+                    }
+                    return Err(EngineError::WorkerDied { how, during });
+                }
+            }
+        }
     }
 
     /// A cell that ended with a Done frame: its report, plus the kernel's knowledge of
@@ -660,7 +767,14 @@ impl Engine for Worker {
             warnings.push(w);
             state_lost = true;
         }
-        if let Err(e) = self.ensure_ready() {
+        let ready = self.ensure_ready();
+        if state_lost {
+            if let Some(Ok(r)) = &self.restored {
+                // Only what the checkpoint could not bring back is lost.
+                state_lost = !r.complete();
+            }
+        }
+        if let Err(e) = ready {
             let message = format!("the cell did not run: {}", flowrepl_worker::sys::chain(&e));
             return fault_run(
                 Fault::WorkerUnavailable,
@@ -765,15 +879,21 @@ impl Engine for Worker {
         let ended = self.drop_worker();
         let killed = ladder.killed();
         let (fault, message) = self.death(dead_pid, ended.as_ref(), killed, timeout, elapsed);
-        warnings.push(format!(
-            "{message}; every variable and import was lost; a fresh worker is starting for the next cell"
-        ));
+        let restore = self.after_death();
+        warnings.push(match restore {
+            Some(_) => format!(
+                "{message}; the worker's state was lost; a fresh worker is starting from the last checkpoint for the next cell (see `restored` there)"
+            ),
+            None => format!(
+                "{message}; every variable and import was lost; a fresh worker is starting for the next cell"
+            ),
+        });
         let usage = ended.map(|e| ResourceUsage {
             pid: dead_pid,
             cpu_ms: ((e.cpu_total_ms - self.last_cpu_total_ms).max(0.0) * 1000.0).round() / 1000.0,
             peak_rss_kb: e.peak_rss_kb,
         });
-        if let Err(e) = self.spawn_worker() {
+        if let Err(e) = self.spawn_worker(restore) {
             warnings.push(format!(
                 "a new worker could not be started: {}",
                 flowrepl_worker::sys::chain(&e)
@@ -794,71 +914,119 @@ impl Engine for Worker {
     }
 
     fn list_variables(&mut self) -> Result<Vec<VariableInfo>, EngineError> {
-        if let Some(w) = self.check_idle_worker() {
-            tracing::warn!("{w}");
-        }
-        self.ensure_ready()?;
-        self.next_id += 1;
-        let id = self.next_id;
-        self.send_buf.clear();
-        frame::encode_variables(&mut self.send_buf, id);
-        let proc = self
-            .state
-            .process_mut()
-            .expect("ensure_ready left a worker");
-        lock(&proc.to_worker)
-            .write_all(&self.send_buf)
-            .map_err(WorkerError::Io)?;
-        let until = Instant::now() + LIST_TIMEOUT;
-        loop {
-            while let Some(payload) = self
-                .next_buffered()
-                .map_err(io::Error::other)
-                .map_err(WorkerError::Io)?
-            {
-                match frame::decode(&payload) {
-                    Ok(Frame::VariablesReply { id: got, report }) if got == id => {
-                        return match report.error {
-                            None => Ok(report.variables),
-                            Some(e) => Err(flowrepl_worker::CallError(e).into()),
-                        };
-                    }
-                    Ok(other) => tracing::warn!(?other, "unexpected frame from the worker ignored"),
-                    Err(e) => return Err(WorkerError::Io(io::Error::other(e)).into()),
-                }
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(EngineError::Timeout(LIST_TIMEOUT));
-            }
-            match self.read_frames(left).map_err(WorkerError::Io)? {
-                Wait::Frames | Wait::Timeout => {}
-                Wait::Eof => {
-                    let ended = self.drop_worker();
-                    let how = ended.map(|e| e.describe()).unwrap_or_default();
-                    if let Err(e) = self.spawn_worker() {
-                        tracing::error!(error = %flowrepl_worker::sys::chain(&e), "a new worker could not be started");
-                    }
-                    return Err(EngineError::WorkerDied {
-                        how,
-                        during: "while listing variables",
-                    });
-                }
-            }
+        let report = self.ask(
+            frame::encode_variables,
+            LIST_TIMEOUT,
+            "while listing variables",
+            |frame, id| match frame {
+                Frame::VariablesReply { id: got, report } if got == id => Some(report),
+                _ => None,
+            },
+        )?;
+        match report.error {
+            None => Ok(report.variables),
+            Some(e) => Err(flowrepl_worker::CallError(e).into()),
         }
     }
 
-    fn restart(&mut self) -> Result<RestartReply, EngineError> {
+    fn restart(&mut self, restore: bool) -> Result<RestartReply, EngineError> {
         self.stop_worker();
+        self.restored = None;
+        let from = if restore {
+            if self.auto_journal.is_none() {
+                return Err(flowrepl_worker::CheckpointError::Off.into());
+            }
+            Some(self.after_death().ok_or_else(|| {
+                EngineError::NotRestored(
+                    "the task has no automatic checkpoint yet; a fresh worker was not started"
+                        .into(),
+                )
+            })?)
+        } else {
+            None
+        };
+        self.spawn_worker(from)?;
         self.ensure_ready()?;
-        Ok(RestartReply {
+        let mut reply = RestartReply {
             restarted: true,
             pid: self.control.worker_pid().unwrap_or(0),
             state_lost: true,
             message: "a fresh worker process was started; every variable and import was dropped"
                 .into(),
-        })
+            restored: None,
+        };
+        match self.restored.take() {
+            Some(Ok(r)) => {
+                reply.state_lost = !r.complete();
+                reply.message = format!(
+                    "a fresh worker process was started; {}",
+                    super::restored_message(&r)
+                );
+                reply.restored = Some(r);
+            }
+            Some(Err(e)) => return Err(EngineError::NotRestored(e)),
+            None => {}
+        }
+        Ok(reply)
     }
+
+    fn checkpoint(&mut self, name: &str) -> Result<CheckpointSummary, EngineError> {
+        if self.auto_journal.is_none() {
+            return Err(flowrepl_worker::CheckpointError::Off.into());
+        }
+        let outcome = self.ask(
+            |buf, id| frame::encode_checkpoint(buf, id, name),
+            CHECKPOINT_TIMEOUT,
+            "while writing a checkpoint",
+            |frame, id| match frame {
+                Frame::CheckpointReply { id: got, outcome } if got == id => Some(outcome),
+                _ => None,
+            },
+        )?;
+        match outcome {
+            CheckpointOutcome::Written(s) => Ok(s),
+            CheckpointOutcome::Failed(e) => Err(EngineError::Worker(WorkerError::Io(
+                io::Error::other(format!("the checkpoint was not written: {e}")),
+            ))),
+        }
+    }
+
+    fn restore(&mut self, name: &str) -> Result<RestoreReport, EngineError> {
+        if self.auto_journal.is_none() {
+            return Err(flowrepl_worker::CheckpointError::Off.into());
+        }
+        // Checked before the worker is replaced: a bad name or a missing checkpoint keeps it.
+        flowrepl_task_logger::snapshot::check_name(name)
+            .map_err(flowrepl_worker::CheckpointError::from)?;
+        let root = self.spawn.snapshots.as_ref().map(|s| s.root.clone());
+        if let Some(root) = root {
+            flowrepl_task_logger::snapshot::load(&root, name)
+                .map_err(flowrepl_worker::CheckpointError::from)?;
+        }
+        self.stop_worker();
+        self.restored = None;
+        self.spawn_worker(Some(name))?;
+        self.ensure_ready()?;
+        match self.restored.take() {
+            Some(Ok(r)) => Ok(r),
+            Some(Err(e)) => Err(EngineError::NotRestored(format!(
+                "{e}; the fresh worker starts empty"
+            ))),
+            None => Err(EngineError::NotRestored(
+                "the worker did not report a restore; it starts empty".into(),
+            )),
+        }
+    }
+
+    fn take_restored(&mut self) -> Option<Result<RestoreReport, String>> {
+        self.restored.take()
+    }
+
+    fn idle_work_since(&self) -> Option<Instant> {
+        None
+    }
+
+    fn do_idle_work(&mut self) {}
 
     fn finish(&mut self) {
         self.stop_worker();

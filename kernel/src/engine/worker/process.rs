@@ -42,6 +42,8 @@ pub struct SpawnConfig {
     pub images: Option<flowrepl_worker::executor::ImageLimits>,
     /// What each worker's session starts from.
     pub setup: flowrepl_worker::SessionSetup,
+    /// Checkpoints, when on.
+    pub snapshots: Option<flowrepl_worker::SnapshotConfig>,
 }
 
 /// A running worker.
@@ -102,7 +104,12 @@ fn lower_soft_limit(resource: Resource, value: u64) -> nix::Result<()> {
 
 impl WorkerProcess {
     /// Starts a worker and its guard. Does not wait for it to be ready.
-    pub fn spawn(config: &SpawnConfig, diagnostics: &File) -> io::Result<WorkerProcess> {
+    /// With `restore`, the worker restores that checkpoint before it reports ready.
+    pub fn spawn(
+        config: &SpawnConfig,
+        diagnostics: &File,
+        restore: Option<&str>,
+    ) -> io::Result<WorkerProcess> {
         let mut cmd = Command::new(&config.exe);
         cmd.arg("--python")
             .arg(&config.python)
@@ -116,6 +123,22 @@ impl WorkerProcess {
                 .arg(i.max_images.to_string())
                 .arg("--max-image-pixels")
                 .arg(i.max_pixels.to_string());
+        }
+        match &config.snapshots {
+            Some(s) => {
+                cmd.arg("--snapshot-dir")
+                    .arg(&s.root)
+                    .arg("--snapshot")
+                    .arg(s.policy.as_str())
+                    .arg("--snapshot-max-mb")
+                    .arg((s.max_bytes >> 20).max(1).to_string());
+                if let Some(name) = restore {
+                    cmd.arg("--restore").arg(name);
+                }
+            }
+            None => {
+                cmd.arg("--snapshot").arg("off");
+            }
         }
         if config.setup != Default::default() {
             let json = serde_json::to_string(&config.setup).expect("setup serializes");

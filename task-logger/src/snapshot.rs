@@ -1,0 +1,432 @@
+//! Namespace checkpoints beside the task log, and the one reader of their format.
+//!
+//! # Layout
+//! `<log_dir>/<plan>/<task>.snapshot/` (mode 0700) holds one folder per checkpoint: `auto`
+//! (written after successful cells) and any named ones. A checkpoint folder holds:
+//! - `s-NNNNNN.bin`: segments, pickles back to back. A segment is written once and never
+//!   changed; segments no line uses any more are removed.
+//! - `journal.jsonl`: one [`JournalLine`] per write, appended with one `write(2)` after its
+//!   segment is complete. A line with `full: true` starts over; the others change only the
+//!   names they list. A kill during a write leaves the earlier lines whole, and a torn last
+//!   line is ignored, so a reader always sees the previous checkpoint. Compaction and named
+//!   checkpoints replace the whole journal (or folder) by a rename.
+//!
+//! The writer is the executor's Python code (`worker/src/snapshot.py`); [`read`] folds the
+//! lines into a [`Checkpoint`], which the executor restores from and `checkpoints` lists.
+//!
+//! # Trust
+//! Restoring unpickles, which runs code. Only folders under the kernel's own snapshot folder
+//! are read, and [`open_root`] refuses one that is not a directory owned by this user with no
+//! group or other permissions.
+
+use flowrepl_protocol::CheckpointInfo;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, BufRead};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The journal's file name inside a checkpoint folder.
+pub const JOURNAL: &str = "journal.jsonl";
+/// The journal format this reader knows.
+pub const SNAPSHOT_FORMAT: u32 = 1;
+/// Longest checkpoint name.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// Why a checkpoint cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// The name is not 1–64 of `A-Z a-z 0-9 _ . -` or starts with `.`.
+    #[error("bad checkpoint name {0:?}: use 1 to {MAX_NAME_LEN} of A-Z a-z 0-9 _ . - (not starting with '.')")]
+    BadName(String),
+    /// No checkpoint of that name.
+    #[error("no checkpoint named {0:?} for this task")]
+    Missing(String),
+    /// The folder is not the kernel's own.
+    #[error("{0} is not a private directory of this user (owner and mode 0700 required); refusing to load pickles from it")]
+    NotPrivate(PathBuf),
+    /// A journal line of a newer format.
+    #[error("checkpoint {name:?} was written in format {found}; this flowrepl reads format {SNAPSHOT_FORMAT}")]
+    NewerFormat {
+        /// The checkpoint.
+        name: String,
+        /// Its format.
+        found: u32,
+    },
+    /// The file system failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> SnapshotError + 'a {
+    move |source| SnapshotError::Io {
+        what,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// `<log_dir>/<plan>/<task>.snapshot` for the task whose log is `log_file`.
+pub fn snapshot_root(log_file: &Path) -> PathBuf {
+    log_file.with_extension("snapshot")
+}
+
+/// Checks a checkpoint name (see [`SnapshotError::BadName`]).
+pub fn check_name(name: &str) -> Result<(), SnapshotError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && !name.starts_with('.')
+        && !name.ends_with(".tmp")
+        && !name.ends_with(".old")
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(SnapshotError::BadName(name.to_owned()))
+    }
+}
+
+/// The snapshot folder, made (0700) if missing, and checked to be this user's private
+/// directory before anything in it is read.
+pub fn open_root(root: &Path) -> Result<PathBuf, SnapshotError> {
+    match fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(root)
+    {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io_err("cannot create", root)(e)),
+    }
+    let meta = fs::symlink_metadata(root).map_err(io_err("cannot inspect", root))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_dir() || meta.uid() != me || meta.permissions().mode() & 0o077 != 0 {
+        return Err(SnapshotError::NotPrivate(root.to_owned()));
+    }
+    Ok(root.to_owned())
+}
+
+/// One group of names pickled together, as a journal line and a [`Checkpoint`] hold it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Group {
+    /// The names (the pickle is a dict of them).
+    pub names: Vec<String>,
+    /// The segment file.
+    pub seg: String,
+    /// Where the pickle starts in it.
+    pub off: u64,
+    /// Its length.
+    pub len: u64,
+    /// Other names it refers to (restored first).
+    #[serde(default)]
+    pub refs: Vec<String>,
+}
+
+/// One line of `journal.jsonl`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct JournalLine {
+    /// Format ([`SNAPSHOT_FORMAT`]).
+    pub v: u32,
+    /// Starts over: names not in this line are gone.
+    pub full: bool,
+    /// The session's execution count after which it was written.
+    pub execution_count: u64,
+    /// When (UTC, ISO 8601).
+    pub time: String,
+    /// The writer's Python, `major.minor`.
+    pub python: String,
+    /// `cloudpickle X.Y`, `dill X.Y` or `pickle`.
+    pub pickler: String,
+    /// Groups written by this line.
+    #[serde(default)]
+    pub put: Vec<Group>,
+    /// Names bound to modules: name → module.
+    #[serde(default)]
+    pub modules: BTreeMap<String, String>,
+    /// Names that could not be saved: name → reason.
+    #[serde(default)]
+    pub unsaved: BTreeMap<String, String>,
+    /// Names gone.
+    #[serde(default)]
+    pub drop: Vec<String>,
+    /// The task's `flow.context` (a JSON object's text), if any.
+    #[serde(default)]
+    pub context: Option<String>,
+}
+
+/// What one name is in a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Entry {
+    Group(usize),
+    Module(String),
+    Unsaved(String),
+}
+
+/// A checkpoint folded from its journal: what the executor restores.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Checkpoint {
+    /// Its name.
+    pub name: String,
+    /// The execution count it holds the state after.
+    pub execution_count: u64,
+    /// When it was last written.
+    pub time: String,
+    /// The writer's Python, `major.minor`.
+    pub python: String,
+    /// What pickled it.
+    pub pickler: String,
+    /// The groups that hold at least one live name (with only those names).
+    pub groups: Vec<Group>,
+    /// Names bound to modules: name → module.
+    pub modules: BTreeMap<String, String>,
+    /// Names that could not be saved: name → reason.
+    pub unsaved: BTreeMap<String, String>,
+    /// The task's context when it was written.
+    pub context: Option<String>,
+}
+
+impl Checkpoint {
+    /// Bytes of pickles it uses.
+    pub fn bytes(&self) -> u64 {
+        self.groups.iter().map(|g| g.len).sum()
+    }
+
+    /// Names it can restore, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .groups
+            .iter()
+            .flat_map(|g| g.names.iter().cloned())
+            .chain(self.modules.keys().cloned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Its description for `checkpoints`.
+    pub fn info(&self) -> CheckpointInfo {
+        CheckpointInfo {
+            name: self.name.clone(),
+            execution_count: self.execution_count,
+            time: self.time.clone(),
+            bytes: self.bytes(),
+            names: self.names(),
+            unsaved: self.unsaved.clone(),
+            python: self.python.clone(),
+            pickler: self.pickler.clone(),
+        }
+    }
+}
+
+/// Folds the journal of the checkpoint folder `dir` (named `name`). `Ok(None)`: no checkpoint
+/// there (no journal, or no whole line in it).
+pub fn read(dir: &Path, name: &str) -> Result<Option<Checkpoint>, SnapshotError> {
+    let path = dir.join(JOURNAL);
+    let file = match fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err("cannot open", &path)(e)),
+    };
+    let mut groups: Vec<Group> = Vec::new();
+    let mut names: BTreeMap<String, Entry> = BTreeMap::new();
+    let mut cp: Option<Checkpoint> = None;
+    for line in io::BufReader::new(file).split(b'\n') {
+        let line = line.map_err(io_err("cannot read", &path))?;
+        // A line without its newline was torn by a kill: `split` yields it last; serde
+        // rejects a cut object, and a cut that still parses cannot happen (the object's
+        // closing brace is its last byte).
+        let Ok(l) = serde_json::from_slice::<JournalLine>(&line) else {
+            continue;
+        };
+        if l.v > SNAPSHOT_FORMAT {
+            return Err(SnapshotError::NewerFormat {
+                name: name.to_owned(),
+                found: l.v,
+            });
+        }
+        if l.full {
+            groups.clear();
+            names.clear();
+        }
+        for n in &l.drop {
+            names.remove(n);
+        }
+        for g in l.put {
+            let i = groups.len();
+            for n in &g.names {
+                names.insert(n.clone(), Entry::Group(i));
+            }
+            groups.push(g);
+        }
+        for (n, m) in l.modules {
+            names.insert(n, Entry::Module(m));
+        }
+        for (n, why) in l.unsaved {
+            names.insert(n, Entry::Unsaved(why));
+        }
+        cp = Some(Checkpoint {
+            name: name.to_owned(),
+            execution_count: l.execution_count,
+            time: l.time,
+            python: l.python,
+            pickler: l.pickler,
+            context: l.context,
+            ..Checkpoint::default()
+        });
+    }
+    let Some(mut cp) = cp else { return Ok(None) };
+    let mut live: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for (n, e) in names {
+        match e {
+            Entry::Group(i) => live.entry(i).or_default().push(n),
+            Entry::Module(m) => {
+                cp.modules.insert(n, m);
+            }
+            Entry::Unsaved(why) => {
+                cp.unsaved.insert(n, why);
+            }
+        }
+    }
+    cp.groups = live
+        .into_iter()
+        .map(|(i, names)| Group {
+            names,
+            ..groups[i].clone()
+        })
+        .collect();
+    Ok(Some(cp))
+}
+
+/// The checkpoint `name` of the task whose snapshot folder is `root`.
+pub fn load(root: &Path, name: &str) -> Result<Checkpoint, SnapshotError> {
+    check_name(name)?;
+    let root = open_root(root)?;
+    read(&root.join(name), name)?.ok_or_else(|| SnapshotError::Missing(name.to_owned()))
+}
+
+/// Every checkpoint of the task whose snapshot folder is `root`, by name; folders that hold
+/// none (or cannot be read) are left out.
+pub fn list(root: &Path) -> Result<Vec<CheckpointInfo>, SnapshotError> {
+    if !root.exists() {
+        return Ok(Vec::new());
+    }
+    let root = open_root(root)?;
+    let mut out = Vec::new();
+    for entry in fs::read_dir(&root).map_err(io_err("cannot list", &root))? {
+        let Ok(entry) = entry else { continue };
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if check_name(&name).is_err() {
+            continue;
+        }
+        // An empty folder, or one that cannot be read (a newer format), is not listed.
+        if let Ok(Some(cp)) = read(&entry.path(), &name) {
+            out.push(cp.info());
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(full: bool, count: u64, put: &str, extra: &str) -> String {
+        format!(
+            r#"{{"v":1,"full":{full},"execution_count":{count},"time":"t{count}","python":"3.12","pickler":"pickle","put":[{put}]{extra}}}"#
+        )
+    }
+
+    #[test]
+    fn folds_lines_and_ignores_a_torn_last_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = |names: &str, seg: &str| {
+            format!(r#"{{"names":{names},"seg":"{seg}","off":0,"len":10,"refs":[]}}"#)
+        };
+        let text = [
+            line(
+                true,
+                1,
+                &g(r#"["a","b"]"#, "s-1"),
+                r#","modules":{"np":"numpy"},"unsaved":{"gen":"a generator"}"#,
+            ),
+            line(false, 2, &g(r#"["a"]"#, "s-2"), r#","drop":["gen"]"#),
+            line(false, 3, &g(r#"["c"]"#, "s-3"), r#","drop":["np"]"#),
+        ];
+        let mut body = format!("{}\n{}\n", text[0], text[1]);
+        // The third line was cut by a kill.
+        body.push_str(&text[2][..text[2].len() - 5]);
+        fs::write(dir.path().join(JOURNAL), body).unwrap();
+        let cp = read(dir.path(), "auto").unwrap().unwrap();
+        assert_eq!(cp.execution_count, 2);
+        assert_eq!(cp.names(), ["a", "b", "np"]);
+        assert!(cp.unsaved.is_empty());
+        let segs: Vec<(&str, &[String])> = cp
+            .groups
+            .iter()
+            .map(|g| (g.seg.as_str(), g.names.as_slice()))
+            .collect();
+        assert_eq!(
+            segs,
+            [
+                ("s-1", &["b".to_owned()][..]),
+                ("s-2", &["a".to_owned()][..])
+            ]
+        );
+        // A full line starts over.
+        fs::write(
+            dir.path().join(JOURNAL),
+            format!(
+                "{}\n{}\n",
+                text[0],
+                line(true, 5, &g(r#"["z"]"#, "s-9"), "")
+            ),
+        )
+        .unwrap();
+        let cp = read(dir.path(), "auto").unwrap().unwrap();
+        assert_eq!((cp.execution_count, cp.names()), (5, vec!["z".to_owned()]));
+    }
+
+    #[test]
+    fn names_are_checked_and_folders_must_be_private() {
+        for bad in ["", ".x", "a/b", "..", "x.tmp", &"a".repeat(65), "é"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        for good in ["auto", "before-merge", "v1.2_final"] {
+            check_name(good).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("t.snapshot");
+        open_root(&root).unwrap();
+        assert_eq!(
+            fs::metadata(&root).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(matches!(
+            load(&root, "auto"),
+            Err(SnapshotError::NotPrivate(_))
+        ));
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(matches!(
+            load(&root, "auto"),
+            Err(SnapshotError::Missing(_))
+        ));
+        assert_eq!(list(&root).unwrap(), vec![]);
+    }
+}

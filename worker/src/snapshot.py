@@ -1,0 +1,784 @@
+"""Namespace checkpoints: the module `_flowrepl_snapshot`, loaded on the first checkpoint or
+restore (never on a kernel's start).
+
+A checkpoint directory holds segment files (`s-NNNNNN.bin`, pickles back to back, never
+rewritten) and `journal.jsonl`: one JSON line per checkpoint, each written with one `write` after
+its segment, so a kill during a checkpoint leaves the lines before it whole (a torn last line is
+ignored by the reader). A line says which names it saves (`put`, groups of names pickled
+together), which names are modules (`modules`, restored by importing), which could not be saved
+and why (`unsaved`) and which are gone (`drop`); a `full` line starts over. The Rust side
+(flowrepl-task-logger's `snapshot`) folds the lines into the checkpoint and hands the result to
+`restore`: one reader of the format. See docs/snapshots.md.
+
+Each name is saved on its own, so one object that cannot be pickled costs only its name. Names
+whose objects share sub-objects are pickled together, so sharing survives; an object that is the
+value of another name is saved as a reference to that name ("persistent id"), so `b = a` and a
+list holding another name's dict come back shared, and big values are not saved twice.
+Functions and classes defined in the session are saved by value with cloudpickle (or dill), and
+restored functions see the live namespace, not a copy of it.
+"""
+
+import builtins
+import io
+import json
+import os
+import sys
+import time
+import types
+
+FORMAT = 1
+JOURNAL = "journal.jsonl"
+# Types whose identity never matters: not tracked for sharing, never saved as references.
+_VALUE_TYPES = frozenset(
+    {str, bytes, int, float, complex, bool, type(None), type(Ellipsis), tuple, frozenset, range}
+)
+# What pickling cannot carry, named before trying (the error messages of pickle are vaguer).
+_NOT_SAVEABLE = (
+    (types.GeneratorType, "a generator: its running frame cannot be saved"),
+    (types.CoroutineType, "a coroutine: its running frame cannot be saved"),
+    (types.AsyncGeneratorType, "an async generator: its running frame cannot be saved"),
+    (types.FrameType, "a frame"),
+    (types.TracebackType, "a traceback"),
+    (io.IOBase, "an open file or stream: its OS handle cannot be saved"),
+)
+# Names a cell can use to change any variable without naming it: such a cell marks them all.
+_WHOLE_NAMESPACE = frozenset({"globals", "exec", "eval", "vars", "__import__", "setattr"})
+# Journal lines after which a checkpoint compacts (rewrites the journal as one full line).
+_MAX_LINES = 256
+
+
+def _pickler():
+    """(Pickler class, description): cloudpickle if the session's environment has it, else
+    dill, else plain pickle (which saves session functions and classes only by name)."""
+    try:
+        import cloudpickle
+
+        return cloudpickle.Pickler, f"cloudpickle {cloudpickle.__version__}", True
+    except Exception:
+        pass
+    try:
+        import dill
+
+        return dill.Pickler, f"dill {dill.__version__}", True
+    except Exception:
+        pass
+    import pickle
+
+    return pickle.Pickler, "pickle", False
+
+
+def _python():
+    return "%d.%d" % sys.version_info[:2]
+
+
+def _now():
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + ".%03dZ" % (time.time() % 1 * 1000)
+
+
+def _identity_matters(obj):
+    """False for values whose identity no code can rely on (numbers, strings, tuples), and
+    for modules, classes and functions that pickle by name (defined outside the session)."""
+    t = type(obj)
+    if t in _VALUE_TYPES or t is types.ModuleType:
+        return False
+    if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+        return getattr(obj, "__module__", None) == "__main__"
+    return True
+
+
+def _why_not(value):
+    for kind, why in _NOT_SAVEABLE:
+        if isinstance(value, kind):
+            return why
+    name = type(value).__name__
+    if name in ("lock", "RLock", "_RLock", "Condition", "Semaphore", "Event"):
+        return f"a thread synchronisation object ({name}): its state belongs to this process"
+    if name in ("socket", "SSLSocket"):
+        return "a socket: its OS handle cannot be saved"
+    return None
+
+
+def _code_names(code, into):
+    into.update(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code_names(const, into)
+
+
+def touched(ns, codes):
+    """The names the cells (`codes`, their compiled code) may have changed: the globals they
+    name, and, through functions and classes defined in the session that they name, what
+    those name in turn. None: every name (a cell that used globals(), exec, eval...)."""
+    seen = set()
+    for code in codes:
+        _code_names(code, seen)
+    if seen & _WHOLE_NAMESPACE:
+        return None
+    todo = [n for n in seen if n in ns]
+    names = set(todo)
+    while todo:
+        value = ns.get(todo.pop())
+        more = set()
+        funcs = []
+        if isinstance(value, types.FunctionType) and value.__globals__ is ns:
+            funcs.append(value)
+        else:
+            cls = value if isinstance(value, type) else type(value)
+            if cls.__module__ == "__main__":
+                funcs.extend(f for f in vars(cls).values() if isinstance(f, types.FunctionType))
+        for f in funcs:
+            _code_names(f.__code__, more)
+        if more & _WHOLE_NAMESPACE:
+            return None
+        for n in more:
+            if n in ns and n not in names:
+                names.add(n)
+                todo.append(n)
+    return names
+
+
+class _Group:
+    __slots__ = ("names", "seg", "off", "len", "refs", "ids")
+
+    def __init__(self, names, seg, off, length, refs, ids):
+        self.names = names
+        self.seg = seg
+        self.off = off
+        self.len = length
+        self.refs = refs
+        self.ids = ids
+
+    def entry(self):
+        return {"names": self.names, "seg": self.seg, "off": self.off, "len": self.len, "refs": sorted(self.refs)}
+
+
+class Store:
+    """The automatic checkpoint of one session (`<task>.snapshot/auto`), kept in step with the
+    namespace: which names are saved where, and the objects they held when saved (strong
+    references, so that a rebinding is seen by identity; released at the next checkpoint)."""
+
+    def __init__(self, ns, directory, max_bytes, verify_bytes):
+        self.ns = ns
+        self.dir = directory
+        self.max_bytes = max_bytes
+        self.verify_bytes = verify_bytes
+        self.cls, self.pickler_name, self.by_value = _pickler()
+        self._reset()
+
+    def _reset(self):
+        self.groups = {}  # name -> _Group (one object shared by the group's names)
+        self.saved = {}  # name -> the object saved (or the module, or the unsaved object)
+        self.modules = {}  # name -> module name
+        self.unsaved = {}  # name -> reason
+        self.lines = 0
+        self.dead = 0  # bytes in segments no name uses any more
+        self.live = 0
+        self.seq = 0
+        self.started = False
+
+    # ---- saving
+
+    def _pickle(self, values, by_id, out):
+        """Pickles the dict `values` into `out` (a file or BytesIO): (names referred to,
+        ids of shared-able objects in it)."""
+        cls = self.cls
+        ns = self.ns
+        own = values
+        used = set()
+
+        class P(cls):
+            def persistent_id(p, obj):
+                name = by_id.get(id(obj))
+                if name is not None and name not in own:
+                    used.add(name)
+                    return ("n", name)
+                if obj is ns:
+                    return ("ns",)
+                refs = getattr(p, "globals_ref", None)
+                if refs and obj is refs.get(id(ns), _MISSING):
+                    return ("ns",)
+                return None
+
+            def _dynamic_function_reduce(p, func):
+                # cloudpickle: a session function's globals are the live namespace
+                # (persistent id above), not a copy of the names it uses.
+                r = super()._dynamic_function_reduce(func)
+                if func.__globals__ is ns:
+                    state, slots = r[2]
+                    slots = dict(slots)
+                    slots["__globals__"] = {}
+                    r = r[:2] + ((state, slots),) + r[3:]
+                return r
+
+        p = P(out, protocol=5)
+        p.dump(values)
+        # The objects pickled, by id, kept alive (a temporary a reducer made must not lend
+        # its id to a later object, or unrelated names would look shared).
+        ids = {}
+        memo = getattr(p, "memo", None)
+        if memo is not None:
+            items = memo.copy().items() if hasattr(memo, "copy") else memo.items()
+            for key, entry in items:
+                obj = entry[1] if isinstance(entry, tuple) else None
+                if obj is not None and obj is not values and _identity_matters(obj):
+                    ids[key] = obj
+        return used, ids
+
+    def _pickle_names(self, names, current, by_id, modules, unsaved, pickled):
+        """Pickles each name on its own into `pickled` (name -> (buffer, names used, ids)),
+        or files it under `modules` or `unsaved` (name -> reason)."""
+        for n in names:
+            v = current[n]
+            if type(v) is types.ModuleType:
+                modules[n] = v.__name__
+                continue
+            why = _why_not(v)
+            if (
+                why is None
+                and not self.by_value
+                and isinstance(v, (type, types.FunctionType))
+                and getattr(v, "__module__", None) == "__main__"
+            ):
+                why = "functions and classes defined in the session are saved by value with cloudpickle or dill, and neither is installed in this environment"
+            nbytes = getattr(v, "nbytes", None)
+            if why is None and isinstance(nbytes, int) and nbytes > self.max_bytes:
+                why = _over(nbytes, self.max_bytes)
+            if why is not None:
+                unsaved[n] = why
+                continue
+            buf = io.BytesIO()
+            try:
+                used, ids = self._pickle({n: v}, by_id, buf)
+            except Exception as e:
+                unsaved[n] = f"cannot be pickled: {type(e).__name__}: {e}"
+                continue
+            if buf.tell() > self.max_bytes:
+                unsaved[n] = _over(buf.tell(), self.max_bytes)
+                continue
+            pickled[n] = (buf, used, ids)
+
+    def _joining(self, pickled, current, dirty):
+        """Names not yet marked that must be saved with the marked ones: their groups share
+        objects with a marked name, or references run in a circle through them."""
+        clean = {}
+        for g in {id(g): g for n, g in self.groups.items() if n not in dirty}.values():
+            for i in g.ids:
+                clean[i] = g
+        extra = set()
+        for _, _, ids in pickled.values():
+            for i in ids.keys() & clean.keys():
+                extra.update(clean[i].names)
+
+        def edges(n):
+            if n in pickled:
+                return pickled[n][1]
+            g = self.groups.get(n)
+            return g.refs if g is not None else ()
+
+        for scc in _cycles(list(pickled), edges):
+            extra.update(scc)
+        more = set()
+        for n in extra:
+            g = self.groups.get(n)
+            if g is not None:
+                more.update(g.names)
+        return {n for n in extra | more if n in current and n not in dirty}
+
+    def _loads(self, data, lookup):
+        cls = _unpickler_class()
+        ns = self.ns
+
+        class U(cls):
+            def persistent_load(u, pid):
+                if pid == ("ns",):
+                    return ns
+                return lookup(pid[1])
+
+        return U(io.BytesIO(data)).load()
+
+    def checkpoint(self, codes, full, execution_count, context):
+        """Saves what changed since the last checkpoint (everything when `full` or the first
+        time). Returns a summary (a dict) for the kernel."""
+        t0 = time.perf_counter()
+        ns = self.ns
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        current = {n: v for n, v in ns.items() if not (n.startswith("__") and n.endswith("__"))}
+        if not self.started:
+            full = True
+        if full:
+            dirty = set(current)
+        else:
+            dirty = {n for n, v in current.items() if self.saved.get(n, _MISSING) is not v}
+            more = touched(ns, codes)
+            dirty |= set(current) if more is None else (more & current.keys())
+        known = set(self.groups) | set(self.modules) | set(self.unsaved)
+        drop = sorted(known - current.keys()) if not full else []
+        # Every name of a group goes with any of its names.
+        for n in list(dirty):
+            g = self.groups.get(n)
+            if g is not None:
+                dirty.update(x for x in g.names if x in current)
+        # Which objects are other names' values (saved as references to those names).
+        by_id = {}
+        for n, v in current.items():
+            if _identity_matters(v):
+                by_id.setdefault(id(v), n)
+        modules, unsaved, pickled = {}, {}, {}
+        seg_name = None
+        put = []
+        f = None
+        try:
+            self._pickle_names(sorted(dirty), current, by_id, modules, unsaved, pickled)
+            # Clean names join when they share objects with a saved one, or when references
+            # now run in a circle through them; their whole groups join too.
+            while not full:
+                extra = self._joining(pickled, current, dirty)
+                if not extra:
+                    break
+                dirty |= extra
+                self._pickle_names(sorted(extra), current, by_id, modules, unsaved, pickled)
+            # One group per set of names that share objects or refer to each other in a circle.
+            parent = {n: n for n in pickled}
+
+            def find(x):
+                while parent[x] != x:
+                    parent[x] = parent[parent[x]]
+                    x = parent[x]
+                return x
+
+            owner = {}
+            for n, (_, used, ids) in pickled.items():
+                for i in ids:
+                    o = owner.setdefault(i, n)
+                    if o != n:
+                        parent[find(n)] = find(o)
+            edges = {n: used for n, (_, used, _) in pickled.items()}
+            for scc in _cycles(list(pickled), lambda n: edges.get(n, ())):
+                first = scc[0]
+                for x in scc[1:]:
+                    if x in parent and first in parent:
+                        parent[find(x)] = find(first)
+            sets = {}
+            for n in pickled:
+                sets.setdefault(find(n), []).append(n)
+            if pickled:
+                self.seq = max(self.seq, _last_segment(self.dir)) + 1
+                seg_name = "s-%06d.bin" % self.seq
+                f = open(os.path.join(self.dir, seg_name), "wb")
+            for names in sets.values():
+                names.sort()
+                if len(names) == 1:
+                    buf, used, ids = pickled[names[0]]
+                else:
+                    buf = io.BytesIO()
+                    values = {x: current[x] for x in names}
+                    try:
+                        used, ids = self._pickle(values, by_id, buf)
+                    except Exception as e:
+                        for x in names:
+                            unsaved[x] = f"cannot be pickled with the names it shares objects with: {type(e).__name__}: {e}"
+                        continue
+                data = buf.getbuffer()
+                if len(data) <= self.verify_bytes:
+                    try:
+                        self._loads(data, lambda name: ns[name])
+                    except Exception as e:
+                        for x in names:
+                            unsaved[x] = f"its saved form does not load back: {type(e).__name__}: {e}"
+                        continue
+                off = f.tell()
+                f.write(data)
+                put.append(_Group(names, seg_name, off, len(data), used - set(names), ids))
+            if f is not None:
+                f.close()
+                f = None
+        except BaseException:
+            if f is not None:
+                f.close()
+            if seg_name is not None:
+                _remove(os.path.join(self.dir, seg_name))
+            raise
+        # Names that refer to a name that could not be saved cannot be restored either.
+        changed = True
+        while changed:
+            changed = False
+            for g in put:
+                if g.names[0] in unsaved:
+                    continue
+                bad = [r for r in g.refs if r in unsaved or (r not in dirty and r in self.unsaved)]
+                if bad:
+                    for x in g.names:
+                        unsaved[x] = f"refers to {bad[0]!r}, which could not be saved"
+                    changed = True
+        put = [g for g in put if g.names[0] not in unsaved]
+        line = {
+            "v": FORMAT,
+            "full": full,
+            "execution_count": execution_count,
+            "time": _now(),
+            "python": _python(),
+            "pickler": self.pickler_name,
+            "put": [g.entry() for g in put],
+            "modules": modules,
+            "unsaved": unsaved,
+            "drop": drop,
+            "context": context,
+        }
+        text = json.dumps(line, separators=(",", ":")) + "\n"
+        if full or self.lines >= _MAX_LINES:
+            _replace(os.path.join(self.dir, JOURNAL), text)
+            self.lines = 1
+        else:
+            _append(os.path.join(self.dir, JOURNAL), text)
+            self.lines += 1
+        # The journal now says it: update the state, then collect the garbage.
+        if full:
+            self.groups, self.modules, self.unsaved = {}, {}, {}
+            self.live = self.dead = 0
+        for n in drop:
+            self._forget(n)
+            self.saved.pop(n, None)
+        for n in list(modules) + list(unsaved):
+            self._forget(n)
+        for g in put:
+            for x in g.names:
+                self._forget(x)
+                self.groups[x] = g
+            self.live += g.len
+        self.modules.update(modules)
+        self.unsaved.update(unsaved)
+        for n in dirty:
+            self.saved[n] = current[n]
+        if full:
+            self.saved = {n: current[n] for n in current}
+        self.started = True
+        if full:
+            _collect(self.dir, {g.seg for g in self.groups.values()})
+        elif self.dead > max(self.live, 1 << 20):
+            self._compact(execution_count, context)
+        return {
+            "checkpoint": os.path.basename(self.dir),
+            "execution_count": execution_count,
+            "saved": sorted(n for g in put for n in g.names),
+            "modules": sorted(modules),
+            "unsaved": unsaved,
+            "dropped": drop,
+            "bytes": sum(g.len for g in put),
+            "full": full,
+            "pickler": self.pickler_name,
+            "ms": (time.perf_counter() - t0) * 1000,
+        }
+
+    def _forget(self, name):
+        g = self.groups.pop(name, None)
+        if g is not None and not any(self.groups.get(x) is g for x in g.names):
+            self.live -= g.len
+            self.dead += g.len
+        self.modules.pop(name, None)
+        self.unsaved.pop(name, None)
+
+    def _compact(self, execution_count, context):
+        """Copies the live pickles into one new segment and rewrites the journal as one full
+        line; then removes the old segments."""
+        self.seq = max(self.seq, _last_segment(self.dir)) + 1
+        seg_name = "s-%06d.bin" % self.seq
+        groups = {id(g): g for g in self.groups.values()}.values()
+        files = {}
+        try:
+            with open(os.path.join(self.dir, seg_name), "wb") as out:
+                for g in groups:
+                    src = files.get(g.seg)
+                    if src is None:
+                        src = files[g.seg] = open(os.path.join(self.dir, g.seg), "rb")
+                    src.seek(g.off)
+                    data = src.read(g.len)
+                    off = out.tell()
+                    out.write(data)
+                    g.seg, g.off = seg_name, off
+        finally:
+            for src in files.values():
+                src.close()
+        line = {
+            "v": FORMAT,
+            "full": True,
+            "execution_count": execution_count,
+            "time": _now(),
+            "python": _python(),
+            "pickler": self.pickler_name,
+            "put": [g.entry() for g in groups],
+            "modules": self.modules,
+            "unsaved": self.unsaved,
+            "drop": [],
+            "context": context,
+        }
+        _replace(os.path.join(self.dir, JOURNAL), json.dumps(line, separators=(",", ":")) + "\n")
+        self.lines = 1
+        self.dead = 0
+        _collect(self.dir, {seg_name})
+
+    def checkpoint_json(self, codes, full, execution_count, context):
+        """`checkpoint` for the Rust side: the summary as JSON text."""
+        return json.dumps(self.checkpoint(codes, full, execution_count, context))
+
+    def restore_json(self, state_json, segments_dir):
+        """`restore` for the Rust side: `state_json` is the folded checkpoint. The task's
+        context becomes the checkpoint's only when the task has none (the task log, which
+        every change reaches, keeps the newest)."""
+        state = json.loads(state_json)
+        restored, lost = self.restore(state, segments_dir)
+        ctx = state.get("context")
+        if ctx is not None:
+            try:
+                current = sys.modules["flowrepl"].flow.context
+                saved = json.loads(ctx)
+                if saved and not current._data:
+                    current.update(saved, merge=False)
+            except Exception as e:
+                lost["flow.context"] = f"the task's context was not restored: {type(e).__name__}: {e}"
+        return restored, lost
+
+    # ---- restoring
+
+    def restore(self, state, segments_dir):
+        """Loads a folded checkpoint (`state`, from the Rust reader) into the namespace, which
+        the caller emptied. Returns (restored names, {lost name: reason}). When the checkpoint
+        is this store's own directory, the store continues from it (the next checkpoint is
+        incremental)."""
+        ns = self.ns
+        restored, lost = [], {}
+        if state.get("python") != _python():
+            for n in _all_names(state):
+                lost[n] = f"saved by Python {state.get('python')}; this is Python {_python()}, which cannot load its pickles"
+            return restored, lost
+        import importlib
+
+        for n, mod in state["modules"].items():
+            try:
+                ns[n] = importlib.import_module(mod)
+                restored.append(n)
+            except BaseException as e:
+                lost[n] = f"import {mod} failed: {type(e).__name__}: {e}"
+        for n, why in state["unsaved"].items():
+            lost[n] = f"not saved: {why}"
+        groups = state["groups"]
+        where = {}
+        for i, g in enumerate(groups):
+            for n in g["names"]:
+                where[n] = i
+        # Groups whose references are restored first (the references form no cycle: mutual
+        # ones were saved as one group).
+        order, done, visiting = [], set(), set()
+
+        def visit(i):
+            if i in done or i in visiting:
+                return
+            visiting.add(i)
+            for r in groups[i]["refs"]:
+                j = where.get(r)
+                if j is not None:
+                    visit(j)
+            visiting.discard(i)
+            done.add(i)
+            order.append(i)
+
+        for i in range(len(groups)):
+            visit(i)
+        files = {}
+        loaded = {}
+        ok_groups = []
+        try:
+            for i in order:
+                g = groups[i]
+                names = g["names"]
+                missing = [r for r in g["refs"] if r not in loaded and r not in ns]
+                if missing:
+                    why = lost.get(missing[0], "it is not in the checkpoint")
+                    for n in names:
+                        lost[n] = f"refers to {missing[0]!r}, which was not restored ({why})"
+                    continue
+                try:
+                    src = files.get(g["seg"])
+                    if src is None:
+                        src = files[g["seg"]] = open(os.path.join(segments_dir, g["seg"]), "rb")
+                    src.seek(g["off"])
+                    data = src.read(g["len"])
+                    if len(data) != g["len"]:
+                        raise EOFError(f"{g['seg']} is shorter than the journal says")
+                    values = self._loads(data, lambda name: loaded[name] if name in loaded else ns[name])
+                except BaseException as e:
+                    if isinstance(e, KeyboardInterrupt):
+                        raise
+                    for n in names:
+                        lost[n] = f"its saved form did not load: {type(e).__name__}: {e}"
+                    continue
+                for n in names:
+                    if n in values:
+                        loaded[n] = values[n]
+                ok_groups.append(g)
+        finally:
+            for src in files.values():
+                src.close()
+        ns.update(loaded)
+        ns["__builtins__"] = builtins
+        restored.extend(loaded)
+        if os.path.abspath(segments_dir) == os.path.abspath(self.dir):
+            self._reset()
+            self.started = True
+            for g in ok_groups:
+                grp = _Group(list(g["names"]), g["seg"], g["off"], g["len"], set(g["refs"]), {})
+                for n in grp.names:
+                    self.groups[n] = grp
+                self.live += grp.len
+            self.modules = {n: m for n, m in state["modules"].items() if n in ns}
+            self.unsaved = dict(state["unsaved"])
+            self.saved = {n: ns[n] for n in restored if n in ns}
+            self.lines = _MAX_LINES  # the next checkpoint rewrites the journal
+        return sorted(restored), lost
+
+
+def _over(nbytes, limit):
+    return f"{nbytes / 1e6:.1f} MB, over the limit of {limit / 1e6:.0f} MB per name (FLOWREPL_SNAPSHOT_MAX_MB)"
+
+
+def _cycles(starts, edges):
+    """The strongly connected components with more than one name among the names reachable
+    from `starts` (Tarjan's algorithm, without recursion)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    counter = 0
+    for root in starts:
+        if root in index:
+            continue
+        work = [(root, iter(edges(root)))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, it = work[-1]
+            advanced = False
+            for nxt in it:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(edges(nxt))))
+                    advanced = True
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                scc = []
+                while True:
+                    x = stack.pop()
+                    on_stack.discard(x)
+                    scc.append(x)
+                    if x == node:
+                        break
+                if len(scc) > 1:
+                    found.append(scc)
+    return found
+
+
+class _Missing:
+    pass
+
+
+_MISSING = _Missing()
+
+
+def _all_names(state):
+    names = list(state["modules"]) + list(state["unsaved"])
+    for g in state["groups"]:
+        names.extend(g["names"])
+    return names
+
+
+def _unpickler_class():
+    import pickle
+
+    return pickle.Unpickler
+
+
+def _last_segment(directory):
+    last = 0
+    try:
+        for entry in os.listdir(directory):
+            if entry.startswith("s-") and entry.endswith(".bin"):
+                try:
+                    last = max(last, int(entry[2:-4]))
+                except ValueError:
+                    pass
+    except FileNotFoundError:
+        pass
+    return last
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _collect(directory, keep):
+    """Removes segments the journal no longer uses, and temporary files of killed writes."""
+    for entry in os.listdir(directory):
+        if (entry.startswith("s-") and entry.endswith(".bin") and entry not in keep) or entry.endswith(".tmp"):
+            _remove(os.path.join(directory, entry))
+
+
+def _append(path, text):
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _replace(path, text):
+    tmp = path + ".%d.tmp" % os.getpid()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def context():
+    """The task's context as JSON text (what `flow.context` holds), or None."""
+    try:
+        return json.dumps(sys.modules["flowrepl"].flow.context._data)
+    except Exception:
+        return None
+
+
+def save_named_json(ns, directory, max_bytes, verify_bytes, execution_count, context):
+    return json.dumps(save_named(ns, directory, max_bytes, verify_bytes, execution_count, context))
+
+
+def save_named(ns, directory, max_bytes, verify_bytes, execution_count, context):
+    """A named checkpoint: everything, into its own directory, replacing what was there only
+    once the new one is whole."""
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    tmp = directory + ".%d.tmp" % os.getpid()
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    store = Store(ns, tmp, max_bytes, verify_bytes)
+    summary = store.checkpoint([], True, execution_count, context)
+    old = directory + ".%d.old" % os.getpid()
+    if os.path.exists(directory):
+        os.rename(directory, old)
+    os.rename(tmp, directory)
+    shutil.rmtree(old, ignore_errors=True)
+    summary["checkpoint"] = os.path.basename(directory)
+    return summary
