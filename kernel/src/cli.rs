@@ -63,7 +63,8 @@ pub struct Cli {
     pub worker: bool,
 
     /// Write no task log (no records, and the task context is not saved).
-    #[arg(global = true, long, env = "FLOWREPL_NO_LOG")]
+    #[arg(global = true, long, env = "FLOWREPL_NO_LOG", action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
     pub no_log: bool,
 
     /// After SIGINT (timeout or interrupt), how long a cell has to stop, in milliseconds.
@@ -110,7 +111,8 @@ pub struct Cli {
     pub snapshot_max_mb: u64,
 
     /// Start from the task's automatic checkpoint, if it has one (also FLOWREPL_RESUME=1).
-    #[arg(global = true, long, env = "FLOWREPL_RESUME")]
+    #[arg(global = true, long, env = "FLOWREPL_RESUME", action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
     pub resume: bool,
 }
 

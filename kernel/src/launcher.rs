@@ -90,7 +90,7 @@ pub fn choose(cli: &Cli) -> Result<Interpreter, flowrepl_pythons::PythonError> {
 pub fn main() -> ExitCode {
     let cli = Cli::from_args();
     if let Some(crate::cli::Command::Log(args)) = &cli.command {
-        return crate::logcmd::run(&cli.log_dir, args);
+        return crate::logcmd::run(&cli, args);
     }
     let interpreter = match choose(&cli) {
         Ok(i) => i,

@@ -44,7 +44,7 @@ use std::process::ExitCode;
 /// or the protocol channel fails, 2 for a configuration error.
 pub fn run(cli: cli::Cli) -> ExitCode {
     if let Some(cli::Command::Log(args)) = &cli.command {
-        return logcmd::run(&cli.log_dir, args);
+        return logcmd::run(&cli, args);
     }
     let stdio = match flowrepl_worker::stdio::take_protocol_stdio() {
         Ok(s) => s,

@@ -407,5 +407,6 @@ fn record<'a>(
             })
             .collect(),
         events: Cow::Borrowed(&r.events),
+        restored: r.restored.clone(),
     }
 }

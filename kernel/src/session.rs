@@ -413,6 +413,10 @@ impl Session {
             events,
             restored,
         };
+        if let Some(r) = &result.restored {
+            // The state is lost only as far as the checkpoint could not bring it back.
+            result.state_lost |= !r.complete();
+        }
         if let Some(e) = self.restore_failed.take() {
             result.report.warnings.push(format!(
                 "the session was to start from the last checkpoint, but it could not be restored: {e}"

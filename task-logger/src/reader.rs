@@ -275,6 +275,7 @@ fn into_owned(r: ExecutionRecord<'_>) -> ExecutionRecord<'static> {
         state_lost: r.state_lost,
         images: Owned(r.images.into_owned()),
         events: Owned(r.events.into_owned()),
+        restored: r.restored,
     }
 }
 

@@ -134,6 +134,10 @@ pub struct ExecutionRecord<'a> {
     /// Events the cell reported; absent when none.
     #[serde(default, skip_serializing_if = "<[Event]>::is_empty")]
     pub events: Cow<'a, [Event]>,
+    /// The first cell after an automatic restore: what came back from the checkpoint (see
+    /// [`flowrepl_protocol::RestoreReport`]); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<flowrepl_protocol::RestoreReport>,
 }
 
 /// The fields every record starts with: its type and version, and whose it is.

@@ -187,6 +187,7 @@ pub(crate) mod tests_support {
             state_lost: false,
             images: Cow::Borrowed(&[]),
             events: Cow::Borrowed(&[]),
+            restored: None,
         }
     }
 }

@@ -46,7 +46,10 @@ async def tools(s, opts):
     assert "read_output" in (init.instructions or ""), init.instructions
     listed = {t.name: t for t in (await s.list_tools()).tools}
     assert set(listed) == {"execute_code", "read_output", "interrupt", "restart_session",
-                           "list_variables"}, sorted(listed)
+                           "list_variables", "checkpoint", "restore_checkpoint",
+                           "list_checkpoints"}, sorted(listed)
+    assert listed["restart_session"].input_schema["properties"]["restore"]["type"] == "boolean"
+    assert "name" in listed["checkpoint"].input_schema["properties"]
     ex = listed["execute_code"]
     assert ex.input_schema["required"] == ["code"], ex.input_schema
     assert ex.input_schema["properties"]["timeout_ms"]["minimum"] == 1, ex.input_schema
@@ -446,6 +449,52 @@ async def variables(s, opts):
     r = await run_cell(s, "'n' in globals()")
     assert text_of(r).endswith("False"), text_of(r)
     return {"restart_pid": sc["pid"]}
+
+
+@scenario
+async def checkpoints(s, opts):
+    """Checkpoint tools; in worker mode, a crash restores the namespace for the next cell."""
+    r = await run_cell(s, "import numpy as np\nclass P:\n    def __init__(self): self.v = 7\n"
+                          "p = P()\nsq = lambda v: v * v\narr = np.arange(4)\ngen = (i for i in [1])")
+    assert not r.is_error, text_of(r)
+    r = await s.call_tool("checkpoint", {})
+    c = r.structured_content
+    assert not r.is_error and c["checkpoint"] == "auto" and c["full"] is True, c
+    assert set(c["saved"]) == {"P", "p", "sq", "arr"} and c["modules"] == ["np"], c
+    assert "generator" in c["unsaved"]["gen"] and "not saved: gen" in text_of(r), text_of(r)
+    r = await s.call_tool("checkpoint", {"name": "before"})
+    assert r.structured_content["checkpoint"] == "before", r.structured_content
+    r = await run_cell(s, "arr = arr * 10\ndel sq")
+    r = await s.call_tool("list_checkpoints", {})
+    names = [cp["name"] for cp in r.structured_content["checkpoints"]]
+    assert names == ["auto", "before"], r.structured_content
+    assert "before: after cell 1" in text_of(r), text_of(r)
+    if opts.worker:
+        r = await run_cell(s, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+        assert r.is_error and r.structured_content["state_lost"] is True
+        r = await run_cell(s, "(p.v, sq(3) if 'sq' in dir() else None, int(arr.sum()))")
+        sc = r.structured_content
+        assert sc["restored"] is True and "gen" in sc["lost_vars"], sc
+        assert "[restored] restored" in text_of(r), text_of(r)
+    r = await s.call_tool("restore_checkpoint", {"name": "before"})
+    sc = r.structured_content
+    assert sc["restored"] is True and sc["checkpoint"] == "before", sc
+    assert "sq" in sc["restored_vars"] and "restored" in text_of(r), text_of(r)
+    r = await run_cell(s, "(p.v, sq(3), int(arr.sum()), np.__name__)")
+    assert text_of(r) == "Out[%d]: (7, 9, 6, 'numpy')" % r.structured_content["execution_count"], text_of(r)
+    r = await s.call_tool("restart_session", {"restore": True})
+    sc = r.structured_content
+    assert sc["restarted"] is True and sc["restored"] is True and "p" in sc["restored_vars"], sc
+    for bad in ({"name": "../x"}, {"nme": "x"}):
+        try:
+            await s.call_tool("restore_checkpoint", bad)
+        except MCPError as e:
+            assert e.error.code == -32602, e
+        else:
+            raise AssertionError(f"{bad} was accepted")
+    r = await s.call_tool("restore_checkpoint", {"name": "missing"})
+    assert r.is_error and "no checkpoint named" in text_of(r), text_of(r)
+    return {"restore_ms": sc["restore_ms"]}
 
 
 def png_size(data):

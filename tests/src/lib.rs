@@ -313,6 +313,27 @@ impl Kernel {
         assert!(r.get("result").is_some(), "status failed: {r}");
     }
 
+    /// Waits (bounded) until the automatic checkpoint holds the state after cell `count`
+    /// (it is written once the kernel is idle after a successful cell); returns `checkpoints`.
+    pub fn wait_checkpoint(&mut self, count: u64) -> Value {
+        let until = Instant::now() + REPLY_TIMEOUT;
+        loop {
+            let r = self.call("checkpoints", Value::Null)["result"].clone();
+            let auto = r["checkpoints"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["name"] == "auto"))
+                .map(|c| c["execution_count"].as_u64().unwrap_or(0));
+            if auto >= Some(count) {
+                return r;
+            }
+            assert!(
+                Instant::now() < until,
+                "no checkpoint after cell {count}: {r}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// The task log file named in the ready notification.
     pub fn log_file(&self) -> PathBuf {
         let p = PathBuf::from(self.ready["log_file"].as_str().unwrap());

@@ -44,7 +44,10 @@ pub fn log_files(dir: &Path) -> Vec<PathBuf> {
         for e in entries.flatten() {
             let p = e.path();
             if p.is_dir() {
-                stack.push(p);
+                // Checkpoint folders (`<task>.snapshot/`) hold journals, not task logs.
+                if p.extension().is_none_or(|x| x != "snapshot") {
+                    stack.push(p);
+                }
             } else if p.extension().is_some_and(|x| x == "jsonl")
                 && std::fs::metadata(&p).is_ok_and(|m| m.is_file())
             {

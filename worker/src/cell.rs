@@ -321,6 +321,44 @@ fn skip_logical_line(b: &[u8], mut i: usize, line: &mut usize, depth: &mut usize
     i
 }
 
+/// The modules a cell's `import` statements name (`import a.b as c, d` → `a.b`, `d`;
+/// `from a.b import c` → `a.b`; relative imports are left out), read from its text: the
+/// statements that start a line or follow a `;`. A cheap scan, not a parse: a string that
+/// holds such a line counts too.
+pub fn imported_modules(code: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for line in code.lines() {
+        for stmt in line.split(';') {
+            let stmt = stmt.trim_start();
+            if let Some(rest) = stmt.strip_prefix("import ") {
+                let rest = rest.split('#').next().unwrap_or("");
+                for part in rest.trim_matches(|c| c == '(' || c == ')').split(',') {
+                    let name = part.split_whitespace().next().unwrap_or("");
+                    if is_module_name(name) {
+                        out.push(name);
+                    }
+                }
+            } else if let Some(rest) = stmt.strip_prefix("from ") {
+                let mut words = rest.split_whitespace();
+                if let (Some(name), Some("import")) = (words.next(), words.next()) {
+                    if is_module_name(name) {
+                        out.push(name);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn is_module_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .split('.')
+            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_alphanumeric() || c == '_'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,5 +445,16 @@ mod tests {
         assert_eq!(s.head, "a = 1\n\nb = '''\n\n'''\n");
         let s = split_last_expression("a = 1; a").unwrap();
         assert_eq!((s.tail_line, s.tail_col), (1, 7));
+    }
+
+    #[test]
+    fn finds_the_modules_import_statements_name() {
+        assert_eq!(
+            imported_modules(
+                "import json\nimport os.path as p, sys  # c\nx = 1; from a.b import c\n    import zlib\nfrom . import rel\nfrom .x import y\nimported = 2\nfrom (x) import y"
+            ),
+            ["json", "os.path", "sys", "a.b", "zlib"]
+        );
+        assert!(imported_modules("x = 'no imports here'").is_empty());
     }
 }

@@ -23,7 +23,7 @@
 
 use crate::executor::CallError;
 use flowrepl_protocol::{CheckpointSummary, RestoreReport, SnapshotPolicy};
-use flowrepl_task_logger::snapshot::{self, SnapshotError};
+use flowrepl_task_logger::snapshot::{self, Checkpoint, SnapshotError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::path::PathBuf;
@@ -223,20 +223,26 @@ impl Checkpoints {
         Ok(serde_json::from_str(&json).map_err(|e| CallError(e.to_string()))?)
     }
 
-    /// Loads checkpoint `name` into `globals` (emptied by the caller).
+    /// Reads checkpoint `name` (checking its name, its folder and that it exists), before
+    /// anything of the session is dropped for it.
+    pub(crate) fn load(&self, name: &str) -> Result<Checkpoint, CheckpointError> {
+        if self.config.policy == SnapshotPolicy::Off {
+            return Err(CheckpointError::Off);
+        }
+        Ok(snapshot::load(&self.config.root, name)?)
+    }
+
+    /// Loads checkpoint `cp` into `globals` (emptied by the caller).
     pub(crate) fn restore(
         &mut self,
         py: Python<'_>,
         globals: &Bound<'_, PyDict>,
-        name: &str,
+        cp: &Checkpoint,
     ) -> Result<RestoreReport, CheckpointError> {
-        if self.config.policy == SnapshotPolicy::Off {
-            return Err(CheckpointError::Off);
-        }
         let t0 = Instant::now();
-        let cp = snapshot::load(&self.config.root, name)?;
+        let name = cp.name.as_str();
         let dir = self.config.root.join(name);
-        let state = serde_json::to_string(&cp).map_err(|e| CallError(e.to_string()))?;
+        let state = serde_json::to_string(cp).map_err(|e| CallError(e.to_string()))?;
         let target = if name == flowrepl_protocol::AUTO_CHECKPOINT {
             self.store(py, globals)?
         } else {
@@ -274,9 +280,15 @@ impl Checkpoints {
         })
     }
 
-    /// The namespace was emptied (`restart` in-process): the next write saves every name.
-    pub(crate) fn namespace_reset(&mut self) {
+    /// The namespace was emptied (`restart` in-process) or the session ends: the objects
+    /// held to see what was rebound are let go, and the next write saves every name.
+    pub(crate) fn namespace_reset(&mut self, py: Python<'_>) {
         self.codes.clear();
         self.every_name = true;
+        if let Some(store) = &self.store {
+            if let Err(e) = store.bind(py).call_method0("release") {
+                tracing::warn!(error = %e, "releasing the checkpoint's objects failed");
+            }
+        }
     }
 }

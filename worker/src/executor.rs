@@ -202,6 +202,9 @@ pub struct Executor {
     mode: Mode,
     /// Checkpoints of the namespace, when they are on.
     checkpoints: Option<Checkpoints>,
+    /// Modules the checkpoint code imported that no cell has claimed yet
+    /// ([`Executor::claim_own_imports`]).
+    own_imports: std::collections::HashSet<String>,
     feature_version: c_int,
     info: PythonInfo,
     _not_send: std::marker::PhantomData<*const ()>,
@@ -302,6 +305,7 @@ impl Executor {
                 startup: config.setup.startup.clone(),
                 emitter,
                 _flow: flow,
+                own_imports: std::collections::HashSet::new(),
                 checkpoints: config.snapshots.clone().map(Checkpoints::new),
                 mode: if config.sink.is_some() {
                     Mode::Worker
@@ -351,7 +355,7 @@ impl Executor {
                 self.run_startup(py);
             }
             if let Some(c) = &mut self.checkpoints {
-                c.namespace_reset();
+                c.namespace_reset(py);
             }
             self.rebaseline(py);
             self.discard_output();
@@ -390,6 +394,9 @@ impl Executor {
     pub fn finish(&mut self) {
         Python::attach(|py| {
             clear_pending_signals();
+            if let Some(c) = &mut self.checkpoints {
+                c.namespace_reset(py);
+            }
             let globals = self.globals.bind(py).clone();
             if let Err(e) = self.support.finish.bind(py).call1((globals,)) {
                 tracing::warn!(error = %e, "running exit handlers failed");
@@ -412,8 +419,9 @@ impl Executor {
                 .bind(py)
                 .call1((globals,))
                 .and_then(|j| j.extract())?;
-            // Modules imported to list (json, reprlib) are not the next cell's imports.
-            self.rebaseline_modules(py);
+            // Modules imported to list (json, reprlib) are not the next cell's imports (unless
+            // it imports them itself).
+            self.absorb_own_imports(py);
             serde_json::from_str(&json).map_err(|e| CallError(e.to_string()))
         })
     }
@@ -444,9 +452,7 @@ impl Executor {
             }
             Some(Some(Err(e))) => {
                 tracing::warn!(error = %e, "the automatic checkpoint was not written");
-                if let Some(c) = &mut self.checkpoints {
-                    c.namespace_reset();
-                }
+                self.with_checkpoints(|c, py, _| c.namespace_reset(py));
             }
             _ => {}
         }
@@ -463,16 +469,20 @@ impl Executor {
     /// checkpoint's only when the task has none (the task log keeps the newest). Whatever the
     /// loading prints is discarded.
     pub fn restore(&mut self, name: &str, fresh: bool) -> Result<RestoreReport, CheckpointError> {
-        if self.checkpoints.is_none() {
-            return Err(CheckpointError::Off);
-        }
+        let cp = match &self.checkpoints {
+            None => return Err(CheckpointError::Off),
+            Some(c) => c.load(name)?,
+        };
         if !fresh {
             self.reset_namespace()?;
         }
         let r = self
-            .with_checkpoints(|c, py, globals| c.restore(py, globals, name))
+            .with_checkpoints(|c, py, globals| c.restore(py, globals, &cp))
             .unwrap_or(Err(CheckpointError::Off));
-        Python::attach(|py| self.rebaseline(py));
+        Python::attach(|py| {
+            self.absorb_own_imports(py);
+            self.rebaseline(py);
+        });
         // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
         unsafe { libc::fflush(std::ptr::null_mut()) };
         self.discard_output();
@@ -490,7 +500,7 @@ impl Executor {
         let r = Python::attach(|py| {
             let globals = self.globals.bind(py).clone();
             let r = f(&mut c, py, &globals);
-            self.rebaseline_modules(py);
+            self.absorb_own_imports(py);
             r
         });
         self.checkpoints = Some(c);
@@ -599,6 +609,7 @@ impl Executor {
         let mut gone = Vec::new();
         self.module_snapshot
             .update(py, &modules, &mut out.report.added_imports, &mut gone);
+        self.claim_own_imports(code, &mut out.report.added_imports);
         out.report.variable_count = self.var_snapshot.non_dunder_len();
         let t_diff = Instant::now();
         if code.len() <= MAX_REGISTERED_SOURCE {
@@ -624,7 +635,7 @@ impl Executor {
                     }
                 }
                 // Formatting may import traceback/linecache: not the cell's imports.
-                self.rebaseline_modules(py);
+                self.absorb_own_imports(py);
             }
             None => self.register_sources(py, false),
         }
@@ -967,6 +978,39 @@ impl Executor {
         self.var_snapshot
             .update(py, &globals, &mut scratch.0, &mut scratch.1);
         self.rebaseline_modules(py);
+    }
+
+    /// Modules the executor's own code imported (pickle, json, cloudpickle and what it needs;
+    /// what unpickling needed) join the baseline, and are remembered: a later cell whose
+    /// `import` statement names one still reports it in `added_imports`.
+    fn absorb_own_imports(&mut self, py: Python<'_>) {
+        let mut added = Vec::new();
+        let modules = self.modules.bind(py).clone();
+        self.module_snapshot
+            .update(py, &modules, &mut added, &mut Vec::new());
+        self.own_imports.extend(added);
+    }
+
+    /// Adds to `added_imports` the modules the cell's `import` statements name that the
+    /// executor's own code had imported first (so that the diff of `sys.modules` misses them).
+    fn claim_own_imports(&mut self, code: &str, added: &mut Vec<String>) {
+        if self.own_imports.is_empty() || !code.contains("import") {
+            return;
+        }
+        for name in crate::cell::imported_modules(code) {
+            let mut end = name.len();
+            loop {
+                let module = &name[..end];
+                if self.own_imports.remove(module) && !added.iter().any(|a| a == module) {
+                    added.push(module.to_owned());
+                }
+                match module.rfind('.') {
+                    Some(dot) => end = dot,
+                    None => break,
+                }
+            }
+        }
+        added.sort();
     }
 
     fn rebaseline_modules(&mut self, py: Python<'_>) {

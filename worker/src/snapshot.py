@@ -167,7 +167,10 @@ class Store:
 
     def _reset(self):
         self.groups = {}  # name -> _Group (one object shared by the group's names)
-        self.saved = {}  # name -> the object saved (or the module, or the unsaved object)
+        self.saved = {}  # name -> the object saved (or the module)
+        # name -> id of an object that could not be saved: not kept alive (an open file must
+        # still be closed when the session drops it), not tried again unless rebound.
+        self.unsaved_ids = {}
         self.modules = {}  # name -> module name
         self.unsaved = {}  # name -> reason
         self.lines = 0
@@ -308,7 +311,11 @@ class Store:
         if full:
             dirty = set(current)
         else:
-            dirty = {n for n, v in current.items() if self.saved.get(n, _MISSING) is not v}
+            dirty = {
+                n
+                for n, v in current.items()
+                if self.saved.get(n, _MISSING) is not v and self.unsaved_ids.get(n) != id(v)
+            }
             more = touched(ns, codes)
             dirty |= set(current) if more is None else (more & current.keys())
         known = set(self.groups) | set(self.modules) | set(self.unsaved)
@@ -438,6 +445,7 @@ class Store:
         for n in drop:
             self._forget(n)
             self.saved.pop(n, None)
+            self.unsaved_ids.pop(n, None)
         for n in list(modules) + list(unsaved):
             self._forget(n)
         for g in put:
@@ -447,10 +455,15 @@ class Store:
             self.live += g.len
         self.modules.update(modules)
         self.unsaved.update(unsaved)
-        for n in dirty:
-            self.saved[n] = current[n]
         if full:
-            self.saved = {n: current[n] for n in current}
+            self.saved, self.unsaved_ids = {}, {}
+        for n in dirty:
+            if n in self.unsaved:
+                self.saved.pop(n, None)
+                self.unsaved_ids[n] = id(current[n])
+            else:
+                self.unsaved_ids.pop(n, None)
+                self.saved[n] = current[n]
         self.started = True
         if full:
             _collect(self.dir, {g.seg for g in self.groups.values()})
@@ -515,6 +528,14 @@ class Store:
         self.lines = 1
         self.dead = 0
         _collect(self.dir, {seg_name})
+
+    def release(self):
+        """Lets go of the session's objects (at the end of the session, or when its namespace
+        is emptied): the next checkpoint saves every name."""
+        self.saved, self.unsaved_ids = {}, {}
+        for g in self.groups.values():
+            g.ids = {}
+        self.started = False
 
     def checkpoint_json(self, codes, full, execution_count, context):
         """`checkpoint` for the Rust side: the summary as JSON text."""
@@ -632,6 +653,7 @@ class Store:
             self.modules = {n: m for n, m in state["modules"].items() if n in ns}
             self.unsaved = dict(state["unsaved"])
             self.saved = {n: ns[n] for n in restored if n in ns}
+            self.unsaved_ids = {}
             self.lines = _MAX_LINES  # the next checkpoint rewrites the journal
         return sorted(restored), lost
 

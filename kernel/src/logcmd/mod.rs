@@ -8,16 +8,19 @@
 //! | `stats` | cells, success rate, elapsed percentiles, CPU, memory, errors, imports, events |
 //! | `context` | the task's current context (its last context record) |
 //! | `export --format py\|ipynb` | a task's cells as a script or an nbformat 4 notebook |
+//! | `replay [--dry-run]` | runs a task's successful cells again in a fresh kernel (no checkpoint needed), reports cells whose output differs, checkpoints the result |
 //!
 //! `--log-dir` (`FLOWREPL_LOG_DIR`), `--plan` and `--task` (default `FLOW_PLAN_ID` /
 //! `FLOW_TASK_ID`, else `local` / `adhoc`) as for the kernel. Logs are read streaming, a
 //! line at a time. Lines that are not records (corrupt, torn, from a newer format version) are
 //! skipped and named on stderr with their line numbers; the rest is still read. Exit code 0
 //! when something was read, 1 when nothing was (no directory, no such plan or task, nothing
-//! readable), 2 for bad arguments. Nothing here starts Python.
+//! readable; `replay`: when a cell failed now), 2 for bad arguments. Nothing here starts Python
+//! but `replay`, which starts a kernel.
 
 mod export;
 mod ls;
+mod replay;
 mod show;
 mod stats;
 mod table;
@@ -103,10 +106,27 @@ pub enum LogCommand {
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// Rebuild a task's state without a checkpoint: run its successful cells again, in order,
+    /// in a fresh kernel (with --python / --worker as given, else the task's last
+    /// interpreter), report cells whose output now differs, and save the result as the
+    /// task's checkpoint. Re-running repeats the cells' side effects.
+    Replay {
+        /// Which task.
+        #[command(flatten)]
+        scope: Scope,
+        /// List the cells that would run; run nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Only cells of this session (a prefix of its id).
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
+    },
 }
 
-/// Runs `flowrepl log ...` on the logs under `log_dir`.
-pub fn run(log_dir: &Path, args: &LogArgs) -> ExitCode {
+/// Runs `flowrepl log ...` on the logs under `--log-dir` (`replay` also takes `--python` and
+/// `--worker` from `cli`).
+pub fn run(cli: &crate::cli::Cli, args: &LogArgs) -> ExitCode {
+    let log_dir = cli.log_dir.as_path();
     let out = match &args.command {
         LogCommand::Ls(scope) => ls::run(log_dir, scope),
         LogCommand::Show {
@@ -135,6 +155,20 @@ pub fn run(log_dir: &Path, args: &LogArgs) -> ExitCode {
             format,
             output,
         } => export::run(log_dir, scope, *format, output.as_deref()),
+        LogCommand::Replay {
+            scope,
+            dry_run,
+            session,
+        } => replay::run(
+            log_dir,
+            scope,
+            &replay::Options {
+                dry_run: *dry_run,
+                session: session.as_deref(),
+                python: cli.python.clone(),
+                worker: cli.worker,
+            },
+        ),
     };
     match out {
         Ok(Read::Something) => ExitCode::SUCCESS,

@@ -101,6 +101,16 @@ fn parse_args<T: serde::de::DeserializeOwned>(args: JsonObject) -> Result<T, Err
         .map_err(|e| ErrorData::invalid_params(format!("invalid arguments: {e}"), None))
 }
 
+/// The arguments of `checkpoint` and `restore_checkpoint`; a bad name is a bad argument.
+fn checkpoint_args(args: JsonObject) -> Result<CheckpointParams, ErrorData> {
+    let p: CheckpointParams = parse_args(args)?;
+    if let Some(name) = &p.name {
+        flowrepl_task_logger::snapshot::check_name(name)
+            .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
+    }
+    Ok(p)
+}
+
 /// A tool result with `isError` and one text block.
 pub fn error_text(text: String) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(text)])
@@ -342,7 +352,7 @@ impl KernelServer {
         annotations(title = "Checkpoint the session", destructive_hint = false, idempotent_hint = true, open_world_hint = false)
     )]
     async fn checkpoint(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
-        self.ask(Call::Checkpoint(parse_args(args)?)).await
+        self.ask(Call::Checkpoint(checkpoint_args(args)?)).await
     }
 
     #[tool(
@@ -353,7 +363,7 @@ impl KernelServer {
         annotations(title = "Restore a checkpoint", destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]
     async fn restore_checkpoint(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
-        self.ask(Call::Restore(parse_args(args)?)).await
+        self.ask(Call::Restore(checkpoint_args(args)?)).await
     }
 
     #[tool(

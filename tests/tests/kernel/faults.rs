@@ -3,10 +3,16 @@
 //! ladder's first step runs in both.
 
 use flowrepl_tests::{
-    alive, flowrepl_bin, kill, read_log, wait_for, zombie_children, Kernel, MODES,
+    alive, flowrepl_bin, kill, read_log, wait_for, zombie_children, Kernel, KernelOptions, MODES,
 };
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
+
+/// Worker mode with checkpoints off: these tests check what a death loses when nothing was
+/// saved (what a restore brings back is snapshots.rs's).
+fn without_checkpoints() -> KernelOptions {
+    Kernel::options().worker().env("FLOWREPL_SNAPSHOT", "off")
+}
 
 fn worker_pid(k: &mut Kernel) -> u32 {
     k.call("status", Value::Null)["result"]["worker_pid"]
@@ -46,7 +52,7 @@ fn check_recovered(k: &mut Kernel, old_worker: u32, error_type: &str) {
 
 /// Runs `code` (which kills the worker) after setting `x`; checks the result.
 fn crash(code: &str) -> (Kernel, Value, u32, Duration) {
-    let mut k = Kernel::options().worker().start();
+    let mut k = without_checkpoints().start();
     k.ok("x = 1");
     let w = worker_pid(&mut k);
     let t = Instant::now();
@@ -91,7 +97,7 @@ fn segfault_reports_the_signal() {
 
 #[test]
 fn sigkill_from_outside_during_a_cell() {
-    let mut k = Kernel::options().worker().start();
+    let mut k = without_checkpoints().start();
     k.ok("x = 1");
     let w = worker_pid(&mut k);
     k.send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":\"c\",\"method\":\"execute_code\",\"params\":{\"code\":\"import time\\ntime.sleep(30)\"}}\n");
@@ -111,7 +117,7 @@ fn sigkill_from_outside_during_a_cell() {
 
 #[test]
 fn worker_killed_while_idle_is_replaced_before_the_next_cell() {
-    let mut k = Kernel::options().worker().start();
+    let mut k = without_checkpoints().start();
     k.ok("x = 1");
     let w = worker_pid(&mut k);
     kill(w, libc::SIGKILL);
@@ -162,8 +168,7 @@ fn child_pid(r: &Value) -> u32 {
 
 #[test]
 fn timeout_kills_a_cell_that_ignores_sigint_and_its_children() {
-    let mut k = Kernel::options()
-        .worker()
+    let mut k = without_checkpoints()
         .env("FLOWREPL_KILL_GRACE_MS", "500")
         .start();
     k.ok("x = 1");
@@ -189,8 +194,7 @@ fn timeout_kills_a_cell_that_ignores_sigint_and_its_children() {
 
 #[test]
 fn interrupt_request_escalates_to_kill_after_the_grace_period() {
-    let mut k = Kernel::options()
-        .worker()
+    let mut k = without_checkpoints()
         .env("FLOWREPL_KILL_GRACE_MS", "400")
         .start();
     let w = worker_pid(&mut k);
@@ -321,8 +325,7 @@ fn memory_limit_gives_a_typed_error_and_the_session_survives() {
 
 #[test]
 fn cpu_limit_ends_the_worker_with_a_typed_error() {
-    let mut k = Kernel::options()
-        .worker()
+    let mut k = without_checkpoints()
         .env("FLOWREPL_CPU_SECONDS", "1")
         .start();
     k.ok("x = 1");

@@ -618,3 +618,76 @@ fn four_kernels_append_two_thousand_intact_records_to_one_file() {
     let stats = log_json(&dir, &["stats", "--plan", "plan-c"]);
     assert_eq!(stats["cells"], 2000);
 }
+
+/// `log replay` rebuilds a task's state without a checkpoint: it lists (`--dry-run`) then
+/// re-runs the successful cells in a fresh kernel, names the cells whose output differs,
+/// writes no records, and leaves a checkpoint that `--resume` starts from.
+#[test]
+fn replay_rebuilds_the_state_from_the_log() {
+    for mode in MODES {
+        let logs = tempfile::tempdir().unwrap();
+        let opts = || {
+            Kernel::options()
+                .mode(mode)
+                .log_dir(logs.path())
+                .env("FLOW_PLAN_ID", "plan-replay")
+                .env("FLOW_TASK_ID", "t")
+                .env("FLOWREPL_SNAPSHOT", "off")
+        };
+        let mut k = opts().start();
+        k.ok("import random\nx = 40\nprint('same')");
+        k.ok("x += 2\nx");
+        k.execute("1/0");
+        k.ok("print(random.random())");
+        assert!(k.close().success());
+        let records_before = flowrepl_tests::read_log(&flowrepl_task_logger::task_log_path(
+            logs.path(),
+            "plan-replay",
+            "t",
+        ))
+        .len();
+        let scope = ["--plan", "plan-replay", "--task", "t"];
+        let mut dry = vec!["replay", "--dry-run"];
+        dry.extend(scope);
+        let (code, out, _) = log(logs.path(), &dry);
+        assert_eq!(code, 0, "{out}");
+        assert!(
+            out.contains("3 successful cells") && out.contains("side effects"),
+            "{out}"
+        );
+        assert!(
+            !logs.path().join("plan-replay/t.snapshot").exists(),
+            "dry run ran nothing"
+        );
+        let mut run = vec!["replay"];
+        run.extend(scope);
+        if mode == "worker" {
+            run.push("--worker");
+        }
+        let doc = log_json(logs.path(), &run);
+        assert_eq!(doc["replayed"], 3, "{mode}: {doc:#}");
+        assert_eq!(doc["failed"], 0);
+        assert_eq!(doc["differ"], 1, "the random number differs: {doc:#}");
+        let cells = doc["cells"].as_array().unwrap();
+        assert_eq!(cells[2]["differs"], json!(["stdout"]));
+        assert_eq!(cells[1]["differs"], json!([]));
+        assert_eq!(doc["checkpoint"]["checkpoint"], "auto", "{doc:#}");
+        let records_after = flowrepl_tests::read_log(&flowrepl_task_logger::task_log_path(
+            logs.path(),
+            "plan-replay",
+            "t",
+        ))
+        .len();
+        assert_eq!(
+            records_before, records_after,
+            "replayed cells are not logged"
+        );
+        let mut k = opts()
+            .env("FLOWREPL_SNAPSHOT", "on-success")
+            .arg("--resume")
+            .start();
+        let r = k.ok("(x, random.__name__)");
+        assert_eq!(r["result"], "(42, 'random')", "{mode}: {r:#}");
+        assert_eq!(r["restored"], true);
+    }
+}

@@ -14,6 +14,7 @@ mod mcp;
 mod protocol;
 mod python_env;
 mod results;
+mod snapshots;
 mod task_log;
 mod timeouts;
 mod versions;

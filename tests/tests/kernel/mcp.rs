@@ -11,7 +11,22 @@ use std::time::{Duration, Instant};
 #[test]
 fn tools_are_listed_with_schemas_for_a_model() {
     let (facts, _, _logs) = Scenario::default().run("tools");
-    assert_eq!(facts["tools"].as_array().unwrap().len(), 5);
+    assert_eq!(facts["tools"].as_array().unwrap().len(), 8);
+}
+
+#[test]
+fn checkpoint_tools_and_restores_through_mcp() {
+    for mode in MODES {
+        let (facts, log, _logs) = Scenario::mode(mode).run("checkpoints");
+        assert!(facts["restore_ms"].as_f64().unwrap() >= 0.0, "{facts}");
+        if mode == "worker" {
+            let records = read_log(&log);
+            assert!(
+                records.iter().any(|r| r.restored.is_some()),
+                "the restored cell's record says so"
+            );
+        }
+    }
 }
 
 #[test]
