@@ -1,34 +1,40 @@
-//! The cost of the task log per cell: `x = 1` with the log against `--no-log`, interleaved in
-//! rounds (both kernels alive, alternating which goes first), in one run.
+//! What the task log and checkpoints cost per cell: `x = 1` with each on against off, in
+//! interleaved rounds (both kernels alive, alternating which goes first), in one run.
 
 use crate::peer::{kernel_cmd, request, Peer};
-use crate::stats::{measure, ok_reply, stats, target};
+use crate::stats::{measure, ok_reply, stats, target, Stats};
 use crate::Args;
 use std::path::Path;
+use std::process::Command;
 
-/// Measures and prints the logging overhead.
-pub fn run(args: &Args, logs: &Path) {
+/// `x = 1` round trips of kernels `a` and `b`, interleaved: (a's, b's).
+fn interleaved(args: &Args, a: Command, b: Command) -> (Stats, Stats, usize, usize) {
     let rounds = if args.quick { 4 } else { 10 };
     let n = if args.quick { 500 } else { 2000 };
     let small = request("x = 1");
-    let mut with_log = Peer::spawn(kernel_cmd(&args.kernel, logs, false), true);
-    let mut cmd = kernel_cmd(&args.kernel, logs, false);
-    cmd.arg("--no-log");
-    let mut without = Peer::spawn(cmd, true);
-    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut a = Peer::spawn(a, true);
+    let mut b = Peer::spawn(b, true);
+    let (mut sa, mut sb) = (Vec::new(), Vec::new());
     for r in 0..rounds {
         let one = |p: &mut Peer, into: &mut Vec<f64>| {
             into.extend(measure(p, &small, 100, n, &ok_reply));
         };
         if r % 2 == 0 {
-            one(&mut with_log, &mut a);
-            one(&mut without, &mut b);
+            one(&mut a, &mut sa);
+            one(&mut b, &mut sb);
         } else {
-            one(&mut without, &mut b);
-            one(&mut with_log, &mut a);
+            one(&mut b, &mut sb);
+            one(&mut a, &mut sa);
         }
     }
-    let (a, b) = (stats(a), stats(b));
+    (stats(sa), stats(sb), rounds, n)
+}
+
+/// Measures and prints the logging overhead.
+pub fn run(args: &Args, logs: &Path) {
+    let mut without = kernel_cmd(&args.kernel, logs, false);
+    without.arg("--no-log");
+    let (a, b, rounds, n) = interleaved(args, kernel_cmd(&args.kernel, logs, false), without);
     println!("\ntask log cost per cell (x = 1 round trip, µs, {rounds} interleaved rounds of {n})");
     println!("{:<24} {:>10} {:>10}", "", "p50", "p99");
     println!("{:<24} {:>10.1} {:>10.1}", "with the log", a.p50, a.p99);
@@ -40,4 +46,35 @@ pub fn run(args: &Args, logs: &Path) {
         5.0,
         false,
     );
+}
+
+/// Measures and prints what automatic checkpoints cost `x = 1`, in both modes.
+pub fn snapshots(args: &Args, logs: &Path) {
+    println!("\ncheckpoints' cost per cell (x = 1 round trip, µs, FLOWREPL_SNAPSHOT=on-success against off, interleaved)");
+    println!("{:<12} {:>10} {:>10} {:>10} {:>10} {:>8}", "", "on p50", "off p50", "on p99", "off p99", "on/off");
+    let mut ratios = Vec::new();
+    for (mode, worker) in [("in-process", false), ("worker", true)] {
+        let mut on = kernel_cmd(&args.kernel, logs, worker);
+        on.env("FLOWREPL_SNAPSHOT", "on-success");
+        let mut off = kernel_cmd(&args.kernel, logs, worker);
+        off.env("FLOWREPL_SNAPSHOT", "off");
+        let (a, b, _, _) = interleaved(args, on, off);
+        println!(
+            "{mode:<12} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>7.2}x",
+            a.p50,
+            b.p50,
+            a.p99,
+            b.p99,
+            a.p50 / b.p50
+        );
+        ratios.push((mode, a.p50 / b.p50));
+    }
+    for (mode, r) in ratios {
+        target(
+            &format!("x = 1 with checkpoints / without, p50, {mode}"),
+            r,
+            1.10,
+            false,
+        );
+    }
 }

@@ -8,7 +8,7 @@
 //! - [`kernel`]: the JSON-RPC kernel in-process against the raw pipe and a plain Python REPL.
 //! - [`worker`]: worker mode.
 //! - [`flow`]: the cost of `flow.event` inside a cell.
-//! - [`logging`]: the task log's cost per cell.
+//! - [`logging`]: the task log's and the checkpoints' cost per cell.
 //! - [`versions`]: every Python version the build serves.
 //! - [`ab`]: an interleaved A/B against another kernel build (`--baseline`).
 
@@ -51,6 +51,9 @@ pub struct Args {
     /// Only the task log's cost per cell.
     #[arg(long)]
     pub logging: bool,
+    /// Only the automatic checkpoints' cost per cell.
+    #[arg(long)]
+    pub snapshots: bool,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -81,12 +84,14 @@ fn main() {
         Some(old) => ab::run(&args, old, &logs),
         None if args.versions => versions::run(&args, &logs),
         None if args.logging => logging::run(&args, &logs),
+        None if args.snapshots => logging::snapshots(&args, &logs),
         None => {
             let python = peer::real_python();
             let anchors = kernel::run(&args, &python, &logs);
             worker::run(&args, &python, &logs, &anchors);
             flow::run(&args, &logs);
             logging::run(&args, &logs);
+            logging::snapshots(&args, &logs);
             versions::run(&args, &logs);
         }
     }

@@ -86,6 +86,15 @@ pub struct CheckpointInfo {
     pub python: String,
     /// What pickled it.
     pub pickler: String,
+    /// Its last write: how long it took, in milliseconds (pickling and writing).
+    #[serde(default)]
+    pub last_write_ms: Option<f64>,
+    /// How many names the last write saved (the automatic checkpoint saves what changed).
+    #[serde(default)]
+    pub last_write_names: u64,
+    /// Whether the last write saved every name.
+    #[serde(default)]
+    pub last_write_full: bool,
 }
 
 /// The answer to `checkpoints`.

@@ -165,6 +165,9 @@ pub struct JournalLine {
     /// The task's `flow.context` (a JSON object's text), if any.
     #[serde(default)]
     pub context: Option<String>,
+    /// How long the write took before this line, in milliseconds.
+    #[serde(default)]
+    pub ms: Option<f64>,
 }
 
 /// What one name is in a checkpoint.
@@ -196,6 +199,9 @@ pub struct Checkpoint {
     pub unsaved: BTreeMap<String, String>,
     /// The task's context when it was written.
     pub context: Option<String>,
+    /// The last write: how long it took (ms), how many names it saved, whether it saved all.
+    #[serde(skip)]
+    pub last_write: (Option<f64>, u64, bool),
 }
 
 impl Checkpoint {
@@ -227,6 +233,9 @@ impl Checkpoint {
             unsaved: self.unsaved.clone(),
             python: self.python.clone(),
             pickler: self.pickler.clone(),
+            last_write_ms: self.last_write.0,
+            last_write_names: self.last_write.1,
+            last_write_full: self.last_write.2,
         }
     }
 }
@@ -264,6 +273,7 @@ pub fn read(dir: &Path, name: &str) -> Result<Option<Checkpoint>, SnapshotError>
         for n in &l.drop {
             names.remove(n);
         }
+        let saved = l.put.iter().map(|g| g.names.len() as u64).sum::<u64>();
         for g in l.put {
             let i = groups.len();
             for n in &g.names {
@@ -278,6 +288,7 @@ pub fn read(dir: &Path, name: &str) -> Result<Option<Checkpoint>, SnapshotError>
             names.insert(n, Entry::Unsaved(why));
         }
         cp = Some(Checkpoint {
+            last_write: (l.ms, saved, l.full),
             name: name.to_owned(),
             execution_count: l.execution_count,
             time: l.time,

@@ -22,9 +22,12 @@ import builtins
 import io
 import json
 import os
+import pickle
 import sys
 import time
 import types
+
+_dumps = pickle.dumps
 
 FORMAT = 1
 JOURNAL = "journal.jsonl"
@@ -43,8 +46,12 @@ _NOT_SAVEABLE = (
 )
 # Names a cell can use to change any variable without naming it: such a cell marks them all.
 _WHOLE_NAMESPACE = frozenset({"globals", "exec", "eval", "vars", "__import__", "setattr"})
-# Journal lines after which a checkpoint compacts (rewrites the journal as one full line).
+# Journal lines, or segment files, after which a checkpoint compacts (one segment, and the
+# journal rewritten as one full line).
 _MAX_LINES = 256
+_MAX_SEGMENTS = 64
+# Values with nothing to share or refer to: pickled on the fast path.
+_SCALARS = frozenset({int, float, str, bytes, bool, type(None), complex})
 
 
 def _pickler():
@@ -155,7 +162,8 @@ class _Group:
 class Store:
     """The automatic checkpoint of one session (`<task>.snapshot/auto`), kept in step with the
     namespace: which names are saved where, and the objects they held when saved (strong
-    references, so that a rebinding is seen by identity; released at the next checkpoint)."""
+    references, so that a rebinding is seen by identity; let go when rebound, deleted, or at
+    the end of the session)."""
 
     def __init__(self, ns, directory, max_bytes, verify_bytes):
         self.ns = ns
@@ -163,6 +171,7 @@ class Store:
         self.max_bytes = max_bytes
         self.verify_bytes = verify_bytes
         self.cls, self.pickler_name, self.by_value = _pickler()
+        self.pickler_class = _pickler_class(self.cls, ns)
         self._reset()
 
     def _reset(self):
@@ -173,50 +182,26 @@ class Store:
         self.unsaved_ids = {}
         self.modules = {}  # name -> module name
         self.unsaved = {}  # name -> reason
+        self.by_id = {}  # id of a saved object whose identity matters -> its name
+        self.shared = {}  # id of an object inside a saved group -> that group
+        self.segments = {}  # segment -> bytes of it that live groups use
+        self.files = None  # segment -> its size on disk (read from the folder once)
         self.lines = 0
-        self.dead = 0  # bytes in segments no name uses any more
-        self.live = 0
-        self.seq = 0
+        self.seq = None
         self.started = False
 
     # ---- saving
 
-    def _pickle(self, values, by_id, out):
-        """Pickles the dict `values` into `out` (a file or BytesIO): (names referred to,
-        ids of shared-able objects in it)."""
-        cls = self.cls
-        ns = self.ns
-        own = values
-        used = set()
-
-        class P(cls):
-            def persistent_id(p, obj):
-                name = by_id.get(id(obj))
-                if name is not None and name not in own:
-                    used.add(name)
-                    return ("n", name)
-                if obj is ns:
-                    return ("ns",)
-                refs = getattr(p, "globals_ref", None)
-                if refs and obj is refs.get(id(ns), _MISSING):
-                    return ("ns",)
-                return None
-
-            def _dynamic_function_reduce(p, func):
-                # cloudpickle: a session function's globals are the live namespace
-                # (persistent id above), not a copy of the names it uses.
-                r = super()._dynamic_function_reduce(func)
-                if func.__globals__ is ns:
-                    state, slots = r[2]
-                    slots = dict(slots)
-                    slots["__globals__"] = {}
-                    r = r[:2] + ((state, slots),) + r[3:]
-                return r
-
-        p = P(out, protocol=5)
+    def _pickle(self, values, out):
+        """Pickles the dict `values` into `out`: (names referred to, the objects in it whose
+        identity matters, by id). Those are kept alive while the group is: a temporary a
+        reducer made must not lend its id to a later object, or unrelated names would look
+        shared."""
+        p = self.pickler_class(out, protocol=5)
+        p.by_id = self.by_id
+        p.own = values
+        p.used = set()
         p.dump(values)
-        # The objects pickled, by id, kept alive (a temporary a reducer made must not lend
-        # its id to a later object, or unrelated names would look shared).
         ids = {}
         memo = getattr(p, "memo", None)
         if memo is not None:
@@ -225,14 +210,24 @@ class Store:
                 obj = entry[1] if isinstance(entry, tuple) else None
                 if obj is not None and obj is not values and _identity_matters(obj):
                     ids[key] = obj
-        return used, ids
+        return p.used, ids
 
-    def _pickle_names(self, names, current, by_id, modules, unsaved, pickled):
-        """Pickles each name on its own into `pickled` (name -> (buffer, names used, ids)),
+    def _pickle_names(self, names, modules, unsaved, pickled):
+        """Pickles each name on its own into `pickled` (name -> (bytes, names used, ids)),
         or files it under `modules` or `unsaved` (name -> reason)."""
+        ns = self.ns
         for n in names:
-            v = current[n]
-            if type(v) is types.ModuleType:
+            v = ns[n]
+            t = type(v)
+            if t in _SCALARS:
+                # Numbers and strings: nothing to share or refer to, nothing that fails.
+                data = _dumps({n: v}, 5)
+                if len(data) > self.max_bytes:
+                    unsaved[n] = _over(len(data), self.max_bytes)
+                else:
+                    pickled[n] = (data, (), {})
+                continue
+            if t is types.ModuleType:
                 modules[n] = v.__name__
                 continue
             why = _why_not(v)
@@ -251,26 +246,23 @@ class Store:
                 continue
             buf = io.BytesIO()
             try:
-                used, ids = self._pickle({n: v}, by_id, buf)
+                used, ids = self._pickle({n: v}, buf)
             except Exception as e:
                 unsaved[n] = f"cannot be pickled: {type(e).__name__}: {e}"
                 continue
             if buf.tell() > self.max_bytes:
                 unsaved[n] = _over(buf.tell(), self.max_bytes)
                 continue
-            pickled[n] = (buf, used, ids)
+            pickled[n] = (buf.getbuffer(), used, ids)
 
-    def _joining(self, pickled, current, dirty):
+    def _joining(self, pickled, dirty):
         """Names not yet marked that must be saved with the marked ones: their groups share
         objects with a marked name, or references run in a circle through them."""
-        clean = {}
-        for g in {id(g): g for n, g in self.groups.items() if n not in dirty}.values():
-            for i in g.ids:
-                clean[i] = g
+        ns = self.ns
         extra = set()
         for _, _, ids in pickled.values():
-            for i in ids.keys() & clean.keys():
-                extra.update(clean[i].names)
+            for i in ids.keys() & self.shared.keys():
+                extra.update(self.shared[i].names)
 
         def edges(n):
             if n in pickled:
@@ -285,13 +277,12 @@ class Store:
             g = self.groups.get(n)
             if g is not None:
                 more.update(g.names)
-        return {n for n in extra | more if n in current and n not in dirty}
+        return {n for n in extra | more if n in ns and n not in dirty}
 
     def _loads(self, data, lookup):
-        cls = _unpickler_class()
         ns = self.ns
 
-        class U(cls):
+        class U(pickle.Unpickler):
             def persistent_load(u, pid):
                 if pid == ("ns",):
                     return ns
@@ -299,112 +290,64 @@ class Store:
 
         return U(io.BytesIO(data)).load()
 
-    def checkpoint(self, codes, full, execution_count, context):
+    def checkpoint(self, codes, full, execution_count, context, rebound=None, removed=None):
         """Saves what changed since the last checkpoint (everything when `full` or the first
-        time). Returns a summary (a dict) for the kernel."""
+        time): the names `rebound` (by identity; computed here when None), the names the
+        cells' `codes` may have changed, and the groups these share objects with. `removed`:
+        the names saved before that are gone. Returns a summary (a dict) for the kernel."""
         t0 = time.perf_counter()
         ns = self.ns
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        current = {n: v for n, v in ns.items() if not (n.startswith("__") and n.endswith("__"))}
-        if not self.started:
-            full = True
+        if self.files is None:
+            self.files = _segment_bytes(self.dir)
+            self.seq = max((int(f[2:-4]) for f in self.files if f[2:-4].isdigit()), default=0)
+        full = full or not self.started
         if full:
-            dirty = set(current)
+            dirty = {n for n in ns if not _dunder(n)}
+            drop = []
+            self.by_id = {}
         else:
+            if rebound is None:
+                rebound = [n for n, v in ns.items() if self.saved.get(n, _MISSING) is not v]
+                removed = [n for n in self.saved if n not in ns]
             dirty = {
-                n
-                for n, v in current.items()
-                if self.saved.get(n, _MISSING) is not v and self.unsaved_ids.get(n) != id(v)
+                n for n in rebound if not _dunder(n) and self.unsaved_ids.get(n) != id(ns[n])
             }
             more = touched(ns, codes)
-            dirty |= set(current) if more is None else (more & current.keys())
-        known = set(self.groups) | set(self.modules) | set(self.unsaved)
-        drop = sorted(known - current.keys()) if not full else []
+            if more is None:
+                dirty = {n for n in ns if not _dunder(n)}
+            else:
+                dirty |= {n for n in more if not _dunder(n)}
+            drop = sorted(set(removed) | {n for n in self.unsaved_ids if n not in ns})
+            for n in drop:
+                self._unindex(n)
         # Every name of a group goes with any of its names.
         for n in list(dirty):
             g = self.groups.get(n)
             if g is not None:
-                dirty.update(x for x in g.names if x in current)
-        # Which objects are other names' values (saved as references to those names).
-        by_id = {}
-        for n, v in current.items():
+                dirty.update(x for x in g.names if x in ns)
+        # Objects that are names' values are saved as references to those names.
+        for n in dirty:
+            self._unindex(n)
+        for n in sorted(dirty):
+            v = ns[n]
             if _identity_matters(v):
-                by_id.setdefault(id(v), n)
+                self.by_id.setdefault(id(v), n)
         modules, unsaved, pickled = {}, {}, {}
-        seg_name = None
-        put = []
-        f = None
-        try:
-            self._pickle_names(sorted(dirty), current, by_id, modules, unsaved, pickled)
-            # Clean names join when they share objects with a saved one, or when references
-            # now run in a circle through them; their whole groups join too.
-            while not full:
-                extra = self._joining(pickled, current, dirty)
-                if not extra:
-                    break
-                dirty |= extra
-                self._pickle_names(sorted(extra), current, by_id, modules, unsaved, pickled)
-            # One group per set of names that share objects or refer to each other in a circle.
-            parent = {n: n for n in pickled}
-
-            def find(x):
-                while parent[x] != x:
-                    parent[x] = parent[parent[x]]
-                    x = parent[x]
-                return x
-
-            owner = {}
-            for n, (_, used, ids) in pickled.items():
-                for i in ids:
-                    o = owner.setdefault(i, n)
-                    if o != n:
-                        parent[find(n)] = find(o)
-            edges = {n: used for n, (_, used, _) in pickled.items()}
-            for scc in _cycles(list(pickled), lambda n: edges.get(n, ())):
-                first = scc[0]
-                for x in scc[1:]:
-                    if x in parent and first in parent:
-                        parent[find(x)] = find(first)
-            sets = {}
-            for n in pickled:
-                sets.setdefault(find(n), []).append(n)
-            if pickled:
-                self.seq = max(self.seq, _last_segment(self.dir)) + 1
-                seg_name = "s-%06d.bin" % self.seq
-                f = open(os.path.join(self.dir, seg_name), "wb")
-            for names in sets.values():
-                names.sort()
-                if len(names) == 1:
-                    buf, used, ids = pickled[names[0]]
-                else:
-                    buf = io.BytesIO()
-                    values = {x: current[x] for x in names}
-                    try:
-                        used, ids = self._pickle(values, by_id, buf)
-                    except Exception as e:
-                        for x in names:
-                            unsaved[x] = f"cannot be pickled with the names it shares objects with: {type(e).__name__}: {e}"
-                        continue
-                data = buf.getbuffer()
-                if len(data) <= self.verify_bytes:
-                    try:
-                        self._loads(data, lambda name: ns[name])
-                    except Exception as e:
-                        for x in names:
-                            unsaved[x] = f"its saved form does not load back: {type(e).__name__}: {e}"
-                        continue
-                off = f.tell()
-                f.write(data)
-                put.append(_Group(names, seg_name, off, len(data), used - set(names), ids))
-            if f is not None:
-                f.close()
-                f = None
-        except BaseException:
-            if f is not None:
-                f.close()
-            if seg_name is not None:
-                _remove(os.path.join(self.dir, seg_name))
-            raise
+        self._pickle_names(sorted(dirty), modules, unsaved, pickled)
+        # Clean names join when they share objects with a saved one, or when references now
+        # run in a circle through them; their whole groups join too.
+        while not full:
+            extra = self._joining(pickled, dirty)
+            if not extra:
+                break
+            dirty |= extra
+            for n in extra:
+                self._unindex(n)
+                if _identity_matters(ns[n]):
+                    self.by_id.setdefault(id(ns[n]), n)
+            self._pickle_names(sorted(extra), modules, unsaved, pickled)
+        put = self._write_groups(pickled, unsaved)
         # Names that refer to a name that could not be saved cannot be restored either.
         changed = True
         while changed:
@@ -430,45 +373,47 @@ class Store:
             "unsaved": unsaved,
             "drop": drop,
             "context": context,
+            "ms": round((time.perf_counter() - t0) * 1000, 3),
         }
         text = json.dumps(line, separators=(",", ":")) + "\n"
-        if full or self.lines >= _MAX_LINES:
+        if full:
             _replace(os.path.join(self.dir, JOURNAL), text)
             self.lines = 1
         else:
             _append(os.path.join(self.dir, JOURNAL), text)
             self.lines += 1
-        # The journal now says it: update the state, then collect the garbage.
+        # The journal now says it: the state follows.
         if full:
             self.groups, self.modules, self.unsaved = {}, {}, {}
-            self.live = self.dead = 0
+            self.saved, self.unsaved_ids, self.shared, self.segments = {}, {}, {}, {}
         for n in drop:
             self._forget(n)
             self.saved.pop(n, None)
             self.unsaved_ids.pop(n, None)
-        for n in list(modules) + list(unsaved):
+        for n in dirty:
             self._forget(n)
         for g in put:
             for x in g.names:
-                self._forget(x)
                 self.groups[x] = g
-            self.live += g.len
+            for i in g.ids:
+                self.shared[i] = g
+            self.segments[g.seg] = self.segments.get(g.seg, 0) + g.len
         self.modules.update(modules)
         self.unsaved.update(unsaved)
-        if full:
-            self.saved, self.unsaved_ids = {}, {}
         for n in dirty:
+            v = ns[n]
             if n in self.unsaved:
                 self.saved.pop(n, None)
-                self.unsaved_ids[n] = id(current[n])
+                self.unsaved_ids[n] = id(v)
             else:
                 self.unsaved_ids.pop(n, None)
-                self.saved[n] = current[n]
+                self.saved[n] = v
         self.started = True
         if full:
-            _collect(self.dir, {g.seg for g in self.groups.values()})
-        elif self.dead > max(self.live, 1 << 20):
-            self._compact(execution_count, context)
+            _collect(self.dir, set(self.segments))
+            self.files = {f: n for f, n in self.files.items() if f in self.segments}
+        else:
+            self._maybe_compact(execution_count, context)
         return {
             "checkpoint": os.path.basename(self.dir),
             "execution_count": execution_count,
@@ -482,20 +427,103 @@ class Store:
             "ms": (time.perf_counter() - t0) * 1000,
         }
 
+    def _write_groups(self, pickled, unsaved):
+        """One group per set of names that share objects or refer to each other in a circle;
+        their pickles go into one new segment. Returns the groups written."""
+        if not pickled:
+            return []
+        parent = {n: n for n in pickled}
+
+        def find(x):
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        owner = {}
+        for n, (_, _, ids) in pickled.items():
+            for i in ids:
+                o = owner.setdefault(i, n)
+                if o != n:
+                    parent[find(n)] = find(o)
+        for scc in _cycles(list(pickled), lambda n: pickled[n][1] if n in pickled else ()):
+            for x in scc[1:]:
+                if x in parent and scc[0] in parent:
+                    parent[find(x)] = find(scc[0])
+        sets = {}
+        for n in pickled:
+            sets.setdefault(find(n), []).append(n)
+        self.seq += 1
+        seg = "s-%06d.bin" % self.seq
+        path = os.path.join(self.dir, seg)
+        put = []
+        try:
+            with open(path, "wb") as f:
+                for names in sets.values():
+                    names.sort()
+                    if len(names) == 1:
+                        data, used, ids = pickled[names[0]]
+                        scalar = used == ()
+                    else:
+                        scalar = False
+                        buf = io.BytesIO()
+                        try:
+                            used, ids = self._pickle({x: self.ns[x] for x in names}, buf)
+                        except Exception as e:
+                            for x in names:
+                                unsaved[x] = f"cannot be pickled with the names it shares objects with: {type(e).__name__}: {e}"
+                            continue
+                        data = buf.getbuffer()
+                    if not scalar and len(data) <= self.verify_bytes:
+                        try:
+                            self._loads(data, lambda name: self.ns[name])
+                        except Exception as e:
+                            for x in names:
+                                unsaved[x] = f"its saved form does not load back: {type(e).__name__}: {e}"
+                            continue
+                    off = f.tell()
+                    f.write(data)
+                    put.append(_Group(names, seg, off, len(data), set(used) - set(names), ids))
+                self.files[seg] = f.tell()
+        except BaseException:
+            _remove(path)
+            raise
+        return put
+
+    def _unindex(self, name):
+        """`name`'s old value is no longer a reference target."""
+        old = self.saved.get(name, _MISSING)
+        if old is not _MISSING and self.by_id.get(id(old)) == name:
+            del self.by_id[id(old)]
+
     def _forget(self, name):
         g = self.groups.pop(name, None)
         if g is not None and not any(self.groups.get(x) is g for x in g.names):
-            self.live -= g.len
-            self.dead += g.len
+            left = self.segments.get(g.seg, 0) - g.len
+            if left > 0:
+                self.segments[g.seg] = left
+            else:
+                self.segments.pop(g.seg, None)
+            for i in g.ids:
+                if self.shared.get(i) is g:
+                    del self.shared[i]
         self.modules.pop(name, None)
         self.unsaved.pop(name, None)
+
+    def _maybe_compact(self, execution_count, context):
+        """Compacts when the journal is long, segments are many, or most of their bytes are
+        dead."""
+        live = sum(self.segments.values())
+        dead = sum(self.files.values()) - live
+        if self.lines >= _MAX_LINES or len(self.files) > _MAX_SEGMENTS or dead > max(live, 1 << 20):
+            self._compact(execution_count, context)
 
     def _compact(self, execution_count, context):
         """Copies the live pickles into one new segment and rewrites the journal as one full
         line; then removes the old segments."""
-        self.seq = max(self.seq, _last_segment(self.dir)) + 1
+        self.seq += 1
         seg_name = "s-%06d.bin" % self.seq
-        groups = {id(g): g for g in self.groups.values()}.values()
+        groups = list({id(g): g for g in self.groups.values()}.values())
         files = {}
         try:
             with open(os.path.join(self.dir, seg_name), "wb") as out:
@@ -526,20 +554,21 @@ class Store:
         }
         _replace(os.path.join(self.dir, JOURNAL), json.dumps(line, separators=(",", ":")) + "\n")
         self.lines = 1
-        self.dead = 0
-        _collect(self.dir, {seg_name})
+        self.segments = {seg_name: sum(g.len for g in groups)} if groups else {}
+        self.files = {seg_name: sum(g.len for g in groups)}
+        _collect(self.dir, set(self.segments))
 
     def release(self):
         """Lets go of the session's objects (at the end of the session, or when its namespace
         is emptied): the next checkpoint saves every name."""
-        self.saved, self.unsaved_ids = {}, {}
+        self.saved, self.unsaved_ids, self.by_id, self.shared = {}, {}, {}, {}
         for g in self.groups.values():
             g.ids = {}
         self.started = False
 
-    def checkpoint_json(self, codes, full, execution_count, context):
+    def checkpoint_json(self, codes, full, execution_count, context, rebound=None, removed=None):
         """`checkpoint` for the Rust side: the summary as JSON text."""
-        return json.dumps(self.checkpoint(codes, full, execution_count, context))
+        return json.dumps(self.checkpoint(codes, full, execution_count, context, rebound, removed))
 
     def restore_json(self, state_json, segments_dir):
         """`restore` for the Rust side: `state_json` is the folded checkpoint. The task's
@@ -649,13 +678,61 @@ class Store:
                 grp = _Group(list(g["names"]), g["seg"], g["off"], g["len"], set(g["refs"]), {})
                 for n in grp.names:
                     self.groups[n] = grp
-                self.live += grp.len
+                self.segments[grp.seg] = self.segments.get(grp.seg, 0) + grp.len
             self.modules = {n: m for n, m in state["modules"].items() if n in ns}
             self.unsaved = dict(state["unsaved"])
             self.saved = {n: ns[n] for n in restored if n in ns}
-            self.unsaved_ids = {}
-            self.lines = _MAX_LINES  # the next checkpoint rewrites the journal
+            for n in self.saved:
+                if n not in self.modules and _identity_matters(ns[n]):
+                    self.by_id.setdefault(id(ns[n]), n)
+            self.lines = _MAX_LINES  # the next checkpoint compacts the journal
         return sorted(restored), lost
+
+
+def _pickler_class(base, ns):
+    """`base` (the chosen Pickler) for namespace `ns`: an object that is another name's value
+    is saved as a reference to that name, and a session function's globals are the live
+    namespace, not a copy of the names it uses. Set `by_id`, `own` (the dict being pickled)
+    and `used` (collects the names referred to) on each instance."""
+
+    class P(base):
+        def persistent_id(p, obj):
+            name = p.by_id.get(id(obj))
+            if name is not None and name not in p.own:
+                p.used.add(name)
+                return ("n", name)
+            if obj is ns:
+                return ("ns",)
+            refs = getattr(p, "globals_ref", None)
+            if refs and obj is refs.get(id(ns), _MISSING):
+                return ("ns",)
+            return None
+
+        def _dynamic_function_reduce(p, func):
+            # cloudpickle only: the function state's globals are left empty.
+            r = super()._dynamic_function_reduce(func)
+            if func.__globals__ is ns:
+                state, slots = r[2]
+                slots = dict(slots)
+                slots["__globals__"] = {}
+                r = r[:2] + ((state, slots),) + r[3:]
+            return r
+
+    return P
+
+
+def _dunder(name):
+    return name.startswith("__") and name.endswith("__") and len(name) > 4
+
+
+def _segment_bytes(directory):
+    """Segment file -> size."""
+    out = {}
+    with os.scandir(directory) as it:
+        for e in it:
+            if e.name.startswith("s-") and e.name.endswith(".bin"):
+                out[e.name] = e.stat().st_size
+    return out
 
 
 def _over(nbytes, limit):
@@ -720,26 +797,6 @@ def _all_names(state):
     for g in state["groups"]:
         names.extend(g["names"])
     return names
-
-
-def _unpickler_class():
-    import pickle
-
-    return pickle.Unpickler
-
-
-def _last_segment(directory):
-    last = 0
-    try:
-        for entry in os.listdir(directory):
-            if entry.startswith("s-") and entry.endswith(".bin"):
-                try:
-                    last = max(last, int(entry[2:-4]))
-                except ValueError:
-                    pass
-    except FileNotFoundError:
-        pass
-    return last
 
 
 def _remove(path):

@@ -385,3 +385,42 @@ fn imports_the_checkpoint_code_made_are_still_reported() {
         assert_eq!(r["added_imports"], json!([]), "{mode}: once");
     }
 }
+
+/// The automatic checkpoint saves what changed: rebound names, names a cell mutates, names a
+/// session function it calls mutates; shared references stay shared across writes; many
+/// writes are compacted.
+#[test]
+fn incremental_checkpoints_follow_mutations_and_compact() {
+    let logs = tempfile::tempdir().unwrap();
+    let mut k = rich("worker", logs.path(), "incremental").start();
+    k.ok("data = []\ndef add(v):\n    data.append(v)\nd = {}\na = [1]");
+    k.wait_checkpoint(1);
+    k.ok("add(2)");
+    k.ok("d['k'] = 1");
+    k.ok("b = a");
+    for i in 0..80 {
+        k.ok(&format!("n = {i}"));
+        k.wait_checkpoint(5 + i);
+    }
+    let list = k.wait_checkpoint(84);
+    let auto = &list["checkpoints"][0];
+    assert_eq!(auto["last_write_names"], 1, "one name saved: {auto:#}");
+    assert_eq!(auto["last_write_full"], false);
+    assert!(auto["last_write_ms"].as_f64().is_some());
+    let dir = logs.path().join("plan-snap/incremental.snapshot/auto");
+    let segments = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("s-"))
+        .count();
+    assert!(segments <= 65, "{segments} segments: compaction did not run");
+    let pid = k.call("status", Value::Null)["result"]["worker_pid"]
+        .as_u64()
+        .unwrap() as u32;
+    kill(pid, 9);
+    assert!(wait_for(Duration::from_secs(5), || !alive(pid)));
+    let r = k.execute("(data, d, b is a, n)");
+    assert_eq!(r["result"], "([2], {'k': 1}, True, 79)", "{r:#}");
+    assert_eq!(r["restored"], true);
+    assert_eq!(r["state_lost"], false, "nothing was lost: {r:#}");
+}
