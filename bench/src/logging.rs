@@ -51,7 +51,10 @@ pub fn run(args: &Args, logs: &Path) {
 /// Measures and prints what automatic checkpoints cost `x = 1`, in both modes.
 pub fn snapshots(args: &Args, logs: &Path) {
     println!("\ncheckpoints' cost per cell (x = 1 round trip, µs, FLOWREPL_SNAPSHOT=on-success against off, interleaved)");
-    println!("{:<12} {:>10} {:>10} {:>10} {:>10} {:>8}", "", "on p50", "off p50", "on p99", "off p99", "on/off");
+    println!(
+        "{:<12} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "", "on p50", "off p50", "on p99", "off p99", "on/off"
+    );
     let mut ratios = Vec::new();
     for (mode, worker) in [("in-process", false), ("worker", true)] {
         let mut on = kernel_cmd(&args.kernel, logs, worker);

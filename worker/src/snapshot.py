@@ -52,6 +52,10 @@ _MAX_LINES = 256
 _MAX_SEGMENTS = 64
 # Values with nothing to share or refer to: pickled on the fast path.
 _SCALARS = frozenset({int, float, str, bytes, bool, type(None), complex})
+# Pickles larger than this are unpickled from the segment file, not read into memory first.
+_LOAD_FROM_FILE = 1 << 20
+# Values with more bytes than this (arrays: `nbytes`) are pickled straight into the segment.
+_WRITE_DIRECT = 16 << 20
 
 
 def _pickler():
@@ -212,9 +216,10 @@ class Store:
                     ids[key] = obj
         return p.used, ids
 
-    def _pickle_names(self, names, modules, unsaved, pickled):
-        """Pickles each name on its own into `pickled` (name -> (bytes, names used, ids)),
-        or files it under `modules` or `unsaved` (name -> reason)."""
+    def _pickle_names(self, names, modules, unsaved, pickled, seg):
+        """Pickles each name on its own into `pickled` (name -> (bytes, names used, ids); a
+        large array goes straight into the segment `seg`, and its bytes are (offset,
+        length) there), or files it under `modules` or `unsaved` (name -> reason)."""
         ns = self.ns
         for n in names:
             v = ns[n]
@@ -244,16 +249,22 @@ class Store:
             if why is not None:
                 unsaved[n] = why
                 continue
-            buf = io.BytesIO()
+            direct = isinstance(nbytes, int) and nbytes > _WRITE_DIRECT
+            out = seg.file() if direct else io.BytesIO()
+            start = out.tell()
             try:
-                used, ids = self._pickle({n: v}, buf)
+                used, ids = self._pickle({n: v}, out)
             except Exception as e:
                 unsaved[n] = f"cannot be pickled: {type(e).__name__}: {e}"
+                if direct:
+                    out.seek(start)
+                    out.truncate()
                 continue
-            if buf.tell() > self.max_bytes:
-                unsaved[n] = _over(buf.tell(), self.max_bytes)
+            length = out.tell() - start
+            if length > self.max_bytes:
+                unsaved[n] = _over(length, self.max_bytes)
                 continue
-            pickled[n] = (buf.getbuffer(), used, ids)
+            pickled[n] = ((start, length) if direct else out.getbuffer(), used, ids)
 
     def _joining(self, pickled, dirty):
         """Names not yet marked that must be saved with the marked ones: their groups share
@@ -279,7 +290,9 @@ class Store:
                 more.update(g.names)
         return {n for n in extra | more if n in ns and n not in dirty}
 
-    def _loads(self, data, lookup):
+    def _unpickler(self, lookup):
+        """A function that loads one pickle: the namespace and other names' values (through
+        `lookup`) come back as the live objects."""
         ns = self.ns
 
         class U(pickle.Unpickler):
@@ -288,7 +301,15 @@ class Store:
                     return ns
                 return lookup(pid[1])
 
-        return U(io.BytesIO(data)).load()
+        def load(data):
+            if isinstance(data, tuple):
+                path, off = data
+                with open(path, "rb") as f:
+                    f.seek(off)
+                    return U(f).load()
+            return U(io.BytesIO(data)).load()
+
+        return load
 
     def checkpoint(self, codes, full, execution_count, context, rebound=None, removed=None):
         """Saves what changed since the last checkpoint (everything when `full` or the first
@@ -334,20 +355,13 @@ class Store:
             if _identity_matters(v):
                 self.by_id.setdefault(id(v), n)
         modules, unsaved, pickled = {}, {}, {}
-        self._pickle_names(sorted(dirty), modules, unsaved, pickled)
-        # Clean names join when they share objects with a saved one, or when references now
-        # run in a circle through them; their whole groups join too.
-        while not full:
-            extra = self._joining(pickled, dirty)
-            if not extra:
-                break
-            dirty |= extra
-            for n in extra:
-                self._unindex(n)
-                if _identity_matters(ns[n]):
-                    self.by_id.setdefault(id(ns[n]), n)
-            self._pickle_names(sorted(extra), modules, unsaved, pickled)
-        put = self._write_groups(pickled, unsaved)
+        seg = _Segment(self)
+        try:
+            put = self._save(dirty, full, modules, unsaved, pickled, seg)
+        except BaseException:
+            seg.discard()
+            raise
+        seg.close()
         # Names that refer to a name that could not be saved cannot be restored either.
         changed = True
         while changed:
@@ -427,9 +441,28 @@ class Store:
             "ms": (time.perf_counter() - t0) * 1000,
         }
 
-    def _write_groups(self, pickled, unsaved):
+    def _save(self, dirty, full, modules, unsaved, pickled, seg):
+        """Pickles the `dirty` names (adding to `dirty` the clean ones that must go with
+        them) into `seg`; returns the groups written."""
+        ns = self.ns
+        self._pickle_names(sorted(dirty), modules, unsaved, pickled, seg)
+        # Clean names join when they share objects with a saved one, or when references now
+        # run in a circle through them; their whole groups join too.
+        while not full:
+            extra = self._joining(pickled, dirty)
+            if not extra:
+                break
+            dirty |= extra
+            for n in extra:
+                self._unindex(n)
+                if _identity_matters(ns[n]):
+                    self.by_id.setdefault(id(ns[n]), n)
+            self._pickle_names(sorted(extra), modules, unsaved, pickled, seg)
+        return self._write_groups(pickled, unsaved, seg)
+
+    def _write_groups(self, pickled, unsaved, seg):
         """One group per set of names that share objects or refer to each other in a circle;
-        their pickles go into one new segment. Returns the groups written."""
+        their pickles go into the segment `seg`. Returns the groups written."""
         if not pickled:
             return []
         parent = {n: n for n in pickled}
@@ -453,41 +486,37 @@ class Store:
         sets = {}
         for n in pickled:
             sets.setdefault(find(n), []).append(n)
-        self.seq += 1
-        seg = "s-%06d.bin" % self.seq
-        path = os.path.join(self.dir, seg)
+        f = seg.file()
         put = []
-        try:
-            with open(path, "wb") as f:
-                for names in sets.values():
-                    names.sort()
-                    if len(names) == 1:
-                        data, used, ids = pickled[names[0]]
-                        scalar = used == ()
-                    else:
-                        scalar = False
-                        buf = io.BytesIO()
-                        try:
-                            used, ids = self._pickle({x: self.ns[x] for x in names}, buf)
-                        except Exception as e:
-                            for x in names:
-                                unsaved[x] = f"cannot be pickled with the names it shares objects with: {type(e).__name__}: {e}"
-                            continue
-                        data = buf.getbuffer()
-                    if not scalar and len(data) <= self.verify_bytes:
-                        try:
-                            self._loads(data, lambda name: self.ns[name])
-                        except Exception as e:
-                            for x in names:
-                                unsaved[x] = f"its saved form does not load back: {type(e).__name__}: {e}"
-                            continue
-                    off = f.tell()
-                    f.write(data)
-                    put.append(_Group(names, seg, off, len(data), set(used) - set(names), ids))
-                self.files[seg] = f.tell()
-        except BaseException:
-            _remove(path)
-            raise
+        for names in sets.values():
+            names.sort()
+            if len(names) == 1:
+                data, used, ids = pickled[names[0]]
+                if isinstance(data, tuple):
+                    # Written already (a large array).
+                    put.append(_Group(names, seg.name, data[0], data[1], set(used) - set(names), ids))
+                    continue
+                scalar = used == ()
+            else:
+                scalar = False
+                buf = io.BytesIO()
+                try:
+                    used, ids = self._pickle({x: self.ns[x] for x in names}, buf)
+                except Exception as e:
+                    for x in names:
+                        unsaved[x] = f"cannot be pickled with the names it shares objects with: {type(e).__name__}: {e}"
+                    continue
+                data = buf.getbuffer()
+            if not scalar and len(data) <= self.verify_bytes:
+                try:
+                    self._unpickler(self.ns.__getitem__)(data)
+                except Exception as e:
+                    for x in names:
+                        unsaved[x] = f"its saved form does not load back: {type(e).__name__}: {e}"
+                    continue
+            off = f.tell()
+            f.write(data)
+            put.append(_Group(names, seg.name, off, len(data), set(used) - set(names), ids))
         return put
 
     def _unindex(self, name):
@@ -633,41 +662,56 @@ class Store:
 
         for i in range(len(groups)):
             visit(i)
-        files = {}
+        # The pickles, read in file order (one pass over each segment), then loaded in order.
+        blobs, unreadable, by_seg = {}, {}, {}
+        for i, g in enumerate(groups):
+            by_seg.setdefault(g["seg"], []).append(i)
+        for seg, idx in by_seg.items():
+            idx.sort(key=lambda i: groups[i]["off"])
+            path = os.path.join(segments_dir, seg)
+            try:
+                with open(path, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    for i in idx:
+                        off, length = groups[i]["off"], groups[i]["len"]
+                        if off + length > size:
+                            unreadable[i] = f"{seg} is shorter than the journal says"
+                        elif length > _LOAD_FROM_FILE:
+                            # Unpickled straight from the file: arrays read into place.
+                            blobs[i] = (path, off)
+                        else:
+                            f.seek(off)
+                            blobs[i] = f.read(length)
+            except OSError as e:
+                for i in idx:
+                    unreadable[i] = f"{seg}: {type(e).__name__}: {e}"
         loaded = {}
         ok_groups = []
-        try:
-            for i in order:
-                g = groups[i]
-                names = g["names"]
-                missing = [r for r in g["refs"] if r not in loaded and r not in ns]
-                if missing:
-                    why = lost.get(missing[0], "it is not in the checkpoint")
-                    for n in names:
-                        lost[n] = f"refers to {missing[0]!r}, which was not restored ({why})"
-                    continue
-                try:
-                    src = files.get(g["seg"])
-                    if src is None:
-                        src = files[g["seg"]] = open(os.path.join(segments_dir, g["seg"]), "rb")
-                    src.seek(g["off"])
-                    data = src.read(g["len"])
-                    if len(data) != g["len"]:
-                        raise EOFError(f"{g['seg']} is shorter than the journal says")
-                    values = self._loads(data, lambda name: loaded[name] if name in loaded else ns[name])
-                except BaseException as e:
-                    if isinstance(e, KeyboardInterrupt):
-                        raise
-                    for n in names:
-                        lost[n] = f"its saved form did not load: {type(e).__name__}: {e}"
-                    continue
+        load = self._unpickler(lambda name: loaded[name] if name in loaded else ns[name])
+        for i in order:
+            g = groups[i]
+            names = g["names"]
+            missing = [r for r in g["refs"] if r not in loaded and r not in ns]
+            if missing:
+                why = lost.get(missing[0], "it is not in the checkpoint")
                 for n in names:
-                    if n in values:
-                        loaded[n] = values[n]
-                ok_groups.append(g)
-        finally:
-            for src in files.values():
-                src.close()
+                    lost[n] = f"refers to {missing[0]!r}, which was not restored ({why})"
+                continue
+            data = blobs.pop(i, None)
+            try:
+                if data is None:
+                    raise EOFError(unreadable.get(i, "unreadable"))
+                values = load(data)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:
+                for n in names:
+                    lost[n] = f"its saved form did not load: {type(e).__name__}: {e}"
+                continue
+            for n in names:
+                if n in values:
+                    loaded[n] = values[n]
+            ok_groups.append(g)
         ns.update(loaded)
         ns["__builtins__"] = builtins
         restored.extend(loaded)
@@ -783,6 +827,34 @@ def _cycles(starts, edges):
                 if len(scc) > 1:
                     found.append(scc)
     return found
+
+
+class _Segment:
+    """The segment file one checkpoint writes, made on first use."""
+
+    def __init__(self, store):
+        self.store = store
+        self.f = None
+        self.name = None
+
+    def file(self):
+        if self.f is None:
+            self.store.seq += 1
+            self.name = "s-%06d.bin" % self.store.seq
+            self.f = open(os.path.join(self.store.dir, self.name), "wb")
+        return self.f
+
+    def close(self):
+        if self.f is not None:
+            self.store.files[self.name] = self.f.tell()
+            self.f.close()
+            self.f = None
+
+    def discard(self):
+        if self.f is not None:
+            self.f.close()
+            self.f = None
+            _remove(os.path.join(self.store.dir, self.name))
 
 
 class _Missing:

@@ -413,7 +413,10 @@ fn incremental_checkpoints_follow_mutations_and_compact() {
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with("s-"))
         .count();
-    assert!(segments <= 65, "{segments} segments: compaction did not run");
+    assert!(
+        segments <= 65,
+        "{segments} segments: compaction did not run"
+    );
     let pid = k.call("status", Value::Null)["result"]["worker_pid"]
         .as_u64()
         .unwrap() as u32;
