@@ -124,30 +124,37 @@ def big_array(args, logs):
     arr = np.random.default_rng(1).random(25_000_000)  # 200 MB
     d = tempfile.mkdtemp(dir=logs)
     path = os.path.join(d, "plain.pkl")
-    t = time.perf_counter()
-    with open(path, "wb") as f:
-        pickle.dump(arr, f, protocol=5)
-    dump_ms = (time.perf_counter() - t) * 1000
-    t = time.perf_counter()
-    with open(path, "rb") as f:
-        back = pickle.load(f)
-    load_ms = (time.perf_counter() - t) * 1000
-    assert (back == arr).all()
-    del back, arr
-    os.unlink(path)
+    dumps, loads = [], []
+    for _ in range(3):  # the best of three, as the page cache warms
+        t = time.perf_counter()
+        with open(path, "wb") as f:
+            pickle.dump(arr, f, protocol=5)
+        dumps.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        with open(path, "rb") as f:
+            back = pickle.load(f)
+        loads.append((time.perf_counter() - t) * 1000)
+        assert (back == arr).all()
+        del back
+        os.unlink(path)
+    dump_ms, load_ms = min(dumps), min(loads)
+    del arr
     k = Kernel(args.flowrepl, logs, "big", extra=("--snapshot", "manual"))
     k.ok("import numpy as np\narr = np.random.default_rng(1).random(25_000_000)")
-    t = time.perf_counter()
-    c = k.call("checkpoint")
-    save_ms = (time.perf_counter() - t) * 1000
-    t = time.perf_counter()
-    r = k.call("restore")
-    restore_ms = (time.perf_counter() - t) * 1000
-    assert "arr" in r["restored_vars"], r
+    saves, restores = [], []
+    for _ in range(3):
+        t = time.perf_counter()
+        c = k.call("checkpoint")
+        saves.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        r = k.call("restore")
+        restores.append((time.perf_counter() - t) * 1000)
+        assert "arr" in r["restored_vars"], r
+    save_ms, restore_ms = min(saves), min(restores)
     k.close()
-    print(f"  plain Python: pickle.dump to a file {dump_ms:.0f}, pickle.load from it {load_ms:.0f}")
-    print(f"  flowrepl: checkpoint {save_ms:.0f} ({c['ms']:.0f} in the executor), "
-          f"restore {restore_ms:.0f} ({r['restore_ms']:.0f} in the executor)")
+    print(f"  plain Python: pickle.dump to a file {dump_ms:.0f}, pickle.load from it {load_ms:.0f} (best of 3)")
+    print(f"  flowrepl: checkpoint {save_ms:.0f}, restore {restore_ms:.0f} (best of 3, "
+          f"round trips of `checkpoint` and `restore`)")
     print(f"  ratio: checkpoint / pickle.dump {save_ms / dump_ms:.2f}x, "
           f"restore / pickle.load {restore_ms / load_ms:.2f}x")
 

@@ -17,7 +17,6 @@ use flowrepl_protocol::{
     ShutdownReply, SnapshotPolicy, StatusInfo, VariableInfo, VariablesReply,
 };
 use flowrepl_task_logger::{SessionLimits, SessionRecord, RECORD_TYPE_SESSION};
-use flowrepl_worker::checkpoint::{IDLE_BEFORE_CHECKPOINT, MAX_CHECKPOINT_DELAY};
 use serde::Serialize;
 use std::borrow::Cow;
 use std::io;
@@ -263,18 +262,6 @@ impl Session {
         })
     }
 
-    /// Between requests: does the engine's pending work (the automatic checkpoint, in-process)
-    /// once no request came within [`IDLE_BEFORE_CHECKPOINT`] (`request_within` waits for
-    /// one and says whether one came), or at once when it is overdue.
-    pub fn idle_work(&mut self, request_within: impl FnOnce(Duration) -> bool) {
-        let Some(since) = self.engine.idle_work_since() else {
-            return;
-        };
-        if since.elapsed() >= MAX_CHECKPOINT_DELAY || !request_within(IDLE_BEFORE_CHECKPOINT) {
-            self.engine.do_idle_work();
-        }
-    }
-
     /// What `status` says, for the threads that answer it while a cell runs.
     pub fn board(&self) -> Arc<StatusBoard> {
         Arc::clone(&self.board)
@@ -375,14 +362,6 @@ impl Session {
         let execution_count = self.board.executions.fetch_add(1, Ordering::Relaxed) + 1;
         let timestamp = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
         let timeout = Duration::from_millis(params.timeout_ms.unwrap_or(self.default_timeout_ms));
-        if self
-            .engine
-            .idle_work_since()
-            .is_some_and(|t| t.elapsed() >= MAX_CHECKPOINT_DELAY)
-        {
-            // Requests kept coming: the overdue checkpoint goes before this cell.
-            self.engine.do_idle_work();
-        }
         let started = Instant::now();
         let run = self.engine.run(&params.code, timeout, execution_count);
         let restored = match self.engine.take_restored() {

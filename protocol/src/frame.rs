@@ -591,11 +591,6 @@ impl<R: std::io::Read> FrameReader<R> {
         &self.inner
     }
 
-    /// Whether part of a frame has been read and not yet returned.
-    pub fn has_buffered(&self) -> bool {
-        self.expect.is_some() || !self.buf.is_empty()
-    }
-
     /// The next complete frame's payload (`kind` + `body`) already buffered; no I/O.
     pub fn buffered(&mut self) -> Result<Option<BytesMut>, FrameError> {
         if self.expect.is_none() && self.buf.len() >= HEADER_BYTES {

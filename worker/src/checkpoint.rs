@@ -3,12 +3,13 @@
 //!
 //! # When
 //! With [`SnapshotPolicy::OnSuccess`] a successful cell makes the automatic checkpoint
-//! (`auto`) *pending*; it is written once the session has been idle for
-//! [`IDLE_BEFORE_CHECKPOINT`] (no request waiting), so a client that sends its next cell at
-//! once never waits for it; if requests keep coming, it is written before the next cell once
-//! [`MAX_CHECKPOINT_DELAY`] has passed. Worker mode writes it in the worker while the kernel
-//! and the client handle the reply; in-process the kernel's request loop does, between
-//! requests.
+//! (`auto`) *pending*. A thread of the executor's own ([`Checkpointer`]) writes it once no
+//! cell has run for [`IDLE_BEFORE_CHECKPOINT`], while the kernel and its client handle the
+//! reply, so a client that sends its next cell at once does not wait for it and the request
+//! path makes no extra system call; if cells keep coming, it is written between two of them
+//! once [`MAX_CHECKPOINT_DELAY`] has passed (the next cell waits for it). The state is behind
+//! one lock that every cell holds while it runs, so a checkpoint never sees a cell half-way.
+//! A pending checkpoint is also written when the session ends.
 //!
 //! # What
 //! Incremental: the names rebound since the last write (by identity), plus the names the
@@ -27,6 +28,8 @@ use flowrepl_task_logger::snapshot::{self, Checkpoint, SnapshotError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// After a successful cell, the automatic checkpoint waits until the session has been idle
@@ -108,6 +111,202 @@ pub enum CheckpointError {
     Python(#[from] CallError),
 }
 
+/// The checkpoint state, behind the lock cells hold, and the thread that writes the automatic
+/// checkpoint between them.
+pub(crate) struct Checkpointer {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Shared {
+    state: Mutex<Checkpoints>,
+    globals: Py<PyDict>,
+    /// When the clock started (the times below are microseconds since).
+    epoch: Instant,
+    /// A write is pending (mirrors `Checkpoints::pending`, read without the lock).
+    pending: AtomicBool,
+    /// When it became pending.
+    pending_since: AtomicU64,
+    /// When the last cell (or other call) ended.
+    last_end: AtomicU64,
+    /// A cell (or other call) holds the state.
+    running: AtomicBool,
+    /// The thread is parked until a write becomes pending.
+    sleeping: AtomicBool,
+    /// The executor's own code imported modules: the next cell rebaselines first.
+    imported: AtomicBool,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+}
+
+/// The lock on the checkpoint state that a cell or call holds; dropping it marks the end of
+/// the activity (and wakes the writer if a write became pending).
+pub(crate) struct Held<'a> {
+    shared: &'a Shared,
+    guard: std::sync::MutexGuard<'a, Checkpoints>,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Checkpoints;
+    fn deref(&self) -> &Checkpoints {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Checkpoints {
+        &mut self.guard
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let s = self.shared;
+        let pending = self.guard.pending.is_some();
+        s.pending.store(pending, Ordering::Release);
+        if let Some(since) = self.guard.pending {
+            s.pending_since.store(
+                since.duration_since(s.epoch).as_micros() as u64,
+                Ordering::Relaxed,
+            );
+        }
+        s.last_end.store(s.now(), Ordering::Release);
+        s.running.store(false, Ordering::Release);
+        if pending && s.sleeping.load(Ordering::Acquire) {
+            if let Some(t) = &self.guard.writer {
+                t.unpark();
+            }
+        }
+    }
+}
+
+impl Checkpointer {
+    /// The state for `config` on the namespace `globals`, and (with on-success) its writer
+    /// thread.
+    pub(crate) fn start(config: SnapshotConfig, globals: Py<PyDict>) -> std::io::Result<Self> {
+        let on_success = config.policy == SnapshotPolicy::OnSuccess;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(Checkpoints::new(config)),
+            globals,
+            epoch: Instant::now(),
+            pending: AtomicBool::new(false),
+            pending_since: AtomicU64::new(0),
+            last_end: AtomicU64::new(0),
+            running: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            imported: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        });
+        let thread = if on_success {
+            let s = Arc::clone(&shared);
+            let t = std::thread::Builder::new()
+                .name("flowrepl-checkpoint".into())
+                .spawn(move || write_when_idle(&s))?;
+            crate::sys::lock(&shared.state).writer = Some(t.thread().clone());
+            Some(t)
+        } else {
+            None
+        };
+        Ok(Checkpointer { shared, thread })
+    }
+
+    /// Takes the state for a cell or call (waiting while a checkpoint is being written).
+    pub(crate) fn hold(&self) -> Held<'_> {
+        let guard = crate::sys::lock(&self.shared.state);
+        self.shared.running.store(true, Ordering::Release);
+        Held {
+            shared: &self.shared,
+            guard,
+        }
+    }
+
+    /// Whether the writer imported modules since the last call (then clears it).
+    pub(crate) fn take_imported(&self) -> bool {
+        self.shared.imported.swap(false, Ordering::AcqRel)
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+/// The writer thread: parked until a write is pending, then it waits until no cell has run
+/// for [`IDLE_BEFORE_CHECKPOINT`] (or the write is [`MAX_CHECKPOINT_DELAY`] old and no cell
+/// runs), and writes it.
+fn write_when_idle(s: &Shared) {
+    crate::sys::block_sigint();
+    let idle = IDLE_BEFORE_CHECKPOINT.as_micros() as u64;
+    let overdue = MAX_CHECKPOINT_DELAY.as_micros() as u64;
+    while !s.stop.load(Ordering::Acquire) {
+        if !s.pending.load(Ordering::Acquire) {
+            s.sleeping.store(true, Ordering::Release);
+            // Checked again after announcing the sleep: a cell that ended meanwhile either
+            // saw `sleeping` (and unparks) or stored `pending` before this load.
+            if !s.pending.load(Ordering::Acquire) && !s.stop.load(Ordering::Acquire) {
+                std::thread::park();
+            }
+            s.sleeping.store(false, Ordering::Release);
+            continue;
+        }
+        let now = s.now();
+        let quiet = now.saturating_sub(s.last_end.load(Ordering::Acquire));
+        let age = now.saturating_sub(s.pending_since.load(Ordering::Relaxed));
+        if s.running.load(Ordering::Acquire) || (quiet < idle && age < overdue) {
+            let wait = idle.saturating_sub(quiet).max(200);
+            std::thread::park_timeout(Duration::from_micros(wait));
+            continue;
+        }
+        // A cell that starts now waits for this write; one that got here first is let be.
+        let Ok(mut st) = s.state.try_lock() else {
+            std::thread::park_timeout(Duration::from_micros(idle));
+            continue;
+        };
+        let written = Python::attach(|py| {
+            let globals = s.globals.bind(py);
+            let r = st.write_pending(py, globals);
+            if let Some(Err(_)) = &r {
+                st.namespace_reset(py);
+            }
+            r
+        });
+        s.pending.store(st.pending.is_some(), Ordering::Release);
+        drop(st);
+        s.imported.store(true, Ordering::Release);
+        log_written(written);
+    }
+}
+
+/// Logs what an automatic write did (its failure too: the next one saves every name).
+pub(crate) fn log_written(written: Option<Result<CheckpointSummary, CheckpointError>>) {
+    match written {
+        Some(Ok(s)) => {
+            tracing::debug!(
+                execution_count = s.execution_count,
+                saved = s.saved.len(),
+                bytes = s.bytes,
+                ms = s.ms,
+                "checkpoint written"
+            );
+            for (name, why) in &s.unsaved {
+                tracing::info!(%name, %why, "a variable was not checkpointed");
+            }
+        }
+        Some(Err(e)) => tracing::warn!(error = %e, "the automatic checkpoint was not written"),
+        None => {}
+    }
+}
+
 /// The checkpoint state of one executor.
 pub(crate) struct Checkpoints {
     config: SnapshotConfig,
@@ -123,6 +322,8 @@ pub(crate) struct Checkpoints {
     pending: Option<Instant>,
     /// The execution count of the last cell.
     last_count: u64,
+    /// The writer thread, to wake when a write becomes pending.
+    writer: Option<std::thread::Thread>,
 }
 
 impl Checkpoints {
@@ -135,6 +336,7 @@ impl Checkpoints {
             every_name: false,
             pending: None,
             last_count: 0,
+            writer: None,
         }
     }
 
@@ -158,11 +360,6 @@ impl Checkpoints {
         if success && self.pending.is_none() {
             self.pending = Some(Instant::now());
         }
-    }
-
-    /// When the pending automatic write became pending, if one is.
-    pub(crate) fn pending(&self) -> Option<Instant> {
-        self.pending
     }
 
     fn module<'py>(&mut self, py: Python<'py>) -> Result<Bound<'py, PyAny>, CallError> {

@@ -13,7 +13,7 @@
 
 use crate::capture::{Capture, Collected};
 use crate::cell::{split_last_expression, Split};
-use crate::checkpoint::{CheckpointError, Checkpoints};
+use crate::checkpoint::{CheckpointError, Checkpointer, Checkpoints};
 use crate::interpreter::{self, InitError};
 use crate::monitor::Monitor;
 use crate::sink::{OutputSink, Streamer};
@@ -201,7 +201,7 @@ pub struct Executor {
     /// In-process, or worker mode (output goes to a sink).
     mode: Mode,
     /// Checkpoints of the namespace, when they are on.
-    checkpoints: Option<Checkpoints>,
+    checkpoints: Option<Checkpointer>,
     /// Modules the checkpoint code imported that no cell has claimed yet
     /// ([`Executor::claim_own_imports`]).
     own_imports: std::collections::HashSet<String>,
@@ -288,7 +288,7 @@ impl Executor {
                 list_variables: get("list_variables")?,
             };
             let mut exec = Executor {
-                globals: globals.unbind(),
+                globals: globals.clone().unbind(),
                 modules: modules.unbind(),
                 support,
                 capture,
@@ -306,7 +306,13 @@ impl Executor {
                 emitter,
                 _flow: flow,
                 own_imports: std::collections::HashSet::new(),
-                checkpoints: config.snapshots.clone().map(Checkpoints::new),
+                checkpoints: match &config.snapshots {
+                    Some(c) => Some(
+                        Checkpointer::start(c.clone(), globals.clone().unbind())
+                            .map_err(ExecutorError::Io)?,
+                    ),
+                    None => None,
+                },
                 mode: if config.sink.is_some() {
                     Mode::Worker
                 } else {
@@ -348,19 +354,25 @@ impl Executor {
 
     /// Empties the `__main__` namespace (`restart` in-process); loaded modules stay.
     pub fn reset_namespace(&mut self) -> Result<(), CallError> {
-        Python::attach(|py| {
+        // Checkpoint state, then the GIL: the order the checkpoint writer takes them in.
+        let checkpoints = self.checkpoints.take();
+        let mut held = checkpoints.as_ref().map(|c| c.hold());
+        let r = Python::attach(|py| {
             let globals = self.globals.bind(py).clone();
             let r = self.support.reset_namespace.bind(py).call1((globals,));
             if r.is_ok() {
                 self.run_startup(py);
             }
-            if let Some(c) = &mut self.checkpoints {
+            if let Some(c) = held.as_deref_mut() {
                 c.namespace_reset(py);
             }
             self.rebaseline(py);
             self.discard_output();
             r.map(drop).map_err(CallError::from)
-        })
+        });
+        drop(held);
+        self.checkpoints = checkpoints;
+        r
     }
 
     /// Runs the startup files in the namespace; their errors go to the diagnostics (stderr),
@@ -392,9 +404,11 @@ impl Executor {
     /// stdio, as a Python process does when it exits. Whatever that prints is discarded.
     /// The executor stays usable (with an empty namespace).
     pub fn finish(&mut self) {
+        let checkpoints = self.checkpoints.take();
+        let mut held = checkpoints.as_ref().map(|c| c.hold());
         Python::attach(|py| {
             clear_pending_signals();
-            if let Some(c) = &mut self.checkpoints {
+            if let Some(c) = held.as_deref_mut() {
                 c.namespace_reset(py);
             }
             let globals = self.globals.bind(py).clone();
@@ -403,6 +417,8 @@ impl Executor {
             }
             self.rebaseline(py);
         });
+        drop(held);
+        self.checkpoints = checkpoints;
         // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
         unsafe { libc::fflush(std::ptr::null_mut()) };
         self.discard_output();
@@ -426,36 +442,17 @@ impl Executor {
         })
     }
 
-    /// When the automatic checkpoint became pending, if one is (see [`crate::checkpoint`]).
-    pub fn checkpoint_pending(&self) -> Option<Instant> {
-        self.checkpoints.as_ref().and_then(|c| c.pending())
-    }
-
-    /// Writes the pending automatic checkpoint, if one is; failures are logged (and the next
-    /// write saves every name).
+    /// Writes the pending automatic checkpoint now, if one is (the session ends, or is
+    /// restarted); failures are logged (and the next write saves every name).
     pub fn write_pending_checkpoint(&mut self) {
-        if self.checkpoint_pending().is_none() {
-            return;
-        }
-        match self.with_checkpoints(|c, py, globals| c.write_pending(py, globals)) {
-            Some(Some(Ok(s))) => {
-                tracing::debug!(
-                    execution_count = s.execution_count,
-                    saved = s.saved.len(),
-                    bytes = s.bytes,
-                    ms = s.ms,
-                    "checkpoint written"
-                );
-                for (name, why) in &s.unsaved {
-                    tracing::info!(%name, %why, "a variable was not checkpointed");
-                }
+        let written = self.with_checkpoints(|c, py, globals| {
+            let r = c.write_pending(py, globals);
+            if let Some(Err(_)) = &r {
+                c.namespace_reset(py);
             }
-            Some(Some(Err(e))) => {
-                tracing::warn!(error = %e, "the automatic checkpoint was not written");
-                self.with_checkpoints(|c, py, _| c.namespace_reset(py));
-            }
-            _ => {}
-        }
+            r
+        });
+        crate::checkpoint::log_written(written.flatten());
     }
 
     /// Writes checkpoint `name` now, with every name.
@@ -471,7 +468,7 @@ impl Executor {
     pub fn restore(&mut self, name: &str, fresh: bool) -> Result<RestoreReport, CheckpointError> {
         let cp = match &self.checkpoints {
             None => return Err(CheckpointError::Off),
-            Some(c) => c.load(name)?,
+            Some(c) => c.hold().load(name)?,
         };
         if !fresh {
             self.reset_namespace()?;
@@ -496,13 +493,17 @@ impl Executor {
         &mut self,
         f: impl FnOnce(&mut Checkpoints, Python<'_>, &Bound<'_, PyDict>) -> R,
     ) -> Option<R> {
-        let mut c = self.checkpoints.take()?;
+        let c = self.checkpoints.take()?;
+        // Checkpoint state, then the GIL: the order the checkpoint writer takes them in.
+        let mut held = c.hold();
         let r = Python::attach(|py| {
             let globals = self.globals.bind(py).clone();
-            let r = f(&mut c, py, &globals);
+            let r = f(&mut held, py, &globals);
+            c.take_imported();
             self.absorb_own_imports(py);
             r
         });
+        drop(held);
         self.checkpoints = Some(c);
         Some(r)
     }
@@ -519,8 +520,24 @@ impl Executor {
         let name = format!("<cell-{}>", self.cells);
         self.emitter
             .begin(execution_count, self.capture.stdout.cursor());
-        let mut out =
-            Python::attach(|py| self.execute_attached(py, code, name, timeout, execution_count));
+        // The checkpoint state is held for the whole cell: the writer thread waits.
+        let checkpoints = self.checkpoints.take();
+        let mut held = checkpoints.as_ref().map(|c| c.hold());
+        let mut out = Python::attach(|py| {
+            if checkpoints.as_ref().is_some_and(|c| c.take_imported()) {
+                self.absorb_own_imports(py);
+            }
+            self.execute_attached(
+                py,
+                code,
+                name,
+                timeout,
+                execution_count,
+                held.as_deref_mut(),
+            )
+        });
+        drop(held);
+        self.checkpoints = checkpoints;
         self.emitter.end();
         (out.events, out.contexts) = self.emitter.take();
         out
@@ -533,6 +550,7 @@ impl Executor {
         name: String,
         timeout: Duration,
         execution_count: u64,
+        mut checkpoints: Option<&mut Checkpoints>,
     ) -> CellOutcome {
         let t0 = Instant::now();
         let mut codes = Vec::new();
@@ -556,7 +574,7 @@ impl Executor {
                 error = Some(e);
             }
             Ok((exec_part, eval_part)) => {
-                if self.checkpoints.as_ref().is_some_and(|c| c.tracks_cells()) {
+                if checkpoints.as_ref().is_some_and(|c| c.tracks_cells()) {
                     codes.extend(
                         exec_part
                             .iter()
@@ -639,7 +657,7 @@ impl Executor {
             }
             None => self.register_sources(py, false),
         }
-        if let Some(c) = &mut self.checkpoints {
+        if let Some(c) = checkpoints.as_deref_mut() {
             c.note_cell(codes, out.report.error.is_none(), execution_count);
         }
         out.report.usage = self.usage.end(mark);
@@ -1103,6 +1121,8 @@ fn absorb_pending_signals() {
 
 impl Drop for Executor {
     fn drop(&mut self) {
+        // Its thread stops first (it may be waiting for the GIL).
+        self.checkpoints = None;
         Python::attach(|py| {
             self.var_snapshot.clear(py);
             self.module_snapshot.clear(py);

@@ -13,7 +13,7 @@
 //! and is discarded when the next cell starts.
 
 use crate::approval::Approver;
-use crate::checkpoint::{SnapshotConfig, IDLE_BEFORE_CHECKPOINT, MAX_CHECKPOINT_DELAY};
+use crate::checkpoint::SnapshotConfig;
 use crate::executor::{CellOutcome, Executor, ExecutorConfig, ImageLimits, SessionSetup};
 use crate::sink::OutputSink;
 use crate::sys::lock;
@@ -375,19 +375,6 @@ pub fn run(args: WorkerArgs) -> ExitCode {
     }
 }
 
-/// Whether a frame from the kernel is buffered or arrives within `wait`.
-fn request_within(input: &Mutex<FrameReader<File>>, wait: Duration) -> io::Result<bool> {
-    let input = lock(input);
-    if input.has_buffered() {
-        return Ok(true);
-    }
-    match crate::sys::poll_readable(input.get_ref().as_raw_fd(), wait) {
-        Ok(ready) => Ok(ready),
-        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
-        Err(e) => Err(e),
-    }
-}
-
 fn serve(
     executor: &mut Executor,
     channel: &Channel,
@@ -395,15 +382,6 @@ fn serve(
     args: &WorkerArgs,
 ) -> io::Result<()> {
     loop {
-        if let Some(since) = executor.checkpoint_pending() {
-            // Written while the kernel and its client handle the reply, unless the next
-            // request is already here (then after it, or once it is overdue).
-            if since.elapsed() >= MAX_CHECKPOINT_DELAY
-                || !request_within(input, IDLE_BEFORE_CHECKPOINT)?
-            {
-                executor.write_pending_checkpoint();
-            }
-        }
         // Not held while the cell runs: a cell waiting for an approval reads its answer.
         let next = lock(input).read_frame();
         let body = match next.map_err(io::Error::other)? {

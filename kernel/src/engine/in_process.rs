@@ -107,14 +107,6 @@ impl Engine for InProcess {
         self.restored.take()
     }
 
-    fn idle_work_since(&self) -> Option<Instant> {
-        self.executor.checkpoint_pending()
-    }
-
-    fn do_idle_work(&mut self) {
-        self.executor.write_pending_checkpoint();
-    }
-
     fn finish(&mut self) {
         self.executor.write_pending_checkpoint();
         self.executor.finish();

@@ -104,11 +104,7 @@ pub trait Engine {
     /// A restore the engine did by itself (a fresh worker after a death, `--resume`), or
     /// why it failed: reported once, with the next cell.
     fn take_restored(&mut self) -> Option<Result<RestoreReport, String>>;
-    /// Work the engine does between requests: since when an automatic checkpoint is
-    /// pending here (in-process; a worker writes its own).
-    fn idle_work_since(&self) -> Option<Instant>;
-    /// Does that work now.
-    fn do_idle_work(&mut self);
+
     /// The session ends: the cells' `atexit` handlers run and open files are flushed (worker
     /// mode: within the kill grace period, then the worker's group is killed).
     fn finish(&mut self);

@@ -173,15 +173,6 @@ impl Front {
         Ok(Item::from_line(line, self.max_request_bytes))
     }
 
-    /// Whether a request is waiting, or arrives within `wait` (between cells, on the request
-    /// thread).
-    pub fn request_within(&self, wait: Duration) -> bool {
-        if !lock(&self.queue).is_empty() || lock(&self.reader).has_buffered() {
-            return true;
-        }
-        readable(self.input_fd, wait)
-    }
-
     /// A cell starts: the watcher takes over stdin.
     pub fn begin_cell(&self, watcher: &thread::Thread, id: Option<&Id>) {
         *lock(&self.cell_id) = id.cloned();

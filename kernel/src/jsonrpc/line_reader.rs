@@ -53,11 +53,6 @@ pub struct LineReader<R> {
 }
 
 impl<R: Read> LineReader<R> {
-    /// Whether bytes were read that no line handed out yet holds (or input ended).
-    pub fn has_buffered(&self) -> bool {
-        self.start < self.end || !self.line.is_empty() || self.eof
-    }
-
     /// Reads lines of at most `max` bytes from `inner`.
     pub fn new(inner: R, max: usize) -> Self {
         LineReader {

@@ -84,7 +84,6 @@ pub fn serve(session: &mut Session, front: &Arc<Front>, legacy_errors: bool) -> 
         params: &ready,
     })?;
     loop {
-        session.idle_work(|wait| front.request_within(wait));
         let (id, call) = match front.next_item()? {
             Item::Eof => return Ok(Ended::Eof),
             Item::Blank => continue,

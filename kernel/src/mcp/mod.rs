@@ -247,23 +247,7 @@ pub fn serve(
             shared_mcp.control.interrupt();
             let _ = jobs.send(Job::Stop);
         })?;
-    loop {
-        let mut next = None;
-        session.idle_work(|wait| match queue.recv_timeout(wait) {
-            Ok(job) => {
-                next = Some(job);
-                true
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => false,
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => true,
-        });
-        let job = match next {
-            Some(job) => job,
-            None => match queue.recv() {
-                Ok(job) => job,
-                Err(_) => break,
-            },
-        };
+    for job in queue {
         let Job::Call {
             call,
             ticket,

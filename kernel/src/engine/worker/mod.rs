@@ -1022,12 +1022,6 @@ impl Engine for Worker {
         self.restored.take()
     }
 
-    fn idle_work_since(&self) -> Option<Instant> {
-        None
-    }
-
-    fn do_idle_work(&mut self) {}
-
     fn finish(&mut self) {
         self.stop_worker();
     }
