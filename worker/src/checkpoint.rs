@@ -281,8 +281,9 @@ fn write_when_idle(s: &Shared) {
             r
         });
         s.pending.store(st.pending.is_some(), Ordering::Release);
-        drop(st);
+        // Before the lock goes: the next cell, which takes it, must see this.
         s.imported.store(true, Ordering::Release);
+        drop(st);
         log_written(written);
     }
 }

@@ -550,7 +550,7 @@ impl Executor {
         name: String,
         timeout: Duration,
         execution_count: u64,
-        mut checkpoints: Option<&mut Checkpoints>,
+        checkpoints: Option<&mut Checkpoints>,
     ) -> CellOutcome {
         let t0 = Instant::now();
         let mut codes = Vec::new();
@@ -657,7 +657,7 @@ impl Executor {
             }
             None => self.register_sources(py, false),
         }
-        if let Some(c) = checkpoints.as_deref_mut() {
+        if let Some(c) = checkpoints {
             c.note_cell(codes, out.report.error.is_none(), execution_count);
         }
         out.report.usage = self.usage.end(mark);
