@@ -3,7 +3,7 @@
 //!
 //! # When
 //! With [`SnapshotPolicy::OnSuccess`] a successful cell makes the automatic checkpoint
-//! (`auto`) *pending*. A thread of the executor's own ([`Checkpointer`]) writes it once no
+//! (`auto`) *pending*. A thread of the executor's own (`Checkpointer`) writes it once no
 //! cell has run for [`IDLE_BEFORE_CHECKPOINT`], while the kernel and its client handle the
 //! reply, so a client that sends its next cell at once does not wait for it and the request
 //! path makes no extra system call; if cells keep coming, it is written between two of them
@@ -381,21 +381,25 @@ impl Checkpoints {
             return Ok(s.bind(py).clone());
         }
         let root = snapshot::open_root(&self.config.root)?;
-        let dir = root.join(flowrepl_protocol::AUTO_CHECKPOINT);
-        let store = self
-            .module(py)?
-            .getattr("Store")
-            .and_then(|s| {
-                s.call1((
-                    globals,
-                    dir.display().to_string(),
-                    self.config.max_bytes,
-                    VERIFY_BYTES,
-                ))
-            })
-            .map_err(CallError::from)?;
+        let store = self.new_store(py, globals, &root.join(flowrepl_protocol::AUTO_CHECKPOINT))?;
         self.store = Some(store.clone().unbind());
         Ok(store)
+    }
+
+    /// A `Store` of the checkpoint folder `dir` on the namespace `globals`.
+    fn new_store<'py>(
+        &mut self,
+        py: Python<'py>,
+        globals: &Bound<'py, PyDict>,
+        dir: &std::path::Path,
+    ) -> Result<Bound<'py, PyAny>, CallError> {
+        let (max, verify) = (self.config.max_bytes, VERIFY_BYTES);
+        Ok(self.module(py)?.getattr("Store")?.call1((
+            globals,
+            dir.display().to_string(),
+            max,
+            verify,
+        ))?)
     }
 
     /// Writes the pending automatic checkpoint (nothing if none is pending).
@@ -496,17 +500,7 @@ impl Checkpoints {
             self.store(py, globals)?
         } else {
             // A named checkpoint loads through a store of its own; `auto` is unchanged.
-            self.module(py)?
-                .getattr("Store")
-                .and_then(|s| {
-                    s.call1((
-                        globals,
-                        dir.display().to_string(),
-                        self.config.max_bytes,
-                        VERIFY_BYTES,
-                    ))
-                })
-                .map_err(CallError::from)?
+            self.new_store(py, globals, &dir)?
         };
         let (restored, lost): (Vec<String>, std::collections::BTreeMap<String, String>) = target
             .call_method1("restore_json", (state, dir.display().to_string()))

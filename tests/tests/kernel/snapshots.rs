@@ -301,8 +301,7 @@ fn a_kill_during_a_checkpoint_leaves_the_previous_one() {
     kill(pid, 9);
     // Every thread gone (the one writing may finish its `write` first), not only the main one.
     assert!(wait_for(Duration::from_secs(10), || {
-        !alive(pid)
-            && std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()) <= 1
+        !alive(pid) && std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()) <= 1
     }));
     let after = std::fs::read_to_string(dir.join("journal.jsonl")).unwrap();
     // The kernel notices the death before the next cell, which runs restored.
