@@ -413,6 +413,12 @@ pub fn read_log_all(path: &Path) -> flowrepl_task_logger::ReadOutcome {
 /// Both execution modes, for tests that must hold in each.
 pub const MODES: [&str; 2] = ["in_process", "worker"];
 
+/// Whether every thread of process `pid` has exited (a killed process's main thread turns
+/// zombie first; its files, pipes included, close only when the last thread is gone).
+pub fn exited(pid: u32) -> bool {
+    !alive(pid) && std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()) <= 1
+}
+
 /// Whether process `pid` exists and is not a zombie.
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -3,7 +3,7 @@
 //! between tasks; limits and bad input.
 
 use flowrepl_tests::mcp::mcp_venv;
-use flowrepl_tests::{alive, kill, read_log_all, wait_for, Kernel, KernelOptions, MODES};
+use flowrepl_tests::{exited, kill, read_log_all, wait_for, Kernel, KernelOptions, MODES};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
@@ -150,7 +150,7 @@ fn a_worker_killed_while_idle_is_replaced_from_the_checkpoint() {
         .as_u64()
         .unwrap() as u32;
     kill(pid, 9);
-    assert!(wait_for(Duration::from_secs(5), || !alive(pid)));
+    assert!(wait_for(Duration::from_secs(10), || exited(pid)));
     let r = k.execute(CHECK);
     check_restored(&r);
     // The log records the restore with the cell.
@@ -300,9 +300,7 @@ fn a_kill_during_a_checkpoint_leaves_the_previous_one() {
     assert!(torn, "the second checkpoint never started");
     kill(pid, 9);
     // Every thread gone (the one writing may finish its `write` first), not only the main one.
-    assert!(wait_for(Duration::from_secs(10), || {
-        !alive(pid) && std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()) <= 1
-    }));
+    assert!(wait_for(Duration::from_secs(10), || exited(pid)));
     let after = std::fs::read_to_string(dir.join("journal.jsonl")).unwrap();
     // The kernel notices the death before the next cell, which runs restored.
     let r = k.execute("(a, 'big' in globals())");
@@ -424,7 +422,7 @@ fn incremental_checkpoints_follow_mutations_and_compact() {
         .as_u64()
         .unwrap() as u32;
     kill(pid, 9);
-    assert!(wait_for(Duration::from_secs(5), || !alive(pid)));
+    assert!(wait_for(Duration::from_secs(10), || exited(pid)));
     let r = k.execute("(data, d, b is a, n)");
     assert_eq!(r["result"], "([2], {'k': 1}, True, 79)", "{r:#}");
     assert_eq!(r["restored"], true);
