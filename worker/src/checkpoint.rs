@@ -262,8 +262,14 @@ fn write_when_idle(s: &Shared) {
         let now = s.now();
         let quiet = now.saturating_sub(s.last_end.load(Ordering::Acquire));
         let age = now.saturating_sub(s.pending_since.load(Ordering::Relaxed));
-        if s.running.load(Ordering::Acquire) || (quiet < idle && age < overdue) {
-            let wait = idle.saturating_sub(quiet).max(200);
+        if s.running.load(Ordering::Acquire) {
+            // A cell runs: look again in IDLE (not sooner: a long cell would wake this
+            // thread thousands of times a second).
+            std::thread::park_timeout(IDLE_BEFORE_CHECKPOINT);
+            continue;
+        }
+        if quiet < idle && age < overdue {
+            let wait = (idle - quiet).max(200);
             std::thread::park_timeout(Duration::from_micros(wait));
             continue;
         }
