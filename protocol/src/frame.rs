@@ -591,6 +591,11 @@ impl<R: std::io::Read> FrameReader<R> {
         &self.inner
     }
 
+    /// Whether nothing read is waiting to be decoded (a `read` is next).
+    pub fn is_empty(&self) -> bool {
+        self.expect.is_none() && self.buf.is_empty()
+    }
+
     /// The next complete frame's payload (`kind` + `body`) already buffered; no I/O.
     pub fn buffered(&mut self) -> Result<Option<BytesMut>, FrameError> {
         if self.expect.is_none() && self.buf.len() >= HEADER_BYTES {

@@ -383,7 +383,14 @@ fn serve(
 ) -> io::Result<()> {
     loop {
         // Not held while the cell runs: a cell waiting for an approval reads its answer.
-        let next = lock(input).read_frame();
+        let next = {
+            let mut input = lock(input);
+            if input.is_empty() {
+                // The next frame usually comes within tens of µs: look before sleeping.
+                crate::sys::spin_until_readable(input.get_ref().as_raw_fd());
+            }
+            input.read_frame()
+        };
         let body = match next.map_err(io::Error::other)? {
             Some(body) => body,
             None => {

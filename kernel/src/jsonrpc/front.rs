@@ -169,6 +169,10 @@ impl Front {
         if let Some(item) = lock(&self.queue).pop_front() {
             return Ok(item);
         }
+        if reader.is_empty() {
+            // The next request usually comes within tens of µs: look before sleeping.
+            flowrepl_worker::sys::spin_until_readable(self.input_fd);
+        }
         let line = reader.next_line()?;
         Ok(Item::from_line(line, self.max_request_bytes))
     }

@@ -53,6 +53,11 @@ pub struct LineReader<R> {
 }
 
 impl<R: Read> LineReader<R> {
+    /// Whether nothing read is waiting to be handed out (a `read` is next).
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end && self.line.is_empty() && !self.eof
+    }
+
     /// Reads lines of at most `max` bytes from `inner`.
     pub fn new(inner: R, max: usize) -> Self {
         LineReader {

@@ -247,7 +247,7 @@ pub fn serve(
             shared_mcp.control.interrupt();
             let _ = jobs.send(Job::Stop);
         })?;
-    for job in queue {
+    while let Some(job) = next_job(&queue) {
         let Job::Call {
             call,
             ticket,
@@ -270,6 +270,22 @@ pub fn serve(
         session.dispatch(call, &mut to)?;
     }
     Ok(())
+}
+
+/// The next job: polled without sleeping for up to
+/// [`flowrepl_worker::sys::spin_before_block`] (the next call usually comes within tens of µs),
+/// then waited for. `None` when every sender is gone.
+fn next_job(queue: &std::sync::mpsc::Receiver<Job>) -> Option<Job> {
+    let spin = flowrepl_worker::sys::spin_before_block();
+    let start = std::time::Instant::now();
+    while start.elapsed() < spin {
+        match queue.try_recv() {
+            Ok(job) => return Some(job),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => return None,
+            Err(std::sync::mpsc::TryRecvError::Empty) => std::thread::yield_now(),
+        }
+    }
+    queue.recv().ok()
 }
 
 /// Answers one tool call on the main thread.

@@ -111,6 +111,21 @@ fn checkpoint_args(args: JsonObject) -> Result<CheckpointParams, ErrorData> {
     Ok(p)
 }
 
+/// Polls `rx` without sleeping for up to [`flowrepl_worker::sys::spin_before_block`]
+/// (yielding between looks); `None` if nothing came.
+fn spin_for<T>(rx: &mut oneshot::Receiver<T>) -> Option<Result<T, ()>> {
+    let spin = flowrepl_worker::sys::spin_before_block();
+    let start = Instant::now();
+    while start.elapsed() < spin {
+        match rx.try_recv() {
+            Ok(v) => return Some(Ok(v)),
+            Err(oneshot::error::TryRecvError::Closed) => return Some(Err(())),
+            Err(oneshot::error::TryRecvError::Empty) => std::thread::yield_now(),
+        }
+    }
+    None
+}
+
 /// A tool result with `isError` and one text block.
 pub fn error_text(text: String) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(text)])
@@ -225,6 +240,10 @@ impl KernelServer {
                 reply: tx,
             })
             .map_err(|_| internal("the kernel is shutting down"))?;
+        // A short cell answers within tens of µs: look before this thread sleeps.
+        if let Some(r) = spin_for(&mut rx) {
+            return r.map_err(|_| internal("the cell was cancelled before it started"));
+        }
         let token = meta.get_progress_token();
         let started = Instant::now();
         let mut heartbeat = tokio::time::interval_at((started + HEARTBEAT).into(), HEARTBEAT);

@@ -814,6 +814,12 @@ impl Engine for Worker {
             self.send_buf = Vec::with_capacity(4096);
         }
         let mut ladder = Ladder::new(started, timeout, self.grace);
+        if alive {
+            // A short cell answers within tens of µs: look before sleeping.
+            if let Some(p) = self.state.process() {
+                flowrepl_worker::sys::spin_until_readable(p.from_worker.get_ref().as_raw_fd());
+            }
+        }
         while alive && c.done.is_none() {
             let interrupted_at = self.control.lock().interrupted_at;
             let wait = match ladder.step(Instant::now(), interrupted_at) {
