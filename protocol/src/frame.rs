@@ -147,6 +147,10 @@ pub struct DoneReport {
     /// during that cell, the kernel reads what it had not yet received from there.
     #[serde(default)]
     pub capture_ends: [u64; 2],
+    /// The worker sent none of the cell's output (nor the traceback): the kernel reads it from
+    /// the capture files it handed over, up to `capture_ends`, and appends the traceback.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_in_capture: bool,
 }
 
 /// The answer to a Variables frame.
@@ -694,6 +698,7 @@ mod tests {
                 data: "AAAA".into(),
             }],
             capture_ends: [10, 20],
+            output_in_capture: true,
         }
     }
 

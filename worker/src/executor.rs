@@ -225,6 +225,8 @@ impl Executor {
                 sink,
                 [capture.stdout.memfd(), capture.stderr.memfd()],
                 config.max_output_bytes,
+                // The kernel made these files and reads each cell's output from them.
+                config.capture.is_some(),
             ))
         });
         let monitor = Monitor::start(

@@ -288,6 +288,7 @@ fn done_report(o: CellOutcome, cpu_total_ms: f64) -> DoneReport {
         cpu_total_ms,
         images: o.images,
         capture_ends: [0; 2],
+        output_in_capture: false,
     }
 }
 
@@ -417,6 +418,7 @@ fn serve(
                 crate::sys::block_sigint();
                 let mut rep = done_report(outcome, executor.cpu_total_ms());
                 rep.capture_ends = executor.capture_cursors();
+                rep.output_in_capture = args.capture_fds;
                 channel.with(|buf| {
                     if frame::encode_done(buf, id, &rep).is_err() {
                         if !rep.images.is_empty() {

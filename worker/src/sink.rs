@@ -57,6 +57,10 @@ pub struct Streamer {
     sink: Arc<dyn OutputSink>,
     fds: [Arc<OwnedFd>; 2],
     max: u64,
+    /// The kernel holds the capture files and reads each cell's output from them itself
+    /// after its Done frame: nothing is streamed, and a cell's bytes are released only when
+    /// the next cell begins (the kernel has read them by then).
+    direct: bool,
     state: Mutex<State>,
 }
 
@@ -68,11 +72,17 @@ impl std::fmt::Debug for Streamer {
 
 impl Streamer {
     /// A streamer over the stdout and stderr capture files.
-    pub fn new(sink: Arc<dyn OutputSink>, fds: [Arc<OwnedFd>; 2], max: u64) -> Streamer {
+    pub fn new(
+        sink: Arc<dyn OutputSink>,
+        fds: [Arc<OwnedFd>; 2],
+        max: u64,
+        direct: bool,
+    ) -> Streamer {
         Streamer {
             sink,
             fds,
             max,
+            direct,
             state: Mutex::new(State {
                 active: false,
                 start: [0; 2],
@@ -95,13 +105,26 @@ impl Streamer {
         st.start = starts;
         st.sent = starts;
         st.last = [None; 2];
-        for (p, s) in st.punched.iter_mut().zip(starts) {
-            *p = (*p).max(s / PAGE * PAGE);
+        for (i, s) in starts.into_iter().enumerate() {
+            let to = s / PAGE * PAGE;
+            if self.direct && to > st.punched[i] {
+                // The kernel read the earlier cells' output before it sent this cell.
+                let _ = punch_hole(self.fds[i].as_fd(), st.punched[i], to);
+            }
+            st.punched[i] = st.punched[i].max(to);
         }
+    }
+
+    /// Whether the kernel reads the output itself (nothing is streamed).
+    pub fn is_direct(&self) -> bool {
+        self.direct
     }
 
     /// Monitor tick: sends the kept head of what the running cell wrote so far.
     pub fn pump(&self) {
+        if self.direct {
+            return;
+        }
         let mut st = self.lock();
         if !st.active {
             return;
@@ -129,13 +152,19 @@ impl Streamer {
             let (start, size) = (st.start[i], sizes[i]);
             if size.saturating_sub(start) > self.max {
                 let (head_end, tail_start) = kept_ranges(start, size, self.max);
+                if self.direct {
+                    out[i].dropped = tail_start - head_end;
+                    continue;
+                }
                 self.send_range(&mut st, i, head_end);
                 let dropped = tail_start - head_end;
                 self.send_bytes(&mut st, i, drop_marker(dropped, self.max).as_bytes());
                 st.sent[i] = tail_start;
                 out[i].dropped = dropped;
             }
-            self.send_range(&mut st, i, size);
+            if !self.direct {
+                self.send_range(&mut st, i, size);
+            }
         }
         st.active = false;
         out
@@ -144,6 +173,10 @@ impl Streamer {
     /// Sends text that is not in the capture files (the traceback), after a newline if the
     /// stream's output did not end with one.
     pub fn send_text(&self, stream: OutputStream, text: &str) {
+        if self.direct {
+            // The kernel appends it from the Done report.
+            return;
+        }
         let i = stream as usize - 1;
         let mut st = self.lock();
         if st.last[i].is_some_and(|b| b != b'\n') {

@@ -56,8 +56,12 @@ struct ControlState {
     pid: Option<libc::pid_t>,
     running: bool,
     interrupted_at: Option<Instant>,
-    /// The running cell's output so far (updated once per read of the pipe).
+    /// The running cell's output so far, as far as Output frames brought it.
     tail: OutputTail,
+    /// The current worker's capture files (copies of the kernel's handles), and where the
+    /// running cell's output starts in them: the tail is read from there on demand.
+    capture: Option<[std::os::fd::OwnedFd; 2]>,
+    cell_starts: [u64; 2],
 }
 
 /// Shared with the fronts: the running worker's pid and the interrupt of the running cell.
@@ -110,8 +114,29 @@ impl Control for WorkerControl {
     }
 
     fn output_tail(&self) -> Option<OutputTail> {
+        use flowrepl_worker::capture::{file_size, pread_into};
         let st = self.lock();
-        st.running.then(|| st.tail.clone())
+        if !st.running {
+            return None;
+        }
+        let mut tail = st.tail.clone();
+        for (i, fd) in st.capture.iter().flatten().enumerate() {
+            let fd = fd.as_fd();
+            let (Ok(size), start) = (file_size(fd), st.cell_starts[i]) else {
+                continue;
+            };
+            let written = size.saturating_sub(start);
+            if written <= tail.bytes[i] {
+                continue;
+            }
+            tail.bytes[i] = written;
+            let from = size.saturating_sub(TAIL_BYTES as u64).max(start);
+            let mut buf = vec![0; (size - from) as usize];
+            if let Ok(n) = pread_into(fd, &mut buf, from) {
+                tail.last_line[i] = last_line(&buf[..n]);
+            }
+        }
+        Some(tail)
     }
 
     fn worker_pid(&self) -> Option<u32> {
@@ -287,7 +312,14 @@ impl Worker {
                 }
             })?;
         tracing::info!(pid = p.pid, "worker started");
-        self.control.lock().pid = Some(p.pid);
+        {
+            let mut st = self.control.lock();
+            st.pid = Some(p.pid);
+            st.capture = match (p.capture[0].try_clone(), p.capture[1].try_clone()) {
+                (Ok(o), Ok(e)) => Some([o, e]),
+                _ => None,
+            };
+        }
         self.last_cpu_total_ms = 0.0;
         self.state = State::Starting(p);
         Ok(())
@@ -476,11 +508,12 @@ impl Worker {
         }
     }
 
-    /// What the running cell wrote that did not arrive as Output frames (`received` bytes per
-    /// stream did), read from the kernel's handle on the capture files of a worker that
-    /// died, with the output limit applied as the worker would have: the kept head, the
-    /// marker, the last quarter.
-    fn unsent_output(&self, received: [usize; 2]) -> [Vec<u8>; 2] {
+    /// What the cell wrote that did not arrive as Output frames (`received` bytes per stream
+    /// did), read from the kernel's handle on the capture files up to `ends` (a worker's
+    /// Done) or to their current size (a worker that died), with the output limit applied as
+    /// the worker applies it: the kept head, the marker, the last quarter. One `pread` per
+    /// range, straight into the buffer the reply is made from.
+    fn unsent_output(&self, received: [usize; 2], ends: Option<[u64; 2]>) -> [Vec<u8>; 2] {
         use flowrepl_worker::capture::{drop_marker, file_size, kept_ranges, pread_into};
         let Some(p) = self.state.process() else {
             return Default::default();
@@ -489,7 +522,13 @@ impl Worker {
         let mut out: [Vec<u8>; 2] = Default::default();
         for i in 0..2 {
             let fd = p.capture[i].as_fd();
-            let Ok(size) = file_size(fd) else { continue };
+            let size = match ends {
+                Some(e) => e[i],
+                None => match file_size(fd) {
+                    Ok(s) => s,
+                    Err(_) => continue,
+                },
+            };
             let start = self.capture_next[i];
             let from = start + received[i] as u64;
             let read = |buf: &mut Vec<u8>, a: u64, b: u64| {
@@ -804,6 +843,7 @@ impl Engine for Worker {
             st.running = true;
             st.interrupted_at = None;
             st.tail = OutputTail::default();
+            st.cell_starts = self.capture_next;
         }
         let proc = self
             .state
@@ -862,11 +902,31 @@ impl Engine for Worker {
             st.interrupted_at.take().is_some()
         };
         let elapsed = started.elapsed();
-        if c.done.is_none() {
-            // The worker died: what it wrote and had not sent is still in its capture files.
-            let [out, err] = self.unsent_output([c.stdout.len(), c.stderr.len()]);
-            c.stdout.extend_from_slice(&out);
-            c.stderr.extend_from_slice(&err);
+        // The cell's output is in the capture files the kernel holds: the worker sends none
+        // of it (`output_in_capture`), or died before it sent all.
+        let read_here = match &c.done {
+            Some(d) if d.output_in_capture => Some(Some(d.capture_ends)),
+            Some(_) => None,
+            None => Some(None),
+        };
+        if let Some(ends) = read_here {
+            let [out, err] = self.unsent_output([c.stdout.len(), c.stderr.len()], ends);
+            if c.stdout.is_empty() {
+                c.stdout = out;
+            } else {
+                c.stdout.extend_from_slice(&out);
+            }
+            if c.stderr.is_empty() {
+                c.stderr = err;
+            } else {
+                c.stderr.extend_from_slice(&err);
+            }
+            if let Some(e) = c.done.as_ref().and_then(|d| d.report.error.as_ref()) {
+                if !c.stderr.is_empty() && !c.stderr.ends_with(b"\n") {
+                    c.stderr.push(b'\n');
+                }
+                c.stderr.extend_from_slice(e.traceback.as_bytes());
+            }
         }
         let stdout = decode_output(c.stdout, "stdout", &mut warnings);
         let stderr = decode_output(c.stderr, "stderr", &mut warnings);
