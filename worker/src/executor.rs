@@ -214,6 +214,7 @@ impl Executor {
     /// Starts Python on the calling thread and prepares the namespace. Fds 1 and 2 are
     /// captured from here on: save the originals first ([`crate::stdio::take_protocol_stdio`]).
     pub fn start(config: &ExecutorConfig) -> Result<Executor, ExecutorError> {
+        crate::sys::tune_malloc();
         let given = match &config.capture {
             Some([o, e]) => Some([o.try_clone()?, e.try_clone()?]),
             None => None,
