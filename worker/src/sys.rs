@@ -46,12 +46,15 @@ pub fn poll_readable(fd: RawFd, wait: Duration) -> std::io::Result<bool> {
     )
 }
 
-/// How long a thread that waits for the other side of a pipe (a request, a reply, the next
-/// frame) keeps polling before it sleeps: `FLOWREPL_SPIN_US` (default 100 µs; 0: never).
+/// How long a thread that waits for a hop between flowrepl's own threads and processes (the
+/// worker's Done, the worker's next frame, MCP's job and reply) keeps polling before it
+/// sleeps: `FLOWREPL_SPIN_US` (default 100 µs; 0: never).
 ///
-/// On these VMs a sleeping thread costs 30–40 µs to wake when its vCPU has gone idle, twice
-/// per round trip; one that is still polling when the bytes arrive costs nothing. The poll
-/// yields the CPU between looks, so a thread that has work to do on the same CPU runs first.
+/// On these VMs a sleeping thread costs 30–40 µs to wake when its vCPU has gone idle; one that
+/// is still polling when the bytes arrive costs nothing. The poll yields the CPU between
+/// looks, so a thread that has work to do on the same CPU runs first. Whether the read of
+/// the JSON-RPC client's next request polls is measured per client
+/// (`kernel/src/jsonrpc/spin.rs`).
 pub fn spin_before_block() -> Duration {
     static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| {

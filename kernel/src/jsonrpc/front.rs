@@ -105,6 +105,8 @@ pub struct Front {
     answered_early: AtomicBool,
     /// The cells' approval requests.
     approvals: Arc<Approvals>,
+    /// Whether to poll for the next request before sleeping.
+    spin: Mutex<super::spin::SpinChooser>,
 }
 
 /// Asks the JSON-RPC client: an `approval_requested` notification, answered with `approve`.
@@ -145,6 +147,7 @@ impl Front {
             cell_id: Mutex::new(None),
             answered_early: AtomicBool::new(false),
             approvals,
+            spin: Mutex::new(Default::default()),
         }
     }
 
@@ -169,11 +172,14 @@ impl Front {
         if let Some(item) = lock(&self.queue).pop_front() {
             return Ok(item);
         }
-        if reader.is_empty() {
-            // The next request usually comes within tens of µs: look before sleeping.
+        // Poll before sleeping, or not: whichever this client answers faster to (spin.rs).
+        let started = std::time::Instant::now();
+        let mut chooser = lock(&self.spin);
+        if chooser.spin() && reader.is_empty() {
             flowrepl_worker::sys::spin_until_readable(self.input_fd);
         }
         let line = reader.next_line()?;
+        chooser.record(started.elapsed());
         Ok(Item::from_line(line, self.max_request_bytes))
     }
 

@@ -8,6 +8,7 @@
 
 pub mod front;
 pub mod line_reader;
+pub mod spin;
 pub mod writer;
 
 use crate::session::{Answer, Flow, Responder, Session};
