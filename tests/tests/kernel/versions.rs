@@ -256,3 +256,45 @@ fn a_kernel_started_directly_for_another_version_says_to_use_the_launcher() {
     served.dedup();
     assert_eq!(served.len(), 1, "one kernel serves one version: {served:?}");
 }
+
+/// A checkpoint written under one Python version restores nothing under another (its pickles
+/// would not load), and the first cell says so, name by name.
+#[test]
+fn a_checkpoint_of_another_python_version_is_named_not_loaded() {
+    let found = flowrepl_pythons::discover();
+    let Some(a) = found.first() else { return };
+    let Some(b) = found.iter().find(|f| f.version != a.version) else {
+        eprintln!("only one CPython version here: nothing to compare");
+        return;
+    };
+    eprintln!(
+        "checkpoint by {} ({}), resumed by {} ({})",
+        a.program.display(),
+        a.version,
+        b.program.display(),
+        b.version
+    );
+    let logs = tempfile::tempdir().unwrap();
+    let start = |python: &Path, resume: bool| {
+        let mut o = Kernel::options()
+            .log_dir(logs.path())
+            .env("FLOW_PLAN_ID", "plan-versions")
+            .env("FLOW_TASK_ID", "resume")
+            .arg("--python")
+            .arg(python.display().to_string());
+        if resume {
+            o = o.arg("--resume");
+        }
+        o.start()
+    };
+    let mut k = start(&a.program, false);
+    k.ok("x = 41");
+    assert!(k.close().success());
+    let mut k = start(&b.program, true);
+    let r = k.ok("'x' in globals()");
+    assert_eq!(r["result"], "False", "{r:#}");
+    assert_eq!(r["restored"], true, "{r:#}");
+    assert_eq!(r["state_lost"], true);
+    let why = r["lost_vars"]["x"].as_str().unwrap_or_default();
+    assert!(why.contains("saved by Python"), "{r:#}");
+}
