@@ -32,10 +32,13 @@
 //! `docs/snapshots.md`), and a worker started with `--restore` reports in its Ready frame what
 //! it restored.
 //!
-//! A cell's output arrives as Output frames while it runs (the worker reads its capture
-//! files every monitor tick, 50 ms) and after it ends, in order, then exactly one Done frame
-//! with the same id. Output chunks are raw bytes, cut anywhere (even inside a UTF-8
-//! sequence): the receiver decodes a stream's concatenated chunks. While the cell waits for an
+//! A worker given the kernel's capture files (`--capture-fds`) sends no Output frames: its
+//! Done says [`DoneReport::output_in_capture`] and the kernel reads the cell's output from the
+//! files. Otherwise a cell's output arrives as Output frames while it runs (the worker reads
+//! its capture files every monitor tick, 50 ms) and after it ends, in order; either way
+//! exactly one Done frame with the same id ends the cell. Output chunks are raw bytes, cut
+//! anywhere (even inside a UTF-8 sequence): the receiver decodes a stream's concatenated
+//! chunks. While the cell waits for an
 //! approval, the kernel writes the ApprovalAnswer frame to it mid-cell (the only frame it
 //! sends while a cell runs); the time between ApprovalRequest and ApprovalEnded does not
 //! count against the cell's timeout on either side. Interrupts are not frames:

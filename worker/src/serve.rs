@@ -3,9 +3,10 @@
 //!
 //! The kernel starts it with a pipe on stdin (frames in) and a pipe on stdout (frames out);
 //! both are moved to private descriptors at once, and fds 1 and 2 become the cells' capture
-//! files, as in the kernel's in-process mode. The loop: read an Execute frame, run the cell
-//! on this (Python's main) thread while the monitor streams its output as Output frames,
-//! send the rest and a Done frame, repeat. Shutdown or EOF ends it, after the cells' exit
+//! files, as in the kernel's in-process mode (the kernel made them and reads each cell's
+//! output from them; a worker started without them streams Output frames instead). The loop:
+//! read an Execute frame, run the cell on this (Python's main) thread, send a Done frame,
+//! write a pending checkpoint when idle (its own thread), repeat. Shutdown or EOF ends it, after the cells' exit
 //! handlers ran ([`Executor::finish`]).
 //!
 //! SIGINT is blocked on this thread except while a cell runs, so the kernel's interrupt
