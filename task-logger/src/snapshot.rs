@@ -81,6 +81,12 @@ pub fn snapshot_root(log_file: &Path) -> PathBuf {
     log_file.with_extension("snapshot")
 }
 
+/// The journal of checkpoint `name` in the snapshot folder `root`: it exists once the
+/// checkpoint was written.
+pub fn journal_path(root: &Path, name: &str) -> PathBuf {
+    root.join(name).join(JOURNAL)
+}
+
 /// Checks a checkpoint name (see [`SnapshotError::BadName`]).
 pub fn check_name(name: &str) -> Result<(), SnapshotError> {
     let ok = !name.is_empty()

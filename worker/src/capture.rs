@@ -46,6 +46,14 @@ pub fn decode_output(bytes: Vec<u8>, label: &str, warnings: &mut Vec<String>) ->
     }
 }
 
+/// Appends a traceback to a cell's stderr, on a line of its own.
+pub fn append_traceback(stderr: &mut String, traceback: &str) {
+    if !stderr.is_empty() && !stderr.ends_with('\n') {
+        stderr.push('\n');
+    }
+    stderr.push_str(traceback);
+}
+
 /// `pread` into `buf` at `offset`, retried on EINTR; the number of bytes read.
 pub fn pread_into(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     loop {

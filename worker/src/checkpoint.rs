@@ -278,39 +278,10 @@ fn write_when_idle(s: &Shared) {
             std::thread::park_timeout(Duration::from_micros(idle));
             continue;
         };
-        let written = Python::attach(|py| {
-            let globals = s.globals.bind(py);
-            let r = st.write_pending(py, globals);
-            if let Some(Err(_)) = &r {
-                st.namespace_reset(py);
-            }
-            r
-        });
+        Python::attach(|py| st.write_pending(py, s.globals.bind(py)));
         s.pending.store(st.pending.is_some(), Ordering::Release);
         // Before the lock goes: the next cell, which takes it, must see this.
         s.imported.store(true, Ordering::Release);
-        drop(st);
-        log_written(written);
-    }
-}
-
-/// Logs what an automatic write did (its failure too: the next one saves every name).
-pub(crate) fn log_written(written: Option<Result<CheckpointSummary, CheckpointError>>) {
-    match written {
-        Some(Ok(s)) => {
-            tracing::debug!(
-                execution_count = s.execution_count,
-                saved = s.saved.len(),
-                bytes = s.bytes,
-                ms = s.ms,
-                "checkpoint written"
-            );
-            for (name, why) in &s.unsaved {
-                tracing::info!(%name, %why, "a variable was not checkpointed");
-            }
-        }
-        Some(Err(e)) => tracing::warn!(error = %e, "the automatic checkpoint was not written"),
-        None => {}
     }
 }
 
@@ -348,23 +319,27 @@ impl Checkpoints {
     }
 
     /// Whether cells' code should be kept for the next automatic write.
-    pub(crate) fn tracks_cells(&self) -> bool {
+    fn tracks_cells(&self) -> bool {
         self.config.policy == SnapshotPolicy::OnSuccess
     }
 
-    /// A cell ran (`codes`: its compiled parts).
-    pub(crate) fn note_cell(&mut self, codes: Vec<Py<PyAny>>, success: bool, count: u64) {
-        self.last_count = count;
-        if !self.tracks_cells() {
+    /// A compiled part of the running cell: kept for the next automatic write.
+    pub(crate) fn note_code(&mut self, code: &Bound<'_, PyAny>) {
+        if !self.tracks_cells() || self.every_name {
             return;
         }
-        if self.codes.len() + codes.len() > MAX_PENDING_CODES {
+        if self.codes.len() >= MAX_PENDING_CODES {
             self.codes.clear();
             self.every_name = true;
-        } else if !self.every_name {
-            self.codes.extend(codes);
+        } else {
+            self.codes.push(code.clone().unbind());
         }
-        if success && self.pending.is_none() {
+    }
+
+    /// A cell ended (its code was [`Checkpoints::note_code`]d).
+    pub(crate) fn note_cell(&mut self, success: bool, count: u64) {
+        self.last_count = count;
+        if self.tracks_cells() && success && self.pending.is_none() {
             self.pending = Some(Instant::now());
         }
     }
@@ -409,14 +384,30 @@ impl Checkpoints {
     }
 
     /// Writes the pending automatic checkpoint (nothing if none is pending).
-    pub(crate) fn write_pending(
-        &mut self,
-        py: Python<'_>,
-        globals: &Bound<'_, PyDict>,
-    ) -> Option<Result<CheckpointSummary, CheckpointError>> {
-        self.pending.take()?;
+    /// Logs what happened; after a failure the next write saves every name.
+    pub(crate) fn write_pending(&mut self, py: Python<'_>, globals: &Bound<'_, PyDict>) {
+        if self.pending.take().is_none() {
+            return;
+        }
         let full = std::mem::take(&mut self.every_name);
-        Some(self.write_auto(py, globals, full))
+        match self.write_auto(py, globals, full) {
+            Ok(s) => {
+                tracing::debug!(
+                    execution_count = s.execution_count,
+                    saved = s.saved.len(),
+                    bytes = s.bytes,
+                    ms = s.ms,
+                    "checkpoint written"
+                );
+                for (name, why) in &s.unsaved {
+                    tracing::info!(%name, %why, "a variable was not checkpointed");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the automatic checkpoint was not written");
+                self.namespace_reset(py);
+            }
+        }
     }
 
     fn write_auto(

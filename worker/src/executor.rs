@@ -448,14 +448,7 @@ impl Executor {
     /// Writes the pending automatic checkpoint now, if one is (the session ends, or is
     /// restarted); failures are logged (and the next write saves every name).
     pub fn write_pending_checkpoint(&mut self) {
-        let written = self.with_checkpoints(|c, py, globals| {
-            let r = c.write_pending(py, globals);
-            if let Some(Err(_)) = &r {
-                c.namespace_reset(py);
-            }
-            r
-        });
-        crate::checkpoint::log_written(written.flatten());
+        self.with_checkpoints(|c, py, globals| c.write_pending(py, globals));
     }
 
     /// Writes checkpoint `name` now, with every name.
@@ -479,10 +472,8 @@ impl Executor {
         let r = self
             .with_checkpoints(|c, py, globals| c.restore(py, globals, &cp))
             .unwrap_or(Err(CheckpointError::Off));
-        Python::attach(|py| {
-            self.absorb_own_imports(py);
-            self.rebaseline(py);
-        });
+        // (`with_checkpoints` took in the modules the loading imported.)
+        Python::attach(|py| self.rebaseline(py));
         // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
         unsafe { libc::fflush(std::ptr::null_mut()) };
         self.discard_output();
@@ -553,10 +544,9 @@ impl Executor {
         name: String,
         timeout: Duration,
         execution_count: u64,
-        checkpoints: Option<&mut Checkpoints>,
+        mut checkpoints: Option<&mut Checkpoints>,
     ) -> CellOutcome {
         let t0 = Instant::now();
-        let mut codes = Vec::new();
         // A SIGINT that arrived while idle must not interrupt this cell. (A signal not yet
         // delivered cannot be pending: delivery happens on the way back from any syscall.)
         clear_pending_signals();
@@ -577,13 +567,11 @@ impl Executor {
                 error = Some(e);
             }
             Ok((exec_part, eval_part)) => {
-                if checkpoints.as_ref().is_some_and(|c| c.tracks_cells()) {
-                    codes.extend(
-                        exec_part
-                            .iter()
-                            .chain(&eval_part)
-                            .map(|c| c.clone().unbind()),
-                    );
+                if let Some(c) = checkpoints.as_deref_mut() {
+                    exec_part
+                        .iter()
+                        .chain(&eval_part)
+                        .for_each(|p| c.note_code(p));
                 }
                 let starts = [self.capture.stdout.cursor(), self.capture.stderr.cursor()];
                 self.monitor.begin(timeout, &starts);
@@ -649,10 +637,7 @@ impl Executor {
                 match &self.streamer {
                     Some(s) => s.send_text(OutputStream::Stderr, &err.traceback),
                     None => {
-                        if !out.stderr.is_empty() && !out.stderr.ends_with('\n') {
-                            out.stderr.push('\n');
-                        }
-                        out.stderr.push_str(&err.traceback);
+                        crate::capture::append_traceback(&mut out.stderr, &err.traceback);
                     }
                 }
                 // Formatting may import traceback/linecache: not the cell's imports.
@@ -661,7 +646,7 @@ impl Executor {
             None => self.register_sources(py, false),
         }
         if let Some(c) = checkpoints {
-            c.note_cell(codes, out.report.error.is_none(), execution_count);
+            c.note_cell(out.report.error.is_none(), execution_count);
         }
         out.report.usage = self.usage.end(mark);
         let us = |a: Instant, b: Instant| b.duration_since(a).as_micros() as u64;

@@ -67,22 +67,23 @@ pub fn spin_before_block() -> Duration {
     })
 }
 
-/// Polls `fd` without sleeping for up to [`spin_before_block`]; true once it is readable.
-pub fn spin_until_readable(fd: RawFd) -> bool {
+/// Looks at `ready` again and again, yielding the CPU between looks, for up to
+/// [`spin_before_block`]; true once it said yes.
+pub fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
     let spin = spin_before_block();
-    if spin.is_zero() {
-        return false;
-    }
     let start = std::time::Instant::now();
-    loop {
-        if poll_readable(fd, Duration::ZERO).unwrap_or(true) {
+    while start.elapsed() < spin {
+        if ready() {
             return true;
-        }
-        if start.elapsed() >= spin {
-            return false;
         }
         std::thread::yield_now();
     }
+    false
+}
+
+/// Polls `fd` without sleeping for up to [`spin_before_block`]; true once it is readable.
+pub fn spin_until_readable(fd: RawFd) -> bool {
+    spin_until(|| poll_readable(fd, Duration::ZERO).unwrap_or(true))
 }
 
 /// Keeps blocks up to 32 MiB on the heap, and up to 64 MiB of free heap, instead of glibc's

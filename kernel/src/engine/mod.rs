@@ -144,18 +144,14 @@ pub fn start(
 /// Whether the session starts from the automatic checkpoint: `--resume`, and the task has
 /// one.
 pub fn resumes(config: &Config) -> bool {
-    config.resume && has_auto_checkpoint(config)
+    config.resume && auto_journal(config).is_some_and(|j| j.is_file())
 }
 
-/// Whether the task has an automatic checkpoint to restore (checkpoints on, and its journal
-/// exists).
-pub fn has_auto_checkpoint(config: &Config) -> bool {
-    config.snapshots.is_some()
-        && config
-            .snapshot_root
-            .join(flowrepl_protocol::AUTO_CHECKPOINT)
-            .join(flowrepl_task_logger::snapshot::JOURNAL)
-            .is_file()
+/// The automatic checkpoint's journal, when checkpoints are on.
+pub fn auto_journal(config: &Config) -> Option<std::path::PathBuf> {
+    config.snapshots.as_ref().map(|s| {
+        flowrepl_task_logger::snapshot::journal_path(&s.root, flowrepl_protocol::AUTO_CHECKPOINT)
+    })
 }
 
 /// What a restart or restore that restored says, for people.

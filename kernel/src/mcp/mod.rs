@@ -276,16 +276,14 @@ pub fn serve(
 /// [`flowrepl_worker::sys::spin_before_block`] (the next call usually comes within tens of µs),
 /// then waited for. `None` when every sender is gone.
 fn next_job(queue: &std::sync::mpsc::Receiver<Job>) -> Option<Job> {
-    let spin = flowrepl_worker::sys::spin_before_block();
-    let start = std::time::Instant::now();
-    while start.elapsed() < spin {
-        match queue.try_recv() {
-            Ok(job) => return Some(job),
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => return None,
-            Err(std::sync::mpsc::TryRecvError::Empty) => std::thread::yield_now(),
-        }
-    }
-    queue.recv().ok()
+    use std::sync::mpsc::TryRecvError;
+    let mut got = None;
+    flowrepl_worker::sys::spin_until(|| match queue.try_recv() {
+        Ok(job) => got.replace(Some(job)).is_none(),
+        Err(TryRecvError::Disconnected) => got.replace(None).is_none(),
+        Err(TryRecvError::Empty) => false,
+    });
+    got.unwrap_or_else(|| queue.recv().ok())
 }
 
 /// Answers one tool call on the main thread.

@@ -114,16 +114,13 @@ fn checkpoint_args(args: JsonObject) -> Result<CheckpointParams, ErrorData> {
 /// Polls `rx` without sleeping for up to [`flowrepl_worker::sys::spin_before_block`]
 /// (yielding between looks); `None` if nothing came.
 fn spin_for<T>(rx: &mut oneshot::Receiver<T>) -> Option<Result<T, ()>> {
-    let spin = flowrepl_worker::sys::spin_before_block();
-    let start = Instant::now();
-    while start.elapsed() < spin {
-        match rx.try_recv() {
-            Ok(v) => return Some(Ok(v)),
-            Err(oneshot::error::TryRecvError::Closed) => return Some(Err(())),
-            Err(oneshot::error::TryRecvError::Empty) => std::thread::yield_now(),
-        }
-    }
-    None
+    let mut got = None;
+    flowrepl_worker::sys::spin_until(|| match rx.try_recv() {
+        Ok(v) => got.replace(Ok(v)).is_none(),
+        Err(oneshot::error::TryRecvError::Closed) => got.replace(Err(())).is_none(),
+        Err(oneshot::error::TryRecvError::Empty) => false,
+    });
+    got
 }
 
 /// A tool result with `isError` and one text block.

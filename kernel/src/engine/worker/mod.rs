@@ -31,7 +31,7 @@ use flowrepl_protocol::{
     CellReport, CheckpointSummary, ExecutionKind, Fault, Mode, PythonInfo, ResourceUsage,
     RestartReply, RestoreReport, StoppedBy, VariableInfo, AUTO_CHECKPOINT,
 };
-use flowrepl_worker::capture::decode_output;
+use flowrepl_worker::capture::{append_traceback, decode_output};
 use flowrepl_worker::sys::lock;
 use flowrepl_worker::tail::{last_line, TAIL_BYTES};
 use flowrepl_worker::{CellOutcome, OutputTail};
@@ -277,12 +277,7 @@ impl Worker {
             last_cpu_total_ms: 0.0,
             approvals,
             capture_next: [0; 2],
-            auto_journal: config.snapshots.as_ref().map(|_| {
-                config
-                    .snapshot_root
-                    .join(AUTO_CHECKPOINT)
-                    .join(flowrepl_task_logger::snapshot::JOURNAL)
-            }),
+            auto_journal: super::auto_journal(config),
             restored: None,
         };
         w.spawn_worker(super::resumes(config).then_some(AUTO_CHECKPOINT))?;
@@ -513,7 +508,7 @@ impl Worker {
     /// Done) or to their current size (a worker that died), with the output limit applied as
     /// the worker applies it: the kept head, the marker, the last quarter. One `pread` per
     /// range, straight into the buffer the reply is made from.
-    fn unsent_output(&self, received: [usize; 2], ends: Option<[u64; 2]>) -> [Vec<u8>; 2] {
+    fn read_output(&self, received: [usize; 2], ends: Option<[u64; 2]>) -> [Vec<u8>; 2] {
         use flowrepl_worker::capture::{drop_marker, file_size, kept_ranges, pread_into};
         let Some(p) = self.state.process() else {
             return Default::default();
@@ -767,10 +762,7 @@ fn fault_run(
     let mut report = fault.report(Mode::Worker, message);
     report.warnings = warnings;
     if let Some(e) = &report.error {
-        if !stderr.is_empty() && !stderr.ends_with('\n') {
-            stderr.push('\n');
-        }
-        stderr.push_str(&e.traceback);
+        append_traceback(&mut stderr, &e.traceback);
     }
     CellRun {
         outcome: CellOutcome {
@@ -910,26 +902,26 @@ impl Engine for Worker {
             None => Some(None),
         };
         if let Some(ends) = read_here {
-            let [out, err] = self.unsent_output([c.stdout.len(), c.stderr.len()], ends);
-            if c.stdout.is_empty() {
-                c.stdout = out;
-            } else {
-                c.stdout.extend_from_slice(&out);
-            }
-            if c.stderr.is_empty() {
-                c.stderr = err;
-            } else {
-                c.stderr.extend_from_slice(&err);
-            }
-            if let Some(e) = c.done.as_ref().and_then(|d| d.report.error.as_ref()) {
-                if !c.stderr.is_empty() && !c.stderr.ends_with(b"\n") {
-                    c.stderr.push(b'\n');
+            let read = self.read_output([c.stdout.len(), c.stderr.len()], ends);
+            for (have, more) in [&mut c.stdout, &mut c.stderr].into_iter().zip(read) {
+                if have.is_empty() {
+                    *have = more;
+                } else {
+                    have.extend_from_slice(&more);
                 }
-                c.stderr.extend_from_slice(e.traceback.as_bytes());
             }
         }
         let stdout = decode_output(c.stdout, "stdout", &mut warnings);
-        let stderr = decode_output(c.stderr, "stderr", &mut warnings);
+        let mut stderr = decode_output(c.stderr, "stderr", &mut warnings);
+        // Nor did it send the traceback: it is in the report.
+        if let Some(e) = c
+            .done
+            .as_ref()
+            .filter(|d| d.output_in_capture)
+            .and_then(|d| d.report.error.as_ref())
+        {
+            append_traceback(&mut stderr, &e.traceback);
+        }
         if let Some(done) = c.done {
             self.last_cpu_total_ms = done.cpu_total_ms;
             self.capture_next = done.capture_ends;
@@ -1058,17 +1050,13 @@ impl Engine for Worker {
     }
 
     fn restore(&mut self, name: &str) -> Result<RestoreReport, EngineError> {
-        if self.auto_journal.is_none() {
+        let Some(snapshots) = &self.spawn.snapshots else {
             return Err(flowrepl_worker::CheckpointError::Off.into());
-        }
-        // Checked before the worker is replaced: a bad name or a missing checkpoint keeps it.
-        flowrepl_task_logger::snapshot::check_name(name)
+        };
+        // Read before the worker is replaced: a bad name, a missing checkpoint or a folder
+        // that is not private keeps it.
+        flowrepl_task_logger::snapshot::load(&snapshots.root, name)
             .map_err(flowrepl_worker::CheckpointError::from)?;
-        let root = self.spawn.snapshots.as_ref().map(|s| s.root.clone());
-        if let Some(root) = root {
-            flowrepl_task_logger::snapshot::load(&root, name)
-                .map_err(flowrepl_worker::CheckpointError::from)?;
-        }
         self.stop_worker();
         self.restored = None;
         self.spawn_worker(Some(name))?;
