@@ -46,6 +46,8 @@ struct State {
     broken: Option<String>,
     /// Failures of records whose reply already went out.
     deferred: Vec<String>,
+    /// Threads waiting on `drained`: nobody usually is, and a wake-up is a syscall.
+    waiters: usize,
 }
 
 struct Shared {
@@ -238,18 +240,21 @@ impl Flusher {
     /// Waits until every record queued so far has been handled.
     pub fn flush(&self) {
         let mut st = self.0.lock();
+        st.waiters += 1;
         while st.done < st.queued {
             st = self.0.drained.wait(st).unwrap_or_else(|p| p.into_inner());
         }
+        st.waiters -= 1;
     }
 
     /// [`Flusher::flush`], giving up at `deadline`; true if everything was handled.
     pub fn flush_until(&self, deadline: std::time::Instant) -> bool {
         let mut st = self.0.lock();
+        st.waiters += 1;
         while st.done < st.queued {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
-                return false;
+                break;
             }
             st = self
                 .0
@@ -257,7 +262,8 @@ impl Flusher {
                 .wait_timeout(st, left)
                 .map_or_else(|p| p.into_inner().0, |(g, _)| g);
         }
-        true
+        st.waiters -= 1;
+        st.done >= st.queued
     }
 }
 
@@ -327,8 +333,11 @@ fn write_one(shared: &Shared, job: &Job) {
         }
     }
     st.done += 1;
+    let waited_for = st.waiters > 0;
     drop(st);
-    shared.drained.notify_all();
+    if waited_for {
+        shared.drained.notify_all();
+    }
 }
 
 /// The first fields of a record of type `kind` of this session.
