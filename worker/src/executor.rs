@@ -147,6 +147,8 @@ pub struct CellOutcome {
     pub events: Vec<flowrepl_protocol::CellEvent>,
     /// The task's context after each change the cell made (in-process; likewise).
     pub contexts: Vec<String>,
+    /// CPU time of the process so far, in milliseconds, read as the cell ended.
+    pub cpu_total_ms: f64,
 }
 
 impl CellOutcome {
@@ -159,6 +161,7 @@ impl CellOutcome {
             report: CellReport::new(mode),
             events: Vec::new(),
             contexts: Vec::new(),
+            cpu_total_ms: 0.0,
         }
     }
 }
@@ -648,7 +651,7 @@ impl Executor {
         if let Some(c) = checkpoints {
             c.note_cell(out.report.error.is_none(), execution_count);
         }
-        out.report.usage = self.usage.end(mark);
+        (out.report.usage, out.cpu_total_ms) = self.usage.end(mark);
         let us = |a: Instant, b: Instant| b.duration_since(a).as_micros() as u64;
         out.report.debug_info.phases_us = PhaseTimings {
             compile: us(t0, t_compiled),

@@ -283,10 +283,10 @@ fn arm_cpu_limit(seconds: u64, used_ms: f64) {
     let _ = setrlimit(Resource::RLIMIT_CPU, want.min(hard), hard);
 }
 
-fn done_report(o: CellOutcome, cpu_total_ms: f64) -> DoneReport {
+fn done_report(o: CellOutcome) -> DoneReport {
     DoneReport {
         report: o.report,
-        cpu_total_ms,
+        cpu_total_ms: o.cpu_total_ms,
         images: o.images,
         capture_ends: [0; 2],
         output_in_capture: false,
@@ -417,7 +417,7 @@ fn serve(
                 let outcome =
                     executor.execute(code, Duration::from_millis(timeout_ms), execution_count);
                 crate::sys::block_sigint();
-                let mut rep = done_report(outcome, executor.cpu_total_ms());
+                let mut rep = done_report(outcome);
                 rep.capture_ends = executor.capture_cursors();
                 rep.output_in_capture = args.capture_fds;
                 channel.with(|buf| {

@@ -66,14 +66,16 @@ impl UsageMeter {
         Mark { cpu_ms: rusage().0 }
     }
 
-    /// What was used since `mark`.
-    pub fn end(&self, mark: Mark) -> ResourceUsage {
+    /// What was used since `mark`, and the process's CPU time so far in milliseconds (from
+    /// the same reading).
+    pub fn end(&self, mark: Mark) -> (ResourceUsage, f64) {
         let (cpu_ms, peak_rss_kb) = rusage();
-        ResourceUsage {
+        let usage = ResourceUsage {
             pid: self.pid,
             cpu_ms: ((cpu_ms - mark.cpu_ms).max(0.0) * 1000.0).round() / 1000.0,
             peak_rss_kb,
-        }
+        };
+        (usage, cpu_ms)
     }
 
     /// CPU time of the process so far, in milliseconds.

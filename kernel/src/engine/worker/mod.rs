@@ -437,11 +437,19 @@ impl Worker {
         if !flowrepl_worker::sys::poll_readable(p.from_worker.get_ref().as_raw_fd(), wait)? {
             return Ok(Wait::Timeout);
         }
+        Ok(self.fill_frames())
+    }
+
+    /// Reads what is on the worker's pipe (one `read`; it does not block).
+    fn fill_frames(&mut self) -> Wait {
+        let Some(p) = self.state.process_mut() else {
+            return Wait::Eof;
+        };
         match p.from_worker.fill() {
-            Ok(0) => Ok(Wait::Eof),
-            Ok(_) => Ok(Wait::Frames),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Wait::Timeout),
-            Err(_) => Ok(Wait::Eof),
+            Ok(0) => Wait::Eof,
+            Ok(_) => Wait::Frames,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Wait::Timeout,
+            Err(_) => Wait::Eof,
         }
     }
 
@@ -688,6 +696,7 @@ impl Worker {
             report: r,
             events: Vec::new(),
             contexts: Vec::new(),
+            cpu_total_ms: done.cpu_total_ms,
         })
     }
 
@@ -772,6 +781,7 @@ fn fault_run(
             report,
             events: Vec::new(),
             contexts: Vec::new(),
+            cpu_total_ms: 0.0,
         },
         stopped_by: None,
         state_lost: fault.loses_state(),
@@ -846,33 +856,38 @@ impl Engine for Worker {
             self.send_buf = Vec::with_capacity(4096);
         }
         let mut ladder = Ladder::new(started, timeout, self.grace);
-        if alive {
-            // A short cell answers within tens of µs: look before sleeping.
-            if let Some(p) = self.state.process() {
-                flowrepl_worker::sys::spin_until_readable(p.from_worker.get_ref().as_raw_fd());
-            }
-        }
+        // A short cell answers within tens of µs: look before sleeping (and then read at
+        // once, without polling again).
+        let mut readable = alive
+            && self.state.process().is_some_and(|p| {
+                flowrepl_worker::sys::spin_until_readable(p.from_worker.get_ref().as_raw_fd())
+            });
         while alive && c.done.is_none() {
-            let interrupted_at = self.control.lock().interrupted_at;
-            let wait = match ladder.step(Instant::now(), interrupted_at) {
-                Step::Wait(d) => d,
-                Step::Resend => {
-                    self.control.signal_running();
-                    continue;
-                }
-                Step::Kill(reason) => {
-                    tracing::warn!(
-                        ?reason,
-                        grace_ms = self.grace.as_millis() as u64,
-                        "cell did not stop after SIGINT; killing the worker's process group"
-                    );
-                    if let Some(p) = self.state.process() {
-                        p.kill_group();
+            let got = if std::mem::take(&mut readable) {
+                Ok(self.fill_frames())
+            } else {
+                let interrupted_at = self.control.lock().interrupted_at;
+                let wait = match ladder.step(Instant::now(), interrupted_at) {
+                    Step::Wait(d) => d,
+                    Step::Resend => {
+                        self.control.signal_running();
+                        continue;
                     }
-                    continue;
-                }
+                    Step::Kill(reason) => {
+                        tracing::warn!(
+                            ?reason,
+                            grace_ms = self.grace.as_millis() as u64,
+                            "cell did not stop after SIGINT; killing the worker's process group"
+                        );
+                        if let Some(p) = self.state.process() {
+                            p.kill_group();
+                        }
+                        continue;
+                    }
+                };
+                self.read_frames(wait)
             };
-            match self.read_frames(wait) {
+            match got {
                 Ok(Wait::Frames) => {
                     alive = self.take_frames(&mut c);
                     if c.done.is_none() {
