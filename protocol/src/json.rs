@@ -1,30 +1,71 @@
 //! A fast JSON writer for the one reply whose size matters: `execute_code`'s result.
 //!
-//! serde_json escapes strings one byte at a time through a lookup table (about 0.67 ms per
-//! MB on the reference machine), and a cell's stdout can be megabytes. [`write_str`] checks
-//! eight bytes at a time for the only bytes JSON must escape (`"`, `\`, and controls below
-//! 0x20) and copies clean runs whole. [`write_execute_response`] writes the whole response
+//! serde_json escapes strings one byte at a time through a lookup table (about 0.4 ms per
+//! MB of plain text here), and a cell's stdout can be megabytes. [`write_str`] finds the only
+//! bytes JSON must escape (`"`, `\`, and controls below 0x20) 64 bytes at a time (SSE2 on
+//! x86_64: 75 µs per MB of plain text, 105 µs with a newline every 38 bytes; a memcpy is
+//! 40 µs) and copies clean runs whole. [`write_execute_response`] writes the whole response
 //! with it. Its output is the same JSON, byte for byte, as serde_json's for the same value;
 //! the tests below compare the two.
 
 use crate::execute::ExecuteResult;
 use crate::jsonrpc::Id;
 
-const LO: u64 = 0x0101_0101_0101_0101;
-const HI: u64 = 0x8080_8080_8080_8080;
+/// Bytes looked at per step of [`write_str`].
+const BLOCK: usize = 64;
 
-/// Whether any byte of `w` is zero. Exact as a yes/no answer.
+/// Bit `i` set iff `block[i]` needs escaping in a JSON string (`"`, `\`, or below 0x20).
+/// SSE2, which every x86_64 CPU has: four 16-byte compares per block.
+#[cfg(target_arch = "x86_64")]
 #[inline]
-fn has_zero(w: u64) -> bool {
-    w.wrapping_sub(LO) & !w & HI != 0
+fn escape_mask(block: &[u8; BLOCK]) -> u64 {
+    use std::arch::x86_64::{
+        _mm_cmpeq_epi8, _mm_loadu_si128, _mm_max_epu8, _mm_movemask_epi8, _mm_or_si128,
+        _mm_set1_epi8,
+    };
+    // SAFETY: SSE2 is part of the x86_64 baseline; each unaligned 16-byte load reads inside
+    // `block` (offsets 0, 16, 32 and 48 of 64 bytes).
+    unsafe {
+        let controls = _mm_set1_epi8(0x1f);
+        let quote = _mm_set1_epi8(b'"' as i8);
+        let backslash = _mm_set1_epi8(b'\\' as i8);
+        let lane = |offset: usize| {
+            let v = _mm_loadu_si128(block.as_ptr().add(offset).cast());
+            // max(v, 0x1f) == 0x1f exactly when v <= 0x1f (unsigned).
+            let low = _mm_cmpeq_epi8(_mm_max_epu8(v, controls), controls);
+            let special = _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash));
+            u64::from(_mm_movemask_epi8(_mm_or_si128(low, special)) as u16)
+        };
+        lane(0) | lane(16) << 16 | lane(32) << 32 | lane(48) << 48
+    }
 }
 
-/// Whether any byte of `w` needs escaping in a JSON string. May say yes for a clean word
-/// (borrows), never no for a dirty one; the caller re-checks byte by byte.
+/// The same mask, eight bytes at a time (exact: no carry crosses a byte).
+#[cfg(not(target_arch = "x86_64"))]
 #[inline]
-fn maybe_needs_escape(w: u64) -> bool {
-    let below_space = w.wrapping_sub(LO * 0x20) & !w & HI != 0;
-    below_space || has_zero(w ^ (LO * b'"' as u64)) || has_zero(w ^ (LO * b'\\' as u64))
+fn escape_mask(block: &[u8; BLOCK]) -> u64 {
+    escape_mask_words(block)
+}
+
+/// [`escape_mask`] without SIMD (other targets; compared with the SSE2 one in the tests).
+#[cfg(any(not(target_arch = "x86_64"), test))]
+fn escape_mask_words(block: &[u8; BLOCK]) -> u64 {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    // High bit of each byte of `x` that is zero.
+    let zero = |x: u64| !(((x & LOW7).wrapping_add(LOW7)) | x | LOW7);
+    let mut mask = 0;
+    for (k, word) in block.chunks_exact(8).enumerate() {
+        let w = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+        let hits = zero(w & (LO * 0xe0))
+            | zero(w ^ (LO * u64::from(b'"')))
+            | zero(w ^ (LO * u64::from(b'\\')));
+        // One bit per byte: the high bits, gathered.
+        for byte in 0..8 {
+            mask |= ((hits >> (byte * 8 + 7)) & 1) << (k * 8 + byte);
+        }
+    }
+    mask
 }
 
 #[inline]
@@ -60,25 +101,23 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
     out.reserve(b.len() + 2);
     out.push(b'"');
     let mut clean_from = 0;
-    let mut i = 0;
-    while i + 8 <= b.len() {
-        let w = u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        if maybe_needs_escape(w) {
-            for (j, &c) in b[i..i + 8].iter().enumerate() {
-                if needs_escape(c) {
-                    out.extend_from_slice(&b[clean_from..i + j]);
-                    escape_byte(out, c);
-                    clean_from = i + j + 1;
-                }
-            }
+    let mut blocks = b.chunks_exact(BLOCK);
+    for (n, block) in blocks.by_ref().enumerate() {
+        let mut hits = escape_mask(block.try_into().expect("BLOCK bytes"));
+        while hits != 0 {
+            let at = n * BLOCK + hits.trailing_zeros() as usize;
+            out.extend_from_slice(&b[clean_from..at]);
+            escape_byte(out, b[at]);
+            clean_from = at + 1;
+            hits &= hits - 1;
         }
-        i += 8;
     }
-    for (j, &c) in b[i..].iter().enumerate() {
+    let tail = b.len() - blocks.remainder().len();
+    for (j, &c) in blocks.remainder().iter().enumerate() {
         if needs_escape(c) {
-            out.extend_from_slice(&b[clean_from..i + j]);
+            out.extend_from_slice(&b[clean_from..tail + j]);
             escape_byte(out, c);
-            clean_from = i + j + 1;
+            clean_from = tail + j + 1;
         }
     }
     out.extend_from_slice(&b[clean_from..]);
@@ -261,6 +300,18 @@ mod tests {
         ] {
             same_as_serde(s);
         }
+        // Every position of an escape within a block, the tail after it, and across both.
+        for pos in 0..150 {
+            for c in ['"', '\\', '\n', '\u{0}', '\u{1f}', ' ', '\u{7f}', '\u{80}'] {
+                let mut s: String = "x".repeat(150);
+                s.replace_range(pos..pos + 1, &c.to_string());
+                same_as_serde(&s);
+                same_as_serde(&s[pos.min(10)..]);
+            }
+        }
+        let dense: String = (0..1000).map(|i| char::from((i * 7 % 128) as u8)).collect();
+        same_as_serde(&dense);
+        same_as_serde(&"line of output\n".repeat(100));
         // Every position of an escape within a word.
         for pos in 0..17 {
             for c in [
@@ -269,6 +320,22 @@ mod tests {
                 let mut s: String = "x".repeat(17);
                 s.replace_range(pos..pos + 1, &c.to_string());
                 same_as_serde(&s);
+            }
+        }
+    }
+
+    #[test]
+    fn both_escape_masks_agree() {
+        for byte in 0..=255u8 {
+            for pos in 0..BLOCK {
+                let mut block = [b'x'; BLOCK];
+                block[pos] = byte;
+                block[(pos + 17) % BLOCK] = byte.wrapping_add(1);
+                let want = (0..BLOCK)
+                    .filter(|&i| needs_escape(block[i]))
+                    .fold(0u64, |m, i| m | 1 << i);
+                assert_eq!(escape_mask(&block), want, "{byte:#x} at {pos}");
+                assert_eq!(escape_mask_words(&block), want, "{byte:#x} at {pos}");
             }
         }
     }
