@@ -7,8 +7,14 @@ Anchors: a plain 28-line Python NDJSON REPL (bench/plain_repl.py) and a raw pipe
 `x = 1` <= 1.3x in-process, the 1 MB print <= 0.5x the plain REPL in-process and <= 0.7x in
 worker mode.
 
+Placement (--placement) decides most of a round trip on a VM whose idle vCPUs are slow to wake
+(docs/design.md, "Where a round trip goes"): `os` leaves it to the scheduler, `same` puts the
+client and every server on one CPU, `apart` the client on one CPU and the servers (with their
+workers) on another. A server that shares the client's CPU costs its CPU time; one on another
+CPU costs the wake-ups of a halted vCPU.
+
 Usage: bench/py_client.py --flowrepl target/release/flowrepl --bench target/release/flowrepl-bench
-       [--quick] [--unbuffered]
+       [--quick] [--unbuffered] [--placement os|same|apart]
 """
 
 import argparse
@@ -30,8 +36,10 @@ class Peer:
     """A process spoken to one line at a time, as a client library would: a buffered
     writer flushed per request and a buffered reader (or raw os.write/os.read)."""
 
-    def __init__(self, cmd, env=None, ready=True, unbuffered=False):
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    def __init__(self, cmd, env=None, ready=True, unbuffered=False, cpus=None):
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                  preexec_fn=pin)
         self.unbuffered = unbuffered
         self.buf = b""
         if ready:
@@ -64,9 +72,9 @@ class Peer:
         self.p.wait()
 
 
-def mcp_peer(flowrepl, env, unbuffered):
+def mcp_peer(flowrepl, env, unbuffered, cpus):
     """`flowrepl mcp` after the MCP handshake, spoken to with raw lines (no SDK)."""
-    p = Peer([flowrepl, "mcp"], env=env, ready=False, unbuffered=unbuffered)
+    p = Peer([flowrepl, "mcp"], env=env, ready=False, unbuffered=unbuffered, cpus=cpus)
     init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
             "params": {"protocolVersion": "2025-06-18", "capabilities": {},
                        "clientInfo": {"name": "bench", "version": "1"}}}
@@ -103,7 +111,20 @@ def main():
     ap.add_argument("--bench", required=True, help="flowrepl-bench (its `echo` is the raw pipe)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--unbuffered", action="store_true", help="os.write/os.read instead of file objects")
+    ap.add_argument("--placement", choices=["os", "same", "apart"], default="os",
+                    help="CPUs of the client and the servers (see the module's doc)")
     args, _ = ap.parse_known_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.placement != "os" and len(cpus) < 2:
+        print(f"\n--placement {args.placement}: needs two CPUs; this process may use {len(cpus)}")
+        return
+    client_cpus, server_cpus = {
+        "os": (None, None),
+        "same": ({cpus[-1]}, {cpus[-1]}),
+        "apart": ({cpus[0]}, {cpus[-1]}),
+    }[args.placement]
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
     rounds = 4 if args.quick else 10
     n_small, n_big = (300, 5) if args.quick else (1000, 15)
     small, big = request("x = 1"), request("print('a' * 1_000_000)")
@@ -115,12 +136,13 @@ def main():
                             capture_output=True, text=True).stdout.strip()
     here = os.path.dirname(os.path.abspath(__file__))
     ub = args.unbuffered
+    on = server_cpus
     peers = {
-        "raw pipe": Peer([args.bench, "echo"], ready=False, unbuffered=ub),
-        "plain REPL": Peer([python, os.path.join(here, "plain_repl.py")], unbuffered=ub),
-        "in-process": Peer([args.flowrepl], env=env, unbuffered=ub),
-        "worker": Peer([args.flowrepl], env=worker_env, unbuffered=ub),
-        "mcp": mcp_peer(args.flowrepl, env, ub),
+        "raw pipe": Peer([args.bench, "echo"], ready=False, unbuffered=ub, cpus=on),
+        "plain REPL": Peer([python, os.path.join(here, "plain_repl.py")], unbuffered=ub, cpus=on),
+        "in-process": Peer([args.flowrepl], env=env, unbuffered=ub, cpus=on),
+        "worker": Peer([args.flowrepl], env=worker_env, unbuffered=ub, cpus=on),
+        "mcp": mcp_peer(args.flowrepl, env, ub, on),
     }
     requests = {k: (mcp_request("x = 1"), mcp_request("print('a' * 1_000_000)")) if k == "mcp"
                 else (small, big) for k in peers}
@@ -140,7 +162,10 @@ def main():
     med = {k: statistics.median(v) for k, v in small_us.items()}
     medb = {k: statistics.median(v) for k, v in big_us.items()}
     client = "os.write/os.read" if ub else "buffered file objects"
-    print(f"\nthe Python client ({client}), {rounds} interleaved rounds, p50 µs")
+    where = {"os": "placed by the scheduler",
+             "same": f"client and servers on CPU {cpus[-1]}",
+             "apart": f"client on CPU {cpus[0]}, servers on CPU {cpus[-1]}"}[args.placement]
+    print(f"\nthe Python client ({client}; {where}), {rounds} interleaved rounds, p50 µs")
     print(f"{'':<14} {'x = 1':>10} {'/ plain':>9} {'1 MB print':>12} {'/ plain':>9}")
     for k in peers:
         b = f"{medb[k]:>12.1f} {medb[k] / medb['plain REPL']:>8.2f}x" if k in medb else ""
