@@ -34,6 +34,22 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Whether the compiled `code` holds other code objects (functions, lambdas, classes,
+/// generator expressions): code that can run after its cell has ended, so that a later
+/// traceback or `inspect.getsource` needs the cell's source.
+fn holds_code(code: &Bound<'_, PyAny>) -> bool {
+    let Ok(consts) = code.getattr(intern!(code.py(), "co_consts")) else {
+        return true;
+    };
+    let Ok(consts) = consts.cast_into::<PyTuple>() else {
+        return true;
+    };
+    // SAFETY: the GIL is held (`code` is bound); PyCode_Check only reads the object's type.
+    consts
+        .iter()
+        .any(|c| unsafe { ffi::PyCode_Check(c.as_ptr()) } != 0)
+}
+
 /// Cells larger than this are not kept for linecache (a 50 MB data literal has no place in a
 /// traceback, and would be held for the whole session).
 const MAX_REGISTERED_SOURCE: usize = 1 << 20;
@@ -564,12 +580,14 @@ impl Executor {
         let globals = self.globals.bind(py).clone();
         let mut error = None;
         let mut stopped_by = None;
+        let mut defines_code = false;
         match compiled {
             Err(e) => {
                 out.report.debug_info.execution = ExecutionKind::SyntaxError;
                 error = Some(e);
             }
             Ok((exec_part, eval_part)) => {
+                defines_code = exec_part.iter().chain(&eval_part).any(holds_code);
                 if let Some(c) = checkpoints.as_deref_mut() {
                     exec_part
                         .iter()
@@ -624,7 +642,10 @@ impl Executor {
         self.claim_own_imports(code, &mut out.report.added_imports);
         out.report.variable_count = self.var_snapshot.non_dunder_len();
         let t_diff = Instant::now();
-        if code.len() <= MAX_REGISTERED_SOURCE {
+        // Kept for tracebacks and `inspect` only if the cell made code that can run after it
+        // ends, or failed (its traceback is formatted now): otherwise every `x = 1` of a long
+        // session would stay in linecache (~0.4 KB each, 400 MB per million cells).
+        if code.len() <= MAX_REGISTERED_SOURCE && (defines_code || error.is_some()) {
             self.pending_sources.push((name, code.to_owned()));
         }
         match error {

@@ -123,6 +123,31 @@ fn errors_keep_output_and_append_the_traceback() {
 }
 
 #[test]
+fn only_cells_that_leave_code_behind_are_kept_for_tracebacks() {
+    for mode in MODES {
+        let mut k = Kernel::options().mode(mode).start();
+        k.ok("import linecache\nbase = len(linecache.cache)\ndef f():\n    return 1 / 0");
+        for i in 0..200 {
+            k.ok(&format!("x = {i}"));
+        }
+        k.ok("g = (1 / v for v in [0])\nh = lambda: f()");
+        k.ok("class C:\n    def m(self):\n        raise KeyError('k')");
+        // What runs after its cell can still show its source; plain cells are not kept.
+        let r = k.execute("len(linecache.cache) - base");
+        assert_eq!(r["result"], "3", "{mode}: {r}");
+        for (call, line) in [
+            ("h()", "return 1 / 0"),
+            ("next(g)", "g = (1 / v for v in [0])"),
+            ("C().m()", "raise KeyError('k')"),
+        ] {
+            let r = k.execute(call);
+            let tb = r["error"]["traceback"].as_str().unwrap();
+            assert!(tb.contains(line), "{mode}: {call}: {tb}");
+        }
+    }
+}
+
+#[test]
 fn syntax_errors() {
     let mut k = Kernel::start();
     let r = k.execute("x = = 1");
