@@ -164,6 +164,14 @@ impl std::ops::DerefMut for Held<'_> {
     }
 }
 
+impl Held<'_> {
+    /// Whether the writer imported modules since the last call (then clears it). Asked while
+    /// held, so that the writer cannot import more between the answer and the cell.
+    pub(crate) fn take_imported(&self) -> bool {
+        self.shared.imported.swap(false, Ordering::AcqRel)
+    }
+}
+
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         let s = self.shared;
@@ -223,11 +231,6 @@ impl Checkpointer {
             shared: &self.shared,
             guard,
         }
-    }
-
-    /// Whether the writer imported modules since the last call (then clears it).
-    pub(crate) fn take_imported(&self) -> bool {
-        self.shared.imported.swap(false, Ordering::AcqRel)
     }
 }
 

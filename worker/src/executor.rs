@@ -13,7 +13,7 @@
 
 use crate::capture::{Capture, Collected};
 use crate::cell::{split_last_expression, Split};
-use crate::checkpoint::{CheckpointError, Checkpointer, Checkpoints};
+use crate::checkpoint::{CheckpointError, Checkpointer, Checkpoints, Held};
 use crate::interpreter::{self, InitError};
 use crate::monitor::Monitor;
 use crate::sink::{OutputSink, Streamer};
@@ -376,22 +376,30 @@ impl Executor {
 
     /// Empties the `__main__` namespace (`restart` in-process); loaded modules stay.
     pub fn reset_namespace(&mut self) -> Result<(), CallError> {
-        // Checkpoint state, then the GIL: the order the checkpoint writer takes them in.
-        let checkpoints = self.checkpoints.take();
-        let mut held = checkpoints.as_ref().map(|c| c.hold());
-        let r = Python::attach(|py| {
-            let globals = self.globals.bind(py).clone();
-            let r = self.support.reset_namespace.bind(py).call1((globals,));
+        self.attached(|me, py, held| {
+            let globals = me.globals.bind(py).clone();
+            let r = me.support.reset_namespace.bind(py).call1((globals,));
             if r.is_ok() {
-                self.run_startup(py);
+                me.run_startup(py);
             }
-            if let Some(c) = held.as_deref_mut() {
+            if let Some(c) = held {
                 c.namespace_reset(py);
             }
-            self.rebaseline(py);
-            self.discard_output();
+            me.rebaseline(py);
+            me.discard_output();
             r.map(drop).map_err(CallError::from)
-        });
+        })
+    }
+
+    /// Runs `f` with the checkpoint state held (when checkpoints are on), then the GIL: the
+    /// order the checkpoint writer takes them in, everywhere.
+    fn attached<R>(
+        &mut self,
+        f: impl FnOnce(&mut Self, Python<'_>, Option<&mut Held<'_>>) -> R,
+    ) -> R {
+        let checkpoints = self.checkpoints.take();
+        let mut held = checkpoints.as_ref().map(Checkpointer::hold);
+        let r = Python::attach(|py| f(self, py, held.as_mut()));
         drop(held);
         self.checkpoints = checkpoints;
         r
@@ -426,21 +434,17 @@ impl Executor {
     /// stdio, as a Python process does when it exits. Whatever that prints is discarded.
     /// The executor stays usable (with an empty namespace).
     pub fn finish(&mut self) {
-        let checkpoints = self.checkpoints.take();
-        let mut held = checkpoints.as_ref().map(|c| c.hold());
-        Python::attach(|py| {
+        self.attached(|me, py, held| {
             clear_pending_signals();
-            if let Some(c) = held.as_deref_mut() {
+            if let Some(c) = held {
                 c.namespace_reset(py);
             }
-            let globals = self.globals.bind(py).clone();
-            if let Err(e) = self.support.finish.bind(py).call1((globals,)) {
+            let globals = me.globals.bind(py).clone();
+            if let Err(e) = me.support.finish.bind(py).call1((globals,)) {
                 tracing::warn!(error = %e, "running exit handlers failed");
             }
-            self.rebaseline(py);
+            me.rebaseline(py);
         });
-        drop(held);
-        self.checkpoints = checkpoints;
         // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
         unsafe { libc::fflush(std::ptr::null_mut()) };
         self.discard_output();
@@ -506,19 +510,15 @@ impl Executor {
         &mut self,
         f: impl FnOnce(&mut Checkpoints, Python<'_>, &Bound<'_, PyDict>) -> R,
     ) -> Option<R> {
-        let c = self.checkpoints.take()?;
-        // Checkpoint state, then the GIL: the order the checkpoint writer takes them in.
-        let mut held = c.hold();
-        let r = Python::attach(|py| {
-            let globals = self.globals.bind(py).clone();
-            let r = f(&mut held, py, &globals);
-            c.take_imported();
-            self.absorb_own_imports(py);
+        self.checkpoints.as_ref()?;
+        Some(self.attached(|me, py, held| {
+            let held = held.expect("checkpoints are on");
+            let globals = me.globals.bind(py).clone();
+            let r = f(held, py, &globals);
+            held.take_imported();
+            me.absorb_own_imports(py);
             r
-        });
-        drop(held);
-        self.checkpoints = Some(c);
-        Some(r)
+        }))
     }
 
     /// CPU time of this process so far, in milliseconds.
@@ -534,23 +534,13 @@ impl Executor {
         self.emitter
             .begin(execution_count, self.capture.stdout.cursor());
         // The checkpoint state is held for the whole cell: the writer thread waits.
-        let checkpoints = self.checkpoints.take();
-        let mut held = checkpoints.as_ref().map(|c| c.hold());
-        let mut out = Python::attach(|py| {
-            if checkpoints.as_ref().is_some_and(|c| c.take_imported()) {
-                self.absorb_own_imports(py);
+        let mut out = self.attached(|me, py, held| {
+            if held.as_ref().is_some_and(|c| c.take_imported()) {
+                me.absorb_own_imports(py);
             }
-            self.execute_attached(
-                py,
-                code,
-                name,
-                timeout,
-                execution_count,
-                held.as_deref_mut(),
-            )
+            let checkpoints = held.map(|h| &mut **h);
+            me.execute_attached(py, code, name, timeout, execution_count, checkpoints)
         });
-        drop(held);
-        self.checkpoints = checkpoints;
         self.emitter.end();
         (out.events, out.contexts) = self.emitter.take();
         out

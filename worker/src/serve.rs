@@ -6,8 +6,8 @@
 //! files, as in the kernel's in-process mode (the kernel made them and reads each cell's
 //! output from them; a worker started without them streams Output frames instead). The loop:
 //! read an Execute frame, run the cell on this (Python's main) thread, send a Done frame,
-//! write a pending checkpoint when idle (its own thread), repeat. Shutdown or EOF ends it, after the cells' exit
-//! handlers ran ([`Executor::finish`]).
+//! repeat; a pending checkpoint is written when idle, on a thread of its own. Shutdown or EOF
+//! ends it, after the cells' exit handlers ran ([`Executor::finish`]).
 //!
 //! SIGINT is blocked on this thread except while a cell runs, so the kernel's interrupt
 //! cannot land while a frame is being written; one that arrives between cells stays pending
