@@ -43,6 +43,9 @@ use std::process::ExitCode;
 /// Runs the kernel until `shutdown` or EOF. Exit codes: 0 after shutdown/EOF, 1 when Python
 /// or the protocol channel fails, 2 for a configuration error.
 pub fn run(cli: cli::Cli) -> ExitCode {
+    // Before any thread starts: a parent that ignores or blocks SIGINT must not take away
+    // the interrupts and timeouts of in-process cells, nor SIGTERM's records.
+    flowrepl_worker::sys::reset_inherited_signals();
     if let Some(cli::Command::Log(args)) = &cli.command {
         return logcmd::run(&cli, args);
     }

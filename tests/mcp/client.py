@@ -546,6 +546,10 @@ async def figures(s, opts):
     return {}
 
 
+# The longest a scenario may take (the slowest takes a few seconds).
+SCENARIO_SECONDS = 150
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", choices=sorted(SCENARIOS))
@@ -568,6 +572,12 @@ async def main():
     if opts.python:
         args += ["--python", opts.python]
     params = StdioServerParameters(command=opts.flowrepl, args=args, env=env)
+    # A scenario fails, never hangs: a kernel that stops answering ends it here.
+    with anyio.fail_after(SCENARIO_SECONDS):
+        await run_scenario(opts, params)
+
+
+async def run_scenario(opts, params):
     async with stdio_client(params) as (read, write):
         callback = elicit if opts.scenario in ELICITING else None
         async with ClientSession(read, write, elicitation_callback=callback) as s:

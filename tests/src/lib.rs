@@ -59,6 +59,19 @@ pub struct KernelOptions {
     env: HashMap<String, String>,
     args: Vec<String>,
     log_dir: Option<PathBuf>,
+    parent: ParentSignals,
+}
+
+/// What the kernel inherits of SIGINT from its parent, as `exec` passes it on.
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParentSignals {
+    /// SIGINT at its default, unblocked (an interactive shell).
+    #[default]
+    Default,
+    /// SIGINT ignored (a background job of a non-interactive shell, `nohup`).
+    IgnoreSigint,
+    /// SIGINT blocked in the signal mask.
+    BlockSigint,
 }
 
 impl KernelOptions {
@@ -83,6 +96,11 @@ impl KernelOptions {
             "in_process" => self,
             other => panic!("unknown mode {other}"),
         }
+    }
+    /// Starts the kernel with SIGINT ignored or blocked, as some parents leave it.
+    pub fn parent_signals(mut self, p: ParentSignals) -> Self {
+        self.parent = p;
+        self
     }
     /// Uses this log directory instead of a fresh temporary one.
     pub fn log_dir(mut self, dir: &Path) -> Self {
@@ -145,6 +163,24 @@ impl Kernel {
         cmd.env("FLOWREPL_LOG_DIR", &log_dir);
         for (k, v) in &opts.env {
             cmd.env(k, v);
+        }
+        let parent = opts.parent;
+        if parent != ParentSignals::Default {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if parent == ParentSignals::IgnoreSigint {
+                        libc::signal(libc::SIGINT, libc::SIG_IGN);
+                    } else {
+                        let mut set: libc::sigset_t = std::mem::zeroed();
+                        libc::sigemptyset(&mut set);
+                        libc::sigaddset(&mut set, libc::SIGINT);
+                        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                    }
+                    Ok(())
+                });
+            }
         }
         let mut child = cmd.spawn().expect("spawn flowrepl");
         let stdout = child.stdout.take().unwrap();

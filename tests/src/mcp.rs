@@ -60,8 +60,12 @@ impl Scenario {
     pub fn run(&self, name: &str) -> (Value, PathBuf, tempfile::TempDir) {
         let venv = mcp_venv();
         let logs = tempfile::tempdir().unwrap();
-        let mut cmd = Command::new(venv.join("bin/python"));
-        cmd.arg(workspace_root().join("tests/mcp/client.py"))
+        // The client ends a scenario that hangs itself; `timeout` is the backstop for a
+        // client that cannot (a test must fail, never wait forever).
+        let mut cmd = Command::new("timeout");
+        cmd.args(["-k", "10", "200"])
+            .arg(venv.join("bin/python"))
+            .arg(workspace_root().join("tests/mcp/client.py"))
             .arg(name)
             .arg("--flowrepl")
             .arg(flowrepl_bin())

@@ -296,6 +296,7 @@ fn done_report(o: CellOutcome) -> DoneReport {
 /// Runs the worker until Shutdown or EOF. Exit codes: 0 at the end, 1 if Python cannot start
 /// or the channel breaks, 2 for bad arguments.
 pub fn run(args: WorkerArgs) -> ExitCode {
+    crate::sys::reset_inherited_signals();
     let stdio = match crate::stdio::take_protocol_stdio() {
         Ok(s) => s,
         Err(e) => {

@@ -35,6 +35,30 @@ pub fn unblock_sigint() {
     let _ = sigint().thread_unblock();
 }
 
+/// The signals whose inherited state the kernel and the worker undo at start: the ones they
+/// are stopped or interrupted with.
+const RELIED_ON: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
+
+/// Undoes what a parent may have left on these signals: an ignored disposition (a
+/// background job of a non-interactive shell, `nohup`, some supervisors start children with
+/// SIGINT ignored, and an ignored signal stays ignored across `exec`; CPython then installs
+/// no `KeyboardInterrupt` handler) or a blocked mask. Call it first thing in `main`, before
+/// any thread starts: each of these gets its default action and is unblocked on the calling
+/// thread, so that cells' child processes see what a shell would give them too.
+pub fn reset_inherited_signals() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler};
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    let mut set = SigSet::empty();
+    for sig in RELIED_ON {
+        // SAFETY: installs no handler (the default action); no handler of ours exists yet
+        // (an exec keeps only ignored and default dispositions, so this changes only an
+        // inherited SIG_IGN).
+        let _ = unsafe { sigaction(sig, &default) };
+        set.add(sig);
+    }
+    let _ = set.thread_unblock();
+}
+
 /// Waits up to `wait` for `fd` to be readable, at EOF or in error. `EINTR` counts as not
 /// ready (the caller loops).
 pub fn poll_readable(fd: RawFd, wait: Duration) -> std::io::Result<bool> {

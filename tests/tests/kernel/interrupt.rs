@@ -131,3 +131,58 @@ fn eof_while_busy_finishes_the_cell_then_exits() {
     assert!(k.wait().success());
     assert_eq!(read_log(&log).len(), 1);
 }
+
+/// Issue 21 (5): a parent that ignores SIGINT, or blocks it, must not take interrupts and
+/// timeouts away: both modes stop the cell with SIGINT (`stopped_by: "interrupt"`, state
+/// kept), and a cell's own child process starts with SIGINT at its default, unblocked.
+#[test]
+fn interrupts_work_whatever_the_parent_did_to_sigint() {
+    use flowrepl_tests::{ParentSignals, MODES};
+    for parent in [ParentSignals::IgnoreSigint, ParentSignals::BlockSigint] {
+        for mode in MODES {
+            let what = format!("{parent:?} {mode}");
+            let mut k = Kernel::options()
+                .mode(mode)
+                .env("FLOWREPL_KILL_GRACE_MS", "20000")
+                .parent_signals(parent)
+                .start();
+            k.ok("kept = 41");
+            // A timeout.
+            let r = k.execute_params(json!({"code": "while True:\n    pass", "timeout_ms": 300}));
+            assert_eq!(r["timed_out"], true, "{what}: {r}");
+            assert_eq!(r["stopped_by"], "interrupt", "{what}: {r}");
+            assert_eq!(r["error"]["type"], "KeyboardInterrupt", "{what}: {r}");
+            // An interrupt.
+            send(
+                &mut k,
+                "run",
+                "execute_code",
+                json!({"code": "import time; time.sleep(60)"}),
+            );
+            k.interrupt_running();
+            let r = k.recv();
+            assert_eq!(r["id"], "run", "{what}");
+            assert_eq!(r["result"]["stopped_by"], "interrupt", "{what}: {r}");
+            // The session goes on, with its state.
+            assert_eq!(k.ok("kept + 1")["result"], "42", "{what}");
+            // What a cell's child inherits: SIGINT not ignored, not blocked.
+            let r = k.ok(concat!(
+                "import subprocess, sys\n",
+                "out = subprocess.run([sys.executable, '-c', ",
+                "'import signal; print(signal.getsignal(signal.SIGINT).__name__); ",
+                "print([l for l in open(\"/proc/self/status\") if l.startswith(\"SigBlk\")][0].split()[1])'],",
+                " capture_output=True, text=True).stdout.split()\n",
+                "out",
+            ));
+            let out: Vec<String> =
+                serde_json::from_str(&r["result"].as_str().unwrap().replace('\'', "\"")).unwrap();
+            assert_eq!(out[0], "default_int_handler", "{what}: {out:?}");
+            let blocked = u64::from_str_radix(&out[1], 16).unwrap();
+            assert_eq!(
+                blocked & (1 << (libc::SIGINT - 1)),
+                0,
+                "{what}: SigBlk {blocked:x}"
+            );
+        }
+    }
+}
