@@ -278,9 +278,10 @@ impl Drop for RecordWriter {
 
 /// Appends one record and accounts for it.
 fn write_one(shared: &Shared, job: &Job) {
-    let outcome = {
+    let (outcome, restarted) = {
         let mut log = shared.log.lock().unwrap_or_else(|p| p.into_inner());
         let id = &shared.identity;
+        let outcome = 
         log.append(&record(id, shared.mode, &job.params, &job.result))
             .and_then(|()| {
                 // Then each event as a record of its own, so that a reader can follow a
@@ -315,9 +316,17 @@ fn write_one(shared: &Shared, job: &Job) {
                     })
                 }
                 None => Ok(()),
-            })
+            });
+        (outcome, log.take_restarted())
     };
     let mut st = shared.lock();
+    if restarted {
+        tracing::warn!("the task log was deleted during the session; a new one was started");
+        st.deferred.push(format!(
+            "task log: the file was deleted during the session; a new one was started at the record of execution {}",
+            job.result.execution_count
+        ));
+    }
     match outcome {
         Ok(()) => st.written += 1,
         Err(e) => {

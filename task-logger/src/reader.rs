@@ -65,7 +65,16 @@ pub fn parse_line(line: &[u8]) -> Result<Record, String> {
         version: u32,
     }
     // The type first: one small parse that ignores the rest, then the record of that type.
-    let peek: Peek<'_> = serde_json::from_slice(line).map_err(|e| format!("not a record: {e}"))?;
+    let peek: Peek<'_> = serde_json::from_slice(line).map_err(|e| {
+        if e.is_eof() {
+            format!(
+                "torn record: the line ends after {} bytes, inside the record (a write cut short by a full disk or a killed writer)",
+                line.len()
+            )
+        } else {
+            format!("not a record: {e}")
+        }
+    })?;
     if peek.version > FORMAT_VERSION {
         return Err(format!(
             "format version {} is newer than {FORMAT_VERSION}",

@@ -5,11 +5,21 @@
 //! write, so records of concurrent kernels on one task file never interleave. The file is
 //! created with mode 0600 (directories 0700) and opened once; after any failure the handle is
 //! dropped and the next record reopens it, so logging resumes when the cause goes away.
+//!
+//! A record cut short (the disk filled up mid-write) leaves a line without its newline, and
+//! the file may be shared with other kernels of the task, so it is never truncated. Instead,
+//! whenever the file was (re)opened or a write failed, the next record looks at the file's
+//! last byte and starts with a newline of its own if that is not one: the torn line stays a
+//! line of its own (readers name it), and no later record is glued onto it.
+//!
+//! A log file deleted while the kernel holds it open would swallow every later record
+//! unseen: each append checks (one `fstat`) that the file still has a name, and otherwise
+//! starts a new file at the same path ([`TaskLog::take_restarted`] tells the caller).
 //! Failures are returned to the caller, who reports them; they never panic or retry in a loop.
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Why a record was not (fully) written.
@@ -56,6 +66,11 @@ pub struct TaskLog {
     path: PathBuf,
     file: Option<File>,
     buf: Vec<u8>,
+    /// The file may end inside a line (just opened, or a write of ours failed): the next
+    /// record checks its last byte first.
+    check_tail: bool,
+    /// The file was found deleted and a new one was started (until taken).
+    restarted: bool,
 }
 
 impl TaskLog {
@@ -66,6 +81,8 @@ impl TaskLog {
             path,
             file: None,
             buf: Vec::with_capacity(4096),
+            check_tail: true,
+            restarted: false,
         }
     }
 
@@ -77,6 +94,7 @@ impl TaskLog {
     /// Opens the file now, to report an unusable location early. Later appends retry anyway.
     pub fn open(&mut self) -> Result<(), LogError> {
         if self.file.is_none() {
+            self.check_tail = true;
             self.file = Some(open_append(&self.path).map_err(|source| LogError::Open {
                 path: self.path.clone(),
                 source,
@@ -103,10 +121,30 @@ impl TaskLog {
         result
     }
 
+    /// Whether the file was found deleted since the last call, and a new one started.
+    pub fn take_restarted(&mut self) -> bool {
+        std::mem::take(&mut self.restarted)
+    }
+
     fn write_line(&mut self) -> Result<(), LogError> {
+        let Some(file) = self.file.as_ref() else {
+            unreachable!("opened above")
+        };
+        let meta = file.metadata().ok();
+        if meta.as_ref().is_some_and(|m| m.nlink() == 0) {
+            // Deleted (with its folder, perhaps) while open: start a new file there.
+            self.file = None;
+            self.open()?;
+            self.restarted = true;
+        }
         let Some(file) = self.file.as_mut() else {
             unreachable!("opened above")
         };
+        let len = meta.map_or(0, |m| m.len());
+        if self.check_tail && !ends_with_newline(file, len) {
+            // Rare (after a torn write): the record moves by one byte.
+            self.buf.insert(0, b'\n');
+        }
         let len = self.buf.len();
         let written = loop {
             match file.write(&self.buf) {
@@ -122,6 +160,7 @@ impl TaskLog {
             }
         };
         if written == len {
+            self.check_tail = false;
             return Ok(());
         }
         // A short write on a regular file means the disk filled up. Writing the rest would
@@ -135,6 +174,14 @@ impl TaskLog {
     }
 }
 
+/// Whether `file`, `len` bytes long, is empty or its last byte is a newline (an unreadable
+/// file counts as one: nothing better can be done about it).
+fn ends_with_newline(file: &File, len: u64) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut last = [b'\n'];
+    len == 0 || file.read_at(&mut last, len - 1).is_err() || last[0] == b'\n'
+}
+
 fn open_append(path: &Path) -> io::Result<File> {
     if let Some(dir) = path.parent() {
         DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
@@ -142,6 +189,7 @@ fn open_append(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .create(true)
         .append(true)
+        .read(true) // to look at the last byte
         .mode(0o600)
         .open(path) // std opens with O_CLOEXEC: cells' child processes never inherit the log.
 }
@@ -197,6 +245,40 @@ mod tests {
     use super::tests_support::record_with as record;
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_torn_last_line_stays_a_line_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("task.jsonl");
+        // Another kernel's record, cut off by a full disk.
+        std::fs::write(&path, b"{\"type\":\"execution\",\"version\":1,\"plan_id\":\"p").unwrap();
+        let mut log = TaskLog::new(path.clone());
+        log.append(&record(1, "a")).unwrap();
+        log.append(&record(2, "b")).unwrap();
+        let text = std::fs::read(&path).unwrap();
+        let out = crate::reader::parse_records(&text);
+        assert_eq!(out.records.len(), 2, "{:?}", out.skipped);
+        assert_eq!(out.skipped.len(), 1);
+        assert_eq!(out.skipped[0].line, 1);
+        assert!(out.skipped[0].reason.contains("torn"), "{:?}", out.skipped);
+        // Only the first record after opening needed the newline.
+        assert_eq!(text.iter().filter(|&&b| b == b'\n').count(), 3);
+    }
+
+    #[test]
+    fn a_deleted_log_is_started_again_and_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plan/task.jsonl");
+        let mut log = TaskLog::new(path.clone());
+        log.append(&record(1, "a")).unwrap();
+        assert!(!log.take_restarted());
+        std::fs::remove_dir_all(dir.path().join("plan")).unwrap();
+        log.append(&record(2, "b")).unwrap();
+        assert!(log.take_restarted());
+        let out = crate::reader::parse_records(&std::fs::read(&path).unwrap());
+        assert_eq!(out.records.len(), 1);
+        assert_eq!(out.records[0].execution_count, 2);
+    }
 
     #[test]
     fn appends_lines_with_private_mode() {
