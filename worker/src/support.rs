@@ -1,5 +1,6 @@
-//! Loading the executor's Python code: `support.py` (the module `_flowrepl`, at start) and
-//! `snapshot.py` (`_flowrepl_snapshot`, on the first checkpoint or restore).
+//! Loading the executor's Python code: `support.py` (the module `_flowrepl`, at start),
+//! `snapshot.py` (`_flowrepl_snapshot`, on the first checkpoint or restore) and the
+//! cloudpickle it uses (`_flowrepl_cloudpickle`, a pinned copy in `worker/vendor/`).
 //!
 //! Compiling it costs about 2 ms, on every kernel and every worker start. The compiled code is
 //! therefore kept, marshalled, in the user's cache directory (`$XDG_CACHE_HOME/flowrepl`, else
@@ -36,6 +37,17 @@ pub const SNAPSHOT: Source = Source {
     module: "_flowrepl_snapshot",
     filename: "<flowrepl-snapshot>",
     text: include_str!("snapshot.py"),
+};
+
+/// The version of the cloudpickle copy in `worker/vendor/cloudpickle`.
+pub const CLOUDPICKLE_VERSION: &str = "3.1.2";
+
+/// `_flowrepl_cloudpickle`: flowrepl's own cloudpickle, loaded with `_flowrepl_snapshot` and
+/// known only to it (never in `sys.modules`).
+pub const CLOUDPICKLE: Source = Source {
+    module: "_flowrepl_cloudpickle",
+    filename: "<flowrepl-cloudpickle>",
+    text: include_str!("../vendor/cloudpickle/cloudpickle.py"),
 };
 
 impl Source {
