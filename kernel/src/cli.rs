@@ -94,7 +94,8 @@ pub struct Cli {
     pub worker_bin: Option<PathBuf>,
 
     /// When the namespace is checkpointed beside the task log: after each successful cell
-    /// once idle (on-success), only on `checkpoint` (manual), or never (off).
+    /// once idle (on-success), after every cell before the next one starts (every-cell),
+    /// only on `checkpoint` (manual), or never (off).
     #[arg(
         global = true,
         long,

@@ -10,6 +10,7 @@
 //! - [`events`]: a cell's events (`flow`, `MCP::` lines) in order.
 //! - [`session`]: engine + task log + counters, and the one dispatcher both fronts use.
 //! - [`records`]: the task-log record writer thread.
+//! - [`ledger`]: what each cell changed, so that restores name what they could not bring back.
 //! - [`terminate`]: SIGTERM/SIGHUP write every record before the kernel ends.
 //! - [`launcher`]: `flowrepl` picks the interpreter and runs the kernel built for its version.
 //! - [`logcmd`]: `flowrepl log`: the task logs for people, and as JSON.
@@ -32,6 +33,7 @@ pub mod engine;
 pub mod events;
 pub mod jsonrpc;
 pub mod launcher;
+pub mod ledger;
 pub mod logcmd;
 pub mod mcp;
 pub mod records;

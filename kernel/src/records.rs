@@ -281,8 +281,8 @@ fn write_one(shared: &Shared, job: &Job) {
     let (outcome, restarted) = {
         let mut log = shared.log.lock().unwrap_or_else(|p| p.into_inner());
         let id = &shared.identity;
-        let outcome = 
-        log.append(&record(id, shared.mode, &job.params, &job.result))
+        let outcome = log
+            .append(&record(id, shared.mode, &job.params, &job.result))
             .and_then(|()| {
                 // Then each event as a record of its own, so that a reader can follow a
                 // plan's events without parsing cells.
@@ -406,6 +406,7 @@ fn record<'a>(
         stopped_by: r.stopped_by.map(|s| Cow::Borrowed(s.as_str())),
         added_vars: Cow::Borrowed(&r.report.added_vars),
         removed_vars: Cow::Borrowed(&r.report.removed_vars),
+        rebound_vars: Cow::Borrowed(&r.report.rebound_vars),
         added_imports: Cow::Borrowed(&r.report.added_imports),
         mode: Cow::Borrowed(mode.as_str()),
         warnings: Cow::Borrowed(&r.report.warnings),

@@ -9,6 +9,7 @@
 use crate::approvals::Approvals;
 use crate::config::{Config, Identity};
 use crate::engine::{Control, Engine, EngineError};
+use crate::ledger::Ledger;
 use crate::records::{Flusher, RecordWriter};
 use chrono::{SecondsFormat, Utc};
 use flowrepl_protocol::{
@@ -104,6 +105,7 @@ impl StatusBoard {
         s.execution_count = self.executions.load(Ordering::Relaxed);
         s.busy = busy;
         s.worker_pid = self.control.worker_pid();
+        s.checkpoint = self.control.checkpoint_health();
         s
     }
 
@@ -191,6 +193,11 @@ pub struct Session {
     snapshot_policy: SnapshotPolicy,
     /// An automatic restore failed: said in the next cell's warnings.
     restore_failed: Option<String>,
+    /// What each cell changed: what a restore from an older checkpoint cannot bring back.
+    ledger: Ledger,
+    /// The task log, and this session's id (a `--resume` reads earlier sessions' changes).
+    log_file: std::path::PathBuf,
+    session_id: String,
 }
 
 impl Session {
@@ -229,6 +236,7 @@ impl Session {
                 session_id,
                 log_file: config.log_file.display().to_string(),
                 default_timeout_ms: config.default_timeout_ms,
+                checkpoint: None,
             },
             executions: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -255,6 +263,9 @@ impl Session {
             approvals,
             snapshot_root: config.snapshot_root.clone(),
             restore_failed: None,
+            ledger: Ledger::new(&config.identity.session_id),
+            log_file: config.log_file.clone(),
+            session_id: config.identity.session_id.clone(),
             snapshot_policy: config
                 .snapshots
                 .as_ref()
@@ -301,14 +312,23 @@ impl Session {
                 self.record(params, result);
                 replied?;
             }
-            Call::Status => to.answer(Answer::Status(Box::new(self.board.status(false))))?,
+            Call::Status => {
+                self.engine.refresh_checkpoint_health();
+                to.answer(Answer::Status(Box::new(self.board.status(false))))?
+            }
             Call::Interrupt => {
                 // Calls are answered between cells here: there is nothing to interrupt.
                 let interrupted = self.board.control.interrupt();
                 to.answer(Answer::Interrupt(InterruptReply { interrupted }))?
             }
             Call::Restart(p) => match self.engine.restart(p.restore) {
-                Ok(r) => {
+                Ok(mut r) => {
+                    if let Some(restored) = &mut r.restored {
+                        self.tell_the_whole_truth(restored);
+                        r.state_lost = !restored.complete();
+                        r.message = crate::engine::restored_message(restored);
+                    }
+                    self.ledger.forget();
                     tracing::info!(pid = r.pid, restored = r.restored.is_some(), "restarted");
                     to.answer(Answer::Restart(r))?
                 }
@@ -320,16 +340,18 @@ impl Session {
             },
             Call::Restore(p) => match self.engine.restore(p.name()) {
                 Ok(r) => {
+                    self.ledger.forget();
                     tracing::info!(checkpoint = %r.checkpoint, restored = r.restored_vars.len(), lost = r.lost_vars.len(), "restored");
                     to.answer(Answer::Restore(r))?
                 }
                 Err(e) => to.failed(snapshot_error("restore failed", &e))?,
             },
-            Call::Checkpoints => match flowrepl_task_logger::snapshot::list(&self.snapshot_root) {
+            Call::Checkpoints => match self.list_checkpoints() {
                 Ok(checkpoints) => to.answer(Answer::Checkpoints(CheckpointsReply {
                     checkpoints,
                     directory: self.snapshot_root.display().to_string(),
                     policy: self.snapshot_policy.as_str().to_owned(),
+                    health: self.board.control.checkpoint_health(),
                 }))?,
                 Err(e) => to.failed(RpcError::new(
                     ErrorCode::InternalError,
@@ -365,7 +387,10 @@ impl Session {
         let started = Instant::now();
         let run = self.engine.run(&params.code, timeout, execution_count);
         let restored = match self.engine.take_restored() {
-            Some(Ok(r)) => Some(r),
+            Some(Ok(mut r)) => {
+                self.tell_the_whole_truth(&mut r);
+                Some(r)
+            }
             Some(Err(e)) => {
                 self.restore_failed = Some(e);
                 None
@@ -401,11 +426,35 @@ impl Session {
                 "the session was to start from the last checkpoint, but it could not be restored: {e}"
             ));
         }
+        self.ledger.note(execution_count, &result.report);
         self.record_this = self.records.check(&mut result.report.warnings);
         if !result.success {
             self.board.failures.fetch_add(1, Ordering::Relaxed);
         }
         (result, o.images)
+    }
+
+    /// A restore the engine did (after a crash, `--resume`, `restart {restore}`): adds the
+    /// names changed after the checkpoint to its `lost_vars`, from this session's diffs or,
+    /// for a checkpoint of an earlier kernel, from the task log. The namespace is the
+    /// checkpoint's from now on.
+    fn tell_the_whole_truth(&mut self, r: &mut RestoreReport) {
+        match r.checkpoint_session_id.as_deref() {
+            Some(s) if s != self.session_id => {
+                Ledger::amend_from_log(r, &self.log_file, &self.session_id)
+            }
+            _ => self.ledger.amend(r),
+        }
+        self.ledger.forget();
+    }
+
+    /// The task's checkpoints on disk, after asking the engine how the automatic one is doing.
+    fn list_checkpoints(
+        &mut self,
+    ) -> Result<Vec<flowrepl_protocol::CheckpointInfo>, flowrepl_task_logger::snapshot::SnapshotError>
+    {
+        self.engine.refresh_checkpoint_health();
+        flowrepl_task_logger::snapshot::list(&self.snapshot_root)
     }
 
     /// `list_variables`: the namespace's names with type, short repr and size. Between cells.

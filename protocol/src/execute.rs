@@ -4,7 +4,8 @@
 //! ```json
 //! {"success": true, "stdout": "hi\n", "stderr": "", "result": "2", "error": null,
 //!  "timed_out": false, "interrupted": false,
-//!  "added_vars": ["y"], "removed_vars": [], "added_imports": [], "variable_count": 2,
+//!  "added_vars": ["y"], "removed_vars": [], "rebound_vars": [], "added_imports": [],
+//!  "variable_count": 2,
 //!  "warnings": [], "usage": {"pid": 4242, "cpu_ms": 0.031, "peak_rss_kb": 15012},
 //!  "debug_info": {"execution": "success", "execution_mode": "in_process", "elapsed_ms": 0.041,
 //!                 "phases_us": {"compile": 4, "exec": 1, "capture": 1, "diff": 2}},
@@ -276,6 +277,11 @@ pub struct CellReport {
     pub added_vars: Vec<String>,
     /// Names that were in the namespace before this cell and are gone after it, sorted.
     pub removed_vars: Vec<String>,
+    /// Names that were in the namespace before this cell and are bound to another object
+    /// after it (assigned again, by the cell or code it called), sorted; `__dunder__` names
+    /// left out. What the cell changed in place (`data.append(1)`) is not a rebinding.
+    #[serde(default)]
+    pub rebound_vars: Vec<String>,
     /// Modules that entered `sys.modules` during this cell, sorted (submodules included).
     pub added_imports: Vec<String>,
     /// Names in the namespace after the cell, not counting `__dunder__` names.
@@ -300,6 +306,7 @@ impl CellReport {
             interrupted: false,
             added_vars: Vec::new(),
             removed_vars: Vec::new(),
+            rebound_vars: Vec::new(),
             added_imports: Vec::new(),
             variable_count: 0,
             warnings: Vec::new(),

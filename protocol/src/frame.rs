@@ -18,6 +18,7 @@
 //! | `0x03` Variables | kernel → worker | `id: u64`: list the namespace (between cells) |
 //! | `0x04` ApprovalAnswer | kernel → worker | JSON [`ApprovalAnswer`]: the answer to an ApprovalRequest, while its cell waits |
 //! | `0x05` Checkpoint | kernel → worker | `id: u64`, the checkpoint's name (UTF-8): save every name now (between cells) |
+//! | `0x06` Health | kernel → worker | `id: u64`: how is the automatic checkpoint doing (between cells; answered at once, even while it is being written) |
 //! | `0x81` Ready | worker → kernel | JSON [`WorkerHello`]: sent once, when Python is up |
 //! | `0x82` Output | worker → kernel | `id: u64`, `stream: u8` (1 stdout, 2 stderr), up to [`MAX_CHUNK_BYTES`] of output |
 //! | `0x83` Done | worker → kernel | `id: u64`, JSON [`DoneReport`]: the cell's result without its output |
@@ -27,6 +28,7 @@
 //! | `0x87` ApprovalRequest | worker → kernel | `id: u64`, JSON [`ApprovalRequest`]: the cell waits for an ApprovalAnswer |
 //! | `0x88` ApprovalEnded | worker → kernel | `id: u64`, the `approval_id` (UTF-8): the cell no longer waits (answered, timed out or interrupted) |
 //! | `0x89` CheckpointReply | worker → kernel | `id: u64`, JSON [`CheckpointOutcome`] |
+//! | `0x8a` HealthReply | worker → kernel | `id: u64`, JSON [`CheckpointHealth`](crate::CheckpointHealth) |
 //!
 //! Automatic checkpoints are not frames: the worker writes them itself between cells (see
 //! `docs/snapshots.md`), and a worker started with `--restore` reports in its Ready frame what
@@ -74,6 +76,8 @@ pub mod kind {
     pub const APPROVAL_ANSWER: u8 = 0x04;
     /// Kernel → worker: write a checkpoint.
     pub const CHECKPOINT: u8 = 0x05;
+    /// Kernel → worker: how is the automatic checkpoint doing.
+    pub const HEALTH: u8 = 0x06;
     /// Worker → kernel: started.
     pub const READY: u8 = 0x81;
     /// Worker → kernel: output of the running cell.
@@ -92,6 +96,8 @@ pub mod kind {
     pub const APPROVAL_ENDED: u8 = 0x88;
     /// Worker → kernel: the checkpoint asked for was written (or not).
     pub const CHECKPOINT_REPLY: u8 = 0x89;
+    /// Worker → kernel: how the automatic checkpoint is doing.
+    pub const HEALTH_REPLY: u8 = 0x8a;
 }
 
 /// Which captured stream an Output frame carries.
@@ -154,6 +160,9 @@ pub struct DoneReport {
     /// the capture files it handed over, up to `capture_ends`, and appends the traceback.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub output_in_capture: bool,
+    /// How the automatic checkpoint is doing, when that changed since the worker last said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<crate::CheckpointHealth>,
 }
 
 /// The answer to a Variables frame.
@@ -207,6 +216,11 @@ pub enum Frame<'a> {
     Shutdown,
     /// List the namespace.
     Variables {
+        /// Matched by the reply.
+        id: u64,
+    },
+    /// Say how the automatic checkpoint is doing.
+    Health {
         /// Matched by the reply.
         id: u64,
     },
@@ -278,6 +292,13 @@ pub enum Frame<'a> {
         id: u64,
         /// The listing.
         report: VariablesReport,
+    },
+    /// The answer to Health `id`.
+    HealthReply {
+        /// The request.
+        id: u64,
+        /// The health (the default when checkpoints are off).
+        health: crate::CheckpointHealth,
     },
 }
 
@@ -377,6 +398,21 @@ pub fn encode_variables(out: &mut Vec<u8>, id: u64) {
     out.extend_from_slice(&id.to_be_bytes());
 }
 
+/// Appends a Health frame.
+pub fn encode_health(out: &mut Vec<u8>, id: u64) {
+    begin(out, kind::HEALTH, 8).expect("small frame fits");
+    out.extend_from_slice(&id.to_be_bytes());
+}
+
+/// Appends a HealthReply frame.
+pub fn encode_health_reply(
+    out: &mut Vec<u8>,
+    id: u64,
+    health: &crate::CheckpointHealth,
+) -> Result<(), FrameError> {
+    encode_json(out, kind::HEALTH_REPLY, Some(id), health)
+}
+
 /// Appends a VariablesReply frame. Fails (appending nothing) if it is over the frame limit.
 pub fn encode_variables_reply(
     out: &mut Vec<u8>,
@@ -474,6 +510,16 @@ pub fn decode(payload: &[u8]) -> Result<Frame<'_>, FrameError> {
         kind::VARIABLES => {
             let (id, _) = split_u64(kind, body)?;
             Ok(Frame::Variables { id })
+        }
+        kind::HEALTH => {
+            let (id, _) = split_u64(kind, body)?;
+            Ok(Frame::Health { id })
+        }
+        kind::HEALTH_REPLY => {
+            let (id, rest) = split_u64(kind, body)?;
+            let health =
+                serde_json::from_slice(rest).map_err(|e| malformed(kind, e.to_string()))?;
+            Ok(Frame::HealthReply { id, health })
         }
         kind::CONTEXT => {
             let (id, rest) = split_u64(kind, body)?;
@@ -702,6 +748,11 @@ mod tests {
             }],
             capture_ends: [10, 20],
             output_in_capture: true,
+            checkpoint: Some(crate::CheckpointHealth {
+                auto_execution_count: Some(3),
+                last_error: None,
+                failing: false,
+            }),
         }
     }
 
@@ -785,6 +836,24 @@ mod tests {
         out.clear();
         encode_variables(&mut out, 5);
         assert_eq!(decode(payload(&out)).unwrap(), Frame::Variables { id: 5 });
+        out.clear();
+        encode_health(&mut out, 8);
+        assert_eq!(decode(payload(&out)).unwrap(), Frame::Health { id: 8 });
+        out.clear();
+        let health = crate::CheckpointHealth {
+            auto_execution_count: Some(4),
+            last_error: Some(crate::CheckpointFailure {
+                execution_count: 5,
+                error: "OSError: [Errno 28] No space left on device".into(),
+                time: "t".into(),
+            }),
+            failing: true,
+        };
+        encode_health_reply(&mut out, 8, &health).unwrap();
+        assert_eq!(
+            decode(payload(&out)).unwrap(),
+            Frame::HealthReply { id: 8, health }
+        );
         out.clear();
         let listing = VariablesReport {
             variables: vec![VariableInfo {

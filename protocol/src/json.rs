@@ -205,6 +205,8 @@ fn write_result(out: &mut Vec<u8>, r: &ExecuteResult) {
     write_list(out, &c.added_vars);
     out.extend_from_slice(b",\"removed_vars\":");
     write_list(out, &c.removed_vars);
+    out.extend_from_slice(b",\"rebound_vars\":");
+    write_list(out, &c.rebound_vars);
     out.extend_from_slice(b",\"added_imports\":");
     write_list(out, &c.added_imports);
     let _ = write!(out, ",\"variable_count\":{}", c.variable_count);
@@ -357,6 +359,7 @@ mod tests {
                 interrupted: false,
                 added_vars: vec!["a".into(), "작업".into()],
                 removed_vars: vec![],
+                rebound_vars: vec!["b".into()],
                 added_imports: vec!["json".into(), "json.decoder".into()],
                 variable_count: 3,
                 warnings: vec!["w".into()],
@@ -444,6 +447,7 @@ mod tests {
                     restored: true,
                     checkpoint: "auto".into(),
                     checkpoint_execution_count: 11,
+                    checkpoint_session_id: Some("s".into()),
                     restored_vars: vec!["a".into()],
                     lost_vars: [("g".to_owned(), "not saved: a generator".to_owned())].into(),
                     restore_ms: 1.5,

@@ -43,7 +43,7 @@ pub use execute::{
 pub use fault::Fault;
 pub use jsonrpc::{ErrorCode, Id, Request, RpcError};
 pub use snapshot::{
-    CheckpointInfo, CheckpointParams, CheckpointSummary, CheckpointsReply, RestartParams,
-    RestoreReport, SnapshotPolicy, AUTO_CHECKPOINT,
+    CheckpointFailure, CheckpointHealth, CheckpointInfo, CheckpointParams, CheckpointSummary,
+    CheckpointsReply, RestartParams, RestoreReport, SnapshotPolicy, AUTO_CHECKPOINT,
 };
 pub use status::{PythonInfo, StatusInfo, READY_MARKER};

@@ -66,6 +66,36 @@ pub struct CheckpointSummary {
     pub ms: f64,
 }
 
+/// How the automatic checkpoint is doing: in `status`, the `checkpoints` listing and (worker
+/// mode) the worker's Done frames. A failed write is also said once in the next cell's
+/// `warnings`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct CheckpointHealth {
+    /// The execution count the newest automatic checkpoint written by this session holds
+    /// the state after (a crash now restores that); absent before its first write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_execution_count: Option<u64>,
+    /// The last write of the automatic checkpoint that failed, if any did this session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<CheckpointFailure>,
+    /// The last write failed (nothing was written since `last_error`).
+    #[serde(default)]
+    pub failing: bool,
+}
+
+/// A write of the automatic checkpoint that failed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct CheckpointFailure {
+    /// The state after this execution count was not saved.
+    pub execution_count: u64,
+    /// Why (`OSError: [Errno 28] No space left on device`, ...).
+    pub error: String,
+    /// When (UTC, ISO 8601).
+    pub time: String,
+}
+
 /// One checkpoint on disk (the answer to `checkpoints` lists them).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -107,6 +137,10 @@ pub struct CheckpointsReply {
     pub directory: String,
     /// Whether a checkpoint is written after each successful cell (`FLOWREPL_SNAPSHOT`).
     pub policy: String,
+    /// How this session's automatic checkpoint is doing (as `status` says it); absent when
+    /// checkpoints are off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<CheckpointHealth>,
 }
 
 /// A namespace restored from a checkpoint: in the result of the first cell after an automatic
@@ -122,9 +156,14 @@ pub struct RestoreReport {
     /// The execution count the checkpoint holds the state after: cells after it are not in
     /// the restored namespace.
     pub checkpoint_execution_count: u64,
+    /// The session that wrote the checkpoint (its `execution_count`s are that session's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_session_id: Option<String>,
     /// Names restored (variables and re-imported modules), sorted.
     pub restored_vars: Vec<String>,
-    /// Names the checkpoint knew that could not be restored, with the reason.
+    /// Names whose value from before the restore did not come back, with the reason: not
+    /// saved or not loadable, or bound, rebound or deleted by a cell after the checkpoint
+    /// (such a name may be in `restored_vars` too, with its older value).
     pub lost_vars: BTreeMap<String, String>,
     /// How long the restore took, in milliseconds.
     pub restore_ms: f64,
@@ -143,6 +182,9 @@ impl RestoreReport {
 pub enum SnapshotPolicy {
     /// After each successful cell, once the session is idle (the default).
     OnSuccess,
+    /// After every cell, before the next one starts (for clients that send cells back to
+    /// back and cannot lose one).
+    EveryCell,
     /// Only when asked (`checkpoint`); restores still work.
     Manual,
     /// Never; `checkpoint` and `restore` are refused.
@@ -154,6 +196,7 @@ impl SnapshotPolicy {
     pub fn as_str(self) -> &'static str {
         match self {
             SnapshotPolicy::OnSuccess => "on-success",
+            SnapshotPolicy::EveryCell => "every-cell",
             SnapshotPolicy::Manual => "manual",
             SnapshotPolicy::Off => "off",
         }
@@ -166,10 +209,11 @@ impl std::str::FromStr for SnapshotPolicy {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "on-success" => Ok(SnapshotPolicy::OnSuccess),
+            "every-cell" => Ok(SnapshotPolicy::EveryCell),
             "manual" => Ok(SnapshotPolicy::Manual),
             "off" => Ok(SnapshotPolicy::Off),
             other => Err(format!(
-                "unknown snapshot policy {other:?} (want on-success, manual or off)"
+                "unknown snapshot policy {other:?} (want on-success, every-cell, manual or off)"
             )),
         }
     }

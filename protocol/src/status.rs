@@ -60,4 +60,8 @@ pub struct StatusInfo {
     pub log_file: String,
     /// Default cell timeout in milliseconds.
     pub default_timeout_ms: u64,
+    /// How the automatic checkpoint is doing, as the kernel last heard (worker mode: as of
+    /// the worker's last reply); absent when checkpoints are off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<crate::CheckpointHealth>,
 }

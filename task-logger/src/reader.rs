@@ -275,6 +275,7 @@ fn into_owned(r: ExecutionRecord<'_>) -> ExecutionRecord<'static> {
         stopped_by: r.stopped_by.map(own),
         added_vars: Owned(r.added_vars.into_owned()),
         removed_vars: Owned(r.removed_vars.into_owned()),
+        rebound_vars: Owned(r.rebound_vars.into_owned()),
         added_imports: Owned(r.added_imports.into_owned()),
         mode: own(r.mode),
         warnings: Owned(r.warnings.into_owned()),

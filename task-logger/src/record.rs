@@ -22,6 +22,7 @@
 //! | `interrupted` | bool | stopped by an `interrupt` request |
 //! | `stopped_by` | string or null | `interrupt` (SIGINT, state kept) or `kill` (worker mode) |
 //! | `added_vars`, `removed_vars`, `added_imports` | array of strings | sorted names |
+//! | `rebound_vars` | array of strings | sorted names bound to another object by the cell (absent in records before 0.1.1: read as empty) |
 //! | `mode` | string | `in_process` or `worker` |
 //! | `warnings` | array of strings | what went wrong around the cell without failing it |
 //! | `pid` | int | the process that ran the cell (the worker in worker mode, else the kernel) |
@@ -131,6 +132,9 @@ pub struct ExecutionRecord<'a> {
     pub added_vars: Cow<'a, [String]>,
     /// Names the cell removed.
     pub removed_vars: Cow<'a, [String]>,
+    /// Names the cell bound to another object.
+    #[serde(default)]
+    pub rebound_vars: Cow<'a, [String]>,
     /// Modules the cell imported.
     pub added_imports: Cow<'a, [String]>,
     /// `in_process` or `worker`.

@@ -154,8 +154,12 @@ pub struct JournalLine {
     pub time: String,
     /// The writer's Python, `major.minor`.
     pub python: String,
-    /// `cloudpickle X.Y`, `dill X.Y` or `pickle`.
+    /// `cloudpickle X.Y (flowrepl)`, or what wrote older lines (`cloudpickle X.Y`, `dill
+    /// X.Y`, `pickle`).
     pub pickler: String,
+    /// The session that wrote it (absent in lines written before 0.1.1).
+    #[serde(default)]
+    pub session: Option<String>,
     /// Groups written by this line.
     #[serde(default)]
     pub put: Vec<Group>,
@@ -197,6 +201,8 @@ pub struct Checkpoint {
     pub python: String,
     /// What pickled it.
     pub pickler: String,
+    /// The session that wrote its last line, if the line says.
+    pub session: Option<String>,
     /// The groups that hold at least one live name (with only those names).
     pub groups: Vec<Group>,
     /// Names bound to modules: name → module.
@@ -300,6 +306,7 @@ pub fn read(dir: &Path, name: &str) -> Result<Option<Checkpoint>, SnapshotError>
             time: l.time,
             python: l.python,
             pickler: l.pickler,
+            session: l.session,
             context: l.context,
             ..Checkpoint::default()
         });

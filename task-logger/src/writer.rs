@@ -226,6 +226,7 @@ pub(crate) mod tests_support {
             stopped_by: None,
             added_vars: Cow::Owned(vec!["x".into()]),
             removed_vars: Cow::Borrowed(&[]),
+            rebound_vars: Cow::Borrowed(&[]),
             added_imports: Cow::Borrowed(&[]),
             mode: "in_process".into(),
             warnings: Cow::Borrowed(&[]),
@@ -251,7 +252,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("task.jsonl");
         // Another kernel's record, cut off by a full disk.
-        std::fs::write(&path, b"{\"type\":\"execution\",\"version\":1,\"plan_id\":\"p").unwrap();
+        std::fs::write(
+            &path,
+            b"{\"type\":\"execution\",\"version\":1,\"plan_id\":\"p",
+        )
+        .unwrap();
         let mut log = TaskLog::new(path.clone());
         log.append(&record(1, "a")).unwrap();
         log.append(&record(2, "b")).unwrap();

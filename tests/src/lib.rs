@@ -60,6 +60,7 @@ pub struct KernelOptions {
     args: Vec<String>,
     log_dir: Option<PathBuf>,
     parent: ParentSignals,
+    wrap: Vec<String>,
 }
 
 /// What the kernel inherits of SIGINT from its parent, as `exec` passes it on.
@@ -100,6 +101,12 @@ impl KernelOptions {
     /// Starts the kernel with SIGINT ignored or blocked, as some parents leave it.
     pub fn parent_signals(mut self, p: ParentSignals) -> Self {
         self.parent = p;
+        self
+    }
+    /// Starts the kernel through `wrap` (a program and its arguments, then the kernel's
+    /// command line): `unshare`, `sh -c`, ...
+    pub fn wrap(mut self, wrap: Vec<String>) -> Self {
+        self.wrap = wrap;
         self
     }
     /// Uses this log directory instead of a fresh temporary one.
@@ -145,7 +152,14 @@ impl Kernel {
             .log_dir
             .clone()
             .unwrap_or_else(|| dir.path().join("logs"));
-        let mut cmd = Command::new(flowrepl_bin());
+        let mut cmd = match opts.wrap.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(flowrepl_bin());
+                c
+            }
+            None => Command::new(flowrepl_bin()),
+        };
         cmd.args(&opts.args)
             .current_dir(dir.path())
             .stdin(Stdio::piped())

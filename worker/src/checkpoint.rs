@@ -21,9 +21,21 @@
 //! An explicit `checkpoint` saves every name.
 //!
 //! Failed cells do not trigger a write, but their code counts for the next one.
+//!
+//! With [`SnapshotPolicy::EveryCell`] every cell (failed ones too) makes it pending, the
+//! writer does not wait for the session to be idle, and the next cell writes it first if the
+//! writer has not: no cell starts before the state after the previous one is on disk.
+//!
+//! # Health
+//! A write that fails (a full disk, a folder gone) leaves the previous checkpoint whole (the
+//! journal line is appended whole or not at all). The failure is kept in a
+//! [`CheckpointHealth`] that other threads read without the state lock (`status` while a
+//! cell runs), said once in the next cell's `warnings`, and the next write saves every name.
 
 use crate::executor::CallError;
-use flowrepl_protocol::{CheckpointSummary, RestoreReport, SnapshotPolicy};
+use flowrepl_protocol::{
+    CheckpointFailure, CheckpointHealth, CheckpointSummary, RestoreReport, SnapshotPolicy,
+};
 use flowrepl_task_logger::snapshot::{self, Checkpoint, SnapshotError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -107,7 +119,7 @@ pub enum CheckpointError {
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
     /// The Python side raised.
-    #[error("{0}")]
+    #[error(transparent)]
     Python(#[from] CallError),
 }
 
@@ -196,10 +208,17 @@ impl Drop for Held<'_> {
 impl Checkpointer {
     /// The state for `config` on the namespace `globals`, and (with on-success) its writer
     /// thread.
-    pub(crate) fn start(config: SnapshotConfig, globals: Py<PyDict>) -> std::io::Result<Self> {
-        let on_success = config.policy == SnapshotPolicy::OnSuccess;
+    /// `session`: the session id written into the journal.
+    pub(crate) fn start(
+        config: SnapshotConfig,
+        globals: Py<PyDict>,
+        session: Option<String>,
+    ) -> std::io::Result<Self> {
+        let writes_itself = config.tracks_cells();
+        let mut state = Checkpoints::new(config);
+        state.session = session;
         let shared = Arc::new(Shared {
-            state: Mutex::new(Checkpoints::new(config)),
+            state: Mutex::new(state),
             globals,
             epoch: Instant::now(),
             pending: AtomicBool::new(false),
@@ -210,7 +229,7 @@ impl Checkpointer {
             imported: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         });
-        let thread = if on_success {
+        let thread = if writes_itself {
             let s = Arc::clone(&shared);
             let t = std::thread::Builder::new()
                 .name("flowrepl-checkpoint".into())
@@ -221,6 +240,11 @@ impl Checkpointer {
             None
         };
         Ok(Checkpointer { shared, thread })
+    }
+
+    /// How the automatic checkpoint is doing, readable while a cell holds the state.
+    pub(crate) fn health(&self) -> Arc<Mutex<CheckpointHealth>> {
+        Arc::clone(&crate::sys::lock(&self.shared.state).health)
     }
 
     /// Takes the state for a cell or call (waiting while a checkpoint is being written).
@@ -249,7 +273,13 @@ impl Drop for Checkpointer {
 /// runs), and writes it.
 fn write_when_idle(s: &Shared) {
     crate::sys::block_sigint();
-    let idle = IDLE_BEFORE_CHECKPOINT.as_micros() as u64;
+    // every-cell: at once, once the cell has let go of the state.
+    let every_cell = crate::sys::lock(&s.state).config.policy == SnapshotPolicy::EveryCell;
+    let idle = if every_cell {
+        0
+    } else {
+        IDLE_BEFORE_CHECKPOINT.as_micros() as u64
+    };
     let overdue = MAX_CHECKPOINT_DELAY.as_micros() as u64;
     while !s.stop.load(Ordering::Acquire) {
         if !s.pending.load(Ordering::Acquire) {
@@ -288,9 +318,27 @@ fn write_when_idle(s: &Shared) {
     }
 }
 
+impl SnapshotConfig {
+    /// Whether cells make the automatic checkpoint pending (and a thread writes it).
+    fn tracks_cells(&self) -> bool {
+        matches!(
+            self.policy,
+            SnapshotPolicy::OnSuccess | SnapshotPolicy::EveryCell
+        )
+    }
+}
+
 /// The checkpoint state of one executor.
 pub(crate) struct Checkpoints {
     config: SnapshotConfig,
+    /// The session id written into journal lines.
+    session: Option<String>,
+    /// How the automatic checkpoint is doing (read without the state lock).
+    health: Arc<Mutex<CheckpointHealth>>,
+    /// The health changed since [`Checkpoints::take_health_change`] last said.
+    health_changed: bool,
+    /// A failed automatic write, for the next cell's warnings.
+    warning: Option<String>,
     /// `_flowrepl_snapshot`, once loaded.
     module: Option<Py<PyAny>>,
     /// Its `Store` for `auto`.
@@ -311,6 +359,10 @@ impl Checkpoints {
     pub(crate) fn new(config: SnapshotConfig) -> Checkpoints {
         Checkpoints {
             config,
+            session: None,
+            health: Arc::default(),
+            health_changed: false,
+            warning: None,
             module: None,
             store: None,
             codes: Vec::new(),
@@ -323,7 +375,50 @@ impl Checkpoints {
 
     /// Whether cells' code should be kept for the next automatic write.
     fn tracks_cells(&self) -> bool {
-        self.config.policy == SnapshotPolicy::OnSuccess
+        self.config.tracks_cells()
+    }
+
+    /// every-cell: the state after each cell is written before the next one starts.
+    pub(crate) fn every_cell(&self) -> bool {
+        self.config.policy == SnapshotPolicy::EveryCell
+    }
+
+    /// A failed automatic write not yet said: for the cell about to run's warnings.
+    pub(crate) fn take_warning(&mut self) -> Option<String> {
+        self.warning.take()
+    }
+
+    /// The health, if it changed since the last call (worker mode sends it in Done).
+    pub(crate) fn take_health_change(&mut self) -> Option<CheckpointHealth> {
+        std::mem::take(&mut self.health_changed).then(|| crate::sys::lock(&self.health).clone())
+    }
+
+    /// Notes how a write of `auto` after cell `count` went.
+    fn note_auto_write(&mut self, count: u64, r: &Result<CheckpointSummary, CheckpointError>) {
+        let mut h = crate::sys::lock(&self.health);
+        match r {
+            Ok(s) => {
+                h.auto_execution_count = Some(s.execution_count);
+                h.failing = false;
+            }
+            Err(e) => {
+                let error = crate::sys::chain(e);
+                let newest = match h.auto_execution_count {
+                    Some(n) => format!("the newest checkpoint holds the state after cell {n}"),
+                    None => "no checkpoint of this session was written yet".to_owned(),
+                };
+                self.warning = Some(format!(
+                    "the automatic checkpoint after cell {count} was not written ({error}); {newest}, which is what a crash would restore"
+                ));
+                h.last_error = Some(CheckpointFailure {
+                    execution_count: count,
+                    error,
+                    time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                });
+                h.failing = true;
+            }
+        }
+        self.health_changed = true;
     }
 
     /// A compiled part of the running cell: kept for the next automatic write.
@@ -342,7 +437,7 @@ impl Checkpoints {
     /// A cell ended (its code was [`Checkpoints::note_code`]d).
     pub(crate) fn note_cell(&mut self, success: bool, count: u64) {
         self.last_count = count;
-        if self.tracks_cells() && success && self.pending.is_none() {
+        if self.tracks_cells() && (success || self.every_cell()) && self.pending.is_none() {
             self.pending = Some(Instant::now());
         }
     }
@@ -352,6 +447,10 @@ impl Checkpoints {
             return Ok(m.bind(py).clone());
         }
         let m = crate::support::load_source(py, &crate::support::SNAPSHOT)?.into_any();
+        // Its by-value pickler: private to it, never in sys.modules.
+        let cp = crate::support::load_source(py, &crate::support::CLOUDPICKLE)?;
+        cp.setattr("__version__", crate::support::CLOUDPICKLE_VERSION)?;
+        m.setattr("_cloudpickle", cp)?;
         self.module = Some(m.clone().unbind());
         Ok(m)
     }
@@ -361,11 +460,15 @@ impl Checkpoints {
         py: Python<'py>,
         globals: &Bound<'py, PyDict>,
     ) -> Result<Bound<'py, PyAny>, CheckpointError> {
+        // Every time: a folder deleted during the session is made again, private.
+        let root = snapshot::open_root(&self.config.root)?;
         if let Some(s) = &self.store {
             return Ok(s.bind(py).clone());
         }
-        let root = snapshot::open_root(&self.config.root)?;
         let store = self.new_store(py, globals, &root.join(flowrepl_protocol::AUTO_CHECKPOINT))?;
+        store
+            .setattr("session", self.session.as_deref())
+            .map_err(CallError::from)?;
         self.store = Some(store.clone().unbind());
         Ok(store)
     }
@@ -393,7 +496,9 @@ impl Checkpoints {
             return;
         }
         let full = std::mem::take(&mut self.every_name);
-        match self.write_auto(py, globals, full) {
+        let written = self.write_auto(py, globals, full);
+        self.note_auto_write(self.last_count, &written);
+        match written {
             Ok(s) => {
                 tracing::debug!(
                     execution_count = s.execution_count,
@@ -454,7 +559,14 @@ impl Checkpoints {
         if name == flowrepl_protocol::AUTO_CHECKPOINT {
             self.pending = None;
             self.every_name = false;
-            return self.write_auto(py, globals, true);
+            let written = self.write_auto(py, globals, true);
+            self.note_auto_write(self.last_count, &written);
+            if written.is_err() {
+                // Said in the call's own error.
+                self.warning = None;
+                self.namespace_reset(py);
+            }
+            return written;
         }
         let root = snapshot::open_root(&self.config.root)?;
         let module = self.module(py)?;
@@ -469,6 +581,7 @@ impl Checkpoints {
                     VERIFY_BYTES,
                     self.last_count,
                     ctx,
+                    self.session.as_deref(),
                 ),
             )
             .and_then(|j| j.extract())
@@ -517,6 +630,7 @@ impl Checkpoints {
             restored: true,
             checkpoint: name.to_owned(),
             checkpoint_execution_count: cp.execution_count,
+            checkpoint_session_id: cp.session.clone(),
             restored_vars: restored,
             lost_vars: lost,
             restore_ms: t0.elapsed().as_secs_f64() * 1000.0,

@@ -165,6 +165,8 @@ pub struct CellOutcome {
     pub contexts: Vec<String>,
     /// CPU time of the process so far, in milliseconds, read as the cell ended.
     pub cpu_total_ms: f64,
+    /// How the automatic checkpoint is doing, when that changed since the last cell.
+    pub checkpoint: Option<flowrepl_protocol::CheckpointHealth>,
 }
 
 impl CellOutcome {
@@ -178,6 +180,7 @@ impl CellOutcome {
             events: Vec::new(),
             contexts: Vec::new(),
             cpu_total_ms: 0.0,
+            checkpoint: None,
         }
     }
 }
@@ -330,8 +333,12 @@ impl Executor {
                 own_imports: std::collections::HashSet::new(),
                 checkpoints: match &config.snapshots {
                     Some(c) => Some(
-                        Checkpointer::start(c.clone(), globals.clone().unbind())
-                            .map_err(ExecutorError::Io)?,
+                        Checkpointer::start(
+                            c.clone(),
+                            globals.clone().unbind(),
+                            config.setup.flow.session_id.clone(),
+                        )
+                        .map_err(ExecutorError::Io)?,
                     ),
                     None => None,
                 },
@@ -474,6 +481,13 @@ impl Executor {
         self.with_checkpoints(|c, py, globals| c.write_pending(py, globals));
     }
 
+    /// How the automatic checkpoint is doing, for other threads (`None`: checkpoints off).
+    pub fn checkpoint_health(
+        &self,
+    ) -> Option<Arc<std::sync::Mutex<flowrepl_protocol::CheckpointHealth>>> {
+        self.checkpoints.as_ref().map(Checkpointer::health)
+    }
+
     /// Writes checkpoint `name` now, with every name.
     pub fn checkpoint(&mut self, name: &str) -> Result<CheckpointSummary, CheckpointError> {
         self.with_checkpoints(|c, py, globals| c.write(py, globals, name))
@@ -564,6 +578,14 @@ impl Executor {
             s.begin([self.capture.stdout.cursor(), self.capture.stderr.cursor()]);
         }
         let mut out = CellOutcome::empty(self.mode);
+        if let Some(c) = checkpoints.as_deref_mut() {
+            if c.every_cell() {
+                // The state after the previous cell, if the writer has not saved it yet.
+                c.write_pending(py, &self.globals.bind(py).clone());
+            }
+            out.report.warnings.extend(c.take_warning());
+            out.checkpoint = c.take_health_change();
+        }
         let name_c = CString::new(name.as_str()).expect("cell names have no NUL");
         let compiled = self.compile(py, code, &name_c);
         let t_compiled = Instant::now();
@@ -625,10 +647,11 @@ impl Executor {
             &globals,
             &mut out.report.added_vars,
             &mut out.report.removed_vars,
+            Some(&mut out.report.rebound_vars),
         );
         let mut gone = Vec::new();
         self.module_snapshot
-            .update(py, &modules, &mut out.report.added_imports, &mut gone);
+            .update(py, &modules, &mut out.report.added_imports, &mut gone, None);
         self.claim_own_imports(code, &mut out.report.added_imports);
         out.report.variable_count = self.var_snapshot.non_dunder_len();
         let t_diff = Instant::now();
@@ -996,7 +1019,7 @@ impl Executor {
         let mut scratch = (Vec::new(), Vec::new());
         let globals = self.globals.bind(py).clone();
         self.var_snapshot
-            .update(py, &globals, &mut scratch.0, &mut scratch.1);
+            .update(py, &globals, &mut scratch.0, &mut scratch.1, None);
         self.rebaseline_modules(py);
     }
 
@@ -1007,7 +1030,7 @@ impl Executor {
         let mut added = Vec::new();
         let modules = self.modules.bind(py).clone();
         self.module_snapshot
-            .update(py, &modules, &mut added, &mut Vec::new());
+            .update(py, &modules, &mut added, &mut Vec::new(), None);
         self.own_imports.extend(added);
     }
 
@@ -1037,7 +1060,7 @@ impl Executor {
         let mut scratch = (Vec::new(), Vec::new());
         let modules = self.modules.bind(py).clone();
         self.module_snapshot
-            .update(py, &modules, &mut scratch.0, &mut scratch.1);
+            .update(py, &modules, &mut scratch.0, &mut scratch.1, None);
     }
 
     fn discard_output(&mut self) {

@@ -290,6 +290,7 @@ fn done_report(o: CellOutcome) -> DoneReport {
         images: o.images,
         capture_ends: [0; 2],
         output_in_capture: false,
+        checkpoint: o.checkpoint,
     }
 }
 
@@ -472,6 +473,16 @@ fn serve(
                             frame::encode_variables_reply(buf, id, &small)
                         })
                     })
+                    .map_err(io::Error::other)?;
+                channel.send();
+            }
+            Frame::Health { id } => {
+                let health = executor
+                    .checkpoint_health()
+                    .map(|h| crate::sys::lock(&h).clone())
+                    .unwrap_or_default();
+                channel
+                    .with(|buf| frame::encode_health_reply(buf, id, &health))
                     .map_err(io::Error::other)?;
                 channel.send();
             }

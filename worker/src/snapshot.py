@@ -14,8 +14,9 @@ Each name is saved on its own, so one object that cannot be pickled costs only i
 whose objects share sub-objects are pickled together, so sharing survives; an object that is the
 value of another name is saved as a reference to that name ("persistent id"), so `b = a` and a
 list holding another name's dict come back shared, and big values are not saved twice.
-Functions and classes defined in the session are saved by value with cloudpickle (or dill), and
-restored functions see the live namespace, not a copy of it.
+Functions and classes defined in the session are saved by value with flowrepl's own pinned
+cloudpickle (`_cloudpickle` below), and restored functions see the live namespace, not a copy of
+it.
 """
 
 import builtins
@@ -58,24 +59,36 @@ _LOAD_FROM_FILE = 1 << 20
 _WRITE_DIRECT = 16 << 20
 
 
+# flowrepl's own cloudpickle (a pinned copy, compiled from the source embedded in the
+# binary): set by the Rust side when it loads this module. It is in no `sys.modules` and on no
+# `sys.path`, so a cell cannot import it and what can be restored does not depend on what the
+# user installed. Its own helpers (the reconstructors a pickle names) are saved as persistent
+# ids, never by a module name that would have to be importable at load time.
+_cloudpickle = None
+_CP_ID = "cp"
+
+
 def _pickler():
-    """(Pickler class, description): cloudpickle if the session's environment has it, else
-    dill, else plain pickle (which saves session functions and classes only by name)."""
-    try:
-        import cloudpickle
-
-        return cloudpickle.Pickler, f"cloudpickle {cloudpickle.__version__}", True
-    except Exception:
-        pass
-    try:
-        import dill
-
-        return dill.Pickler, f"dill {dill.__version__}", True
-    except Exception:
-        pass
-    import pickle
-
+    """(Pickler class, description, by value): flowrepl's cloudpickle, else plain pickle
+    (which saves session functions and classes only by name)."""
+    if _cloudpickle is not None:
+        return _cloudpickle.Pickler, f"cloudpickle {_cloudpickle_version()} (flowrepl)", True
     return pickle.Pickler, "pickle", False
+
+
+def _cloudpickle_version():
+    return getattr(_cloudpickle, "__version__", "?")
+
+
+def _cloudpickle_ids():
+    """id -> name of the private cloudpickle's own functions and classes."""
+    if _cloudpickle is None:
+        return {}
+    return {
+        id(v): k
+        for k, v in vars(_cloudpickle).items()
+        if isinstance(v, (type, types.FunctionType)) and getattr(v, "__module__", None) == _cloudpickle.__name__
+    }
 
 
 def _python():
@@ -176,6 +189,7 @@ class Store:
         self.verify_bytes = verify_bytes
         self.cls, self.pickler_name, self.by_value = _pickler()
         self.pickler_class = _pickler_class(self.cls, ns)
+        self.session = None  # the session id written into journal lines (set by the kernel)
         self._reset()
 
     def _reset(self):
@@ -195,6 +209,18 @@ class Store:
         self.started = False
 
     # ---- saving
+
+    def _head(self, full, execution_count):
+        """The fields every journal line starts with."""
+        return {
+            "v": FORMAT,
+            "full": full,
+            "execution_count": execution_count,
+            "time": _now(),
+            "python": _python(),
+            "pickler": self.pickler_name,
+            "session": self.session,
+        }
 
     def _pickle(self, values, out):
         """Pickles the dict `values` into `out`: (names referred to, the objects in it whose
@@ -242,7 +268,7 @@ class Store:
                 and isinstance(v, (type, types.FunctionType))
                 and getattr(v, "__module__", None) == "__main__"
             ):
-                why = "functions and classes defined in the session are saved by value with cloudpickle or dill, and neither is installed in this environment"
+                why = "functions and classes defined in the session are saved by value with flowrepl's cloudpickle, which is not loaded here"
             nbytes = getattr(v, "nbytes", None)
             if why is None and isinstance(nbytes, int) and nbytes > self.max_bytes:
                 why = _over(nbytes, self.max_bytes)
@@ -299,6 +325,10 @@ class Store:
             def persistent_load(u, pid):
                 if pid == ("ns",):
                     return ns
+                if pid[0] == _CP_ID:
+                    if _cloudpickle is None:
+                        raise pickle.UnpicklingError("saved by value with flowrepl's cloudpickle, which is not loaded")
+                    return getattr(_cloudpickle, pid[1])
                 return lookup(pid[1])
 
         def load(data):
@@ -318,6 +348,9 @@ class Store:
         the names saved before that are gone. Returns a summary (a dict) for the kernel."""
         t0 = time.perf_counter()
         ns = self.ns
+        if self.started and not os.path.isdir(self.dir):
+            # The folder was deleted under a running session: nothing saved is on disk.
+            self._reset()
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         if self.files is None:
             self.files = _segment_bytes(self.dir)
@@ -376,12 +409,7 @@ class Store:
                     changed = True
         put = [g for g in put if g.names[0] not in unsaved]
         line = {
-            "v": FORMAT,
-            "full": full,
-            "execution_count": execution_count,
-            "time": _now(),
-            "python": _python(),
-            "pickler": self.pickler_name,
+            **self._head(full, execution_count),
             "put": [g.entry() for g in put],
             "modules": modules,
             "unsaved": unsaved,
@@ -569,12 +597,7 @@ class Store:
             for src in files.values():
                 src.close()
         line = {
-            "v": FORMAT,
-            "full": True,
-            "execution_count": execution_count,
-            "time": _now(),
-            "python": _python(),
-            "pickler": self.pickler_name,
+            **self._head(True, execution_count),
             "put": [g.entry() for g in groups],
             "modules": self.modules,
             "unsaved": self.unsaved,
@@ -739,8 +762,13 @@ def _pickler_class(base, ns):
     namespace, not a copy of the names it uses. Set `by_id`, `own` (the dict being pickled)
     and `used` (collects the names referred to) on each instance."""
 
+    own = _cloudpickle_ids()
+
     class P(base):
         def persistent_id(p, obj):
+            helper = own.get(id(obj))
+            if helper is not None:
+                return (_CP_ID, helper)
             name = p.by_id.get(id(obj))
             if name is not None and name not in p.own:
                 p.used.add(name)
@@ -885,10 +913,30 @@ def _collect(directory, keep):
             _remove(os.path.join(directory, entry))
 
 
+def _write_all(fd, data):
+    """Writes all of `data` or raises (a short write on a full disk included)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(28, "No space left on device (short write)")
+        view = view[n:]
+
+
 def _append(path, text):
+    """Appends one journal line whole, or not at all: a write cut short (a full disk) is cut
+    back off, so the line before stays the last and the next append starts a line of its own."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, text.encode())
+        size = os.fstat(fd).st_size
+        try:
+            _write_all(fd, text.encode())
+        except BaseException:
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass
+            raise
     finally:
         os.close(fd)
 
@@ -897,9 +945,12 @@ def _replace(path, text):
     tmp = path + ".%d.tmp" % os.getpid()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, text.encode())
-    finally:
+        _write_all(fd, text.encode())
+    except BaseException:
         os.close(fd)
+        _remove(tmp)
+        raise
+    os.close(fd)
     os.replace(tmp, path)
 
 
@@ -911,11 +962,11 @@ def context():
         return None
 
 
-def save_named_json(ns, directory, max_bytes, verify_bytes, execution_count, context):
-    return json.dumps(save_named(ns, directory, max_bytes, verify_bytes, execution_count, context))
+def save_named_json(ns, directory, max_bytes, verify_bytes, execution_count, context, session=None):
+    return json.dumps(save_named(ns, directory, max_bytes, verify_bytes, execution_count, context, session))
 
 
-def save_named(ns, directory, max_bytes, verify_bytes, execution_count, context):
+def save_named(ns, directory, max_bytes, verify_bytes, execution_count, context, session=None):
     """A named checkpoint: everything, into its own directory, replacing what was there only
     once the new one is whole."""
     parent = os.path.dirname(directory)
@@ -925,6 +976,7 @@ def save_named(ns, directory, max_bytes, verify_bytes, execution_count, context)
 
     shutil.rmtree(tmp, ignore_errors=True)
     store = Store(ns, tmp, max_bytes, verify_bytes)
+    store.session = session
     summary = store.checkpoint([], True, execution_count, context)
     old = directory + ".%d.old" % os.getpid()
     if os.path.exists(directory):

@@ -10,6 +10,12 @@
 //!
 //! Between two cells the snapshot is the state at the end of the last one, so a background
 //! thread that binds a name between cells is reported with the next cell.
+//!
+//! The same walk finds names *rebound*: each key's value is remembered by address (no
+//! reference is held, so a deleted object is freed as usual) and compared. A name bound to a
+//! new object is rebound whatever bound it (an assignment, a function's `global`, `exec`).
+//! The one blind spot is an object freed and a new one made at the same address within one
+//! cell (`x = None` then `x = [2]`): possible, since an address is all that is compared.
 
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -19,9 +25,14 @@ use pyo3::types::PyDict;
 #[derive(Debug, Default)]
 pub struct KeySnapshot {
     keys: Vec<*mut ffi::PyObject>,
+    /// The value of each key, by address only (never dereferenced, no reference held).
+    values: Vec<*mut ffi::PyObject>,
     next: Vec<*mut ffi::PyObject>,
+    next_values: Vec<*mut ffi::PyObject>,
     added: Vec<*mut ffi::PyObject>,
     removed: Vec<*mut ffi::PyObject>,
+    /// Kept keys whose value changed (borrowed from `keys`).
+    rebound: Vec<*mut ffi::PyObject>,
     dunders: usize,
 }
 
@@ -53,13 +64,15 @@ impl KeySnapshot {
     }
 
     /// Compares `dict` with the snapshot, appends the names added and removed (each sorted),
-    /// and makes `dict`'s keys the new snapshot.
+    /// and makes `dict`'s keys the new snapshot. With `rebound`, also the names (not
+    /// `__dunder__`) kept with another value, sorted.
     pub fn update(
         &mut self,
         py: Python<'_>,
         dict: &Bound<'_, PyDict>,
         added: &mut Vec<String>,
         removed: &mut Vec<String>,
+        mut rebound: Option<&mut Vec<String>>,
     ) {
         let d = dict.as_ptr();
         let mut i = 0;
@@ -76,8 +89,13 @@ impl KeySnapshot {
         unsafe {
             while ffi::PyDict_Next(d, &mut pos, &mut key, &mut value) != 0 {
                 if i < self.keys.len() && self.keys[i] == key {
+                    if self.values[i] != value {
+                        self.rebound.push(key);
+                        self.values[i] = value;
+                    }
                     if rebuilding {
                         self.next.push(key);
+                        self.next_values.push(value);
                     }
                     i += 1;
                     continue;
@@ -87,6 +105,8 @@ impl KeySnapshot {
                         rebuilding = true;
                         self.next.clear();
                         self.next.extend_from_slice(&self.keys[..i]);
+                        self.next_values.clear();
+                        self.next_values.extend_from_slice(&self.values[..i]);
                     }
                     // Old keys before this one in the snapshot are gone (survivors keep
                     // their order, and new keys come after all of them).
@@ -95,7 +115,11 @@ impl KeySnapshot {
                         i += 1;
                     }
                     if i < self.keys.len() {
+                        if self.values[i] != value {
+                            self.rebound.push(key);
+                        }
                         self.next.push(key);
+                        self.next_values.push(value);
                         i += 1;
                         continue;
                     }
@@ -104,6 +128,9 @@ impl KeySnapshot {
                 self.added.push(key);
                 if rebuilding {
                     self.next.push(key);
+                    self.next_values.push(value);
+                } else {
+                    self.values.push(value);
                 }
             }
         }
@@ -113,15 +140,31 @@ impl KeySnapshot {
                 rebuilding = true;
                 self.next.clear();
                 self.next.extend_from_slice(&self.keys[..i]);
+                self.next_values.clear();
+                self.next_values.extend_from_slice(&self.values[..i]);
             }
             self.removed.extend_from_slice(&self.keys[i..]);
         }
         if rebuilding {
             std::mem::swap(&mut self.keys, &mut self.next);
+            std::mem::swap(&mut self.values, &mut self.next_values);
             self.next.clear();
+            self.next_values.clear();
         } else {
             self.keys.extend_from_slice(&self.added);
         }
+        if let Some(out) = rebound.as_deref_mut() {
+            // Before anything is released: these keys are in `keys`, so alive.
+            let r0 = out.len();
+            for &k in &self.rebound {
+                let name = key_name(py, k);
+                if !is_dunder(&name) {
+                    out.push(name);
+                }
+            }
+            out[r0..].sort_unstable();
+        }
+        self.rebound.clear();
         if self.added.is_empty() && self.removed.is_empty() {
             return;
         }
@@ -149,6 +192,19 @@ impl KeySnapshot {
             // Deleted and bound again in the same cell: neither added nor removed.
             let in_both = |n: &String, other: &[String]| other.binary_search(n).is_ok();
             let a_copy = new_a.clone();
+            if let Some(out) = rebound {
+                // ... but bound to another object.
+                let r0 = out.len();
+                out.extend(
+                    a_copy
+                        .iter()
+                        .filter(|n| in_both(n, &new_r) && !is_dunder(n))
+                        .cloned(),
+                );
+                if out.len() > r0 {
+                    out.sort_unstable(); // with the kept ones found above
+                }
+            }
             new_a.retain(|n| !in_both(n, &new_r));
             new_r.retain(|n| !in_both(n, &a_copy));
         }
@@ -162,6 +218,7 @@ impl KeySnapshot {
             // SAFETY: we owned this reference and the GIL is held.
             unsafe { ffi::Py_DECREF(k) };
         }
+        self.values.clear();
         self.dunders = 0;
     }
 }
@@ -207,7 +264,7 @@ mod tests {
             let d = PyDict::new(py);
             let mut snap = KeySnapshot::default();
             let (mut a, mut r) = (Vec::new(), Vec::new());
-            snap.update(py, &d, &mut a, &mut r);
+            snap.update(py, &d, &mut a, &mut r, None);
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
             for round in 0..2_000 {
                 let before = keys(&d);
@@ -232,13 +289,57 @@ mod tests {
                 }
                 let after = keys(&d);
                 let (mut added, mut removed) = (Vec::new(), Vec::new());
-                snap.update(py, &d, &mut added, &mut removed);
+                snap.update(py, &d, &mut added, &mut removed, None);
                 let want_added: Vec<String> = after.difference(&before).cloned().collect();
                 let want_removed: Vec<String> = before.difference(&after).cloned().collect();
                 assert_eq!(added, want_added, "round {round}");
                 assert_eq!(removed, want_removed, "round {round}");
                 assert_eq!(snap.non_dunder_len(), after.len(), "round {round}");
             }
+            snap.clear(py);
+        });
+    }
+
+    #[test]
+    fn finds_names_bound_to_another_object() {
+        python();
+        Python::attach(|py| {
+            let d = PyDict::new(py);
+            let list = || pyo3::types::PyList::empty(py);
+            for k in ["a", "b", "c", "d", "__x__"] {
+                d.set_item(k, list()).unwrap();
+            }
+            let mut snap = KeySnapshot::default();
+            let (mut a, mut r, mut rb) = (Vec::new(), Vec::new(), Vec::new());
+            snap.update(py, &d, &mut a, &mut r, Some(&mut rb));
+            assert!(rb.is_empty());
+            let keep = d.get_item("a").unwrap().unwrap();
+            // a: the same object again; b: another; c: deleted and bound again (moves to
+            // the end); d: deleted; e: new; a dunder rebound is not reported.
+            d.set_item("a", keep).unwrap();
+            d.set_item("b", list()).unwrap();
+            d.del_item("c").unwrap();
+            d.set_item("c", list()).unwrap();
+            d.del_item("d").unwrap();
+            d.set_item("e", list()).unwrap();
+            d.set_item("__x__", list()).unwrap();
+            let (mut a, mut r, mut rb) = (Vec::new(), Vec::new(), Vec::new());
+            snap.update(py, &d, &mut a, &mut r, Some(&mut rb));
+            assert_eq!(
+                (a, r, rb),
+                (
+                    vec!["e".to_owned()],
+                    vec!["d".to_owned()],
+                    vec!["b".to_owned(), "c".to_owned()]
+                )
+            );
+            // Nothing changed: nothing reported; then a rebind in a prefix-only cell.
+            let (mut a, mut r, mut rb) = (Vec::new(), Vec::new(), Vec::new());
+            snap.update(py, &d, &mut a, &mut r, Some(&mut rb));
+            assert!(a.is_empty() && r.is_empty() && rb.is_empty());
+            d.set_item("e", list()).unwrap();
+            snap.update(py, &d, &mut a, &mut r, Some(&mut rb));
+            assert_eq!(rb, ["e"]);
             snap.clear(py);
         });
     }
@@ -252,13 +353,13 @@ mod tests {
             d.set_item("x", 1).unwrap();
             let mut snap = KeySnapshot::default();
             let (mut a, mut r) = (Vec::new(), Vec::new());
-            snap.update(py, &d, &mut a, &mut r);
+            snap.update(py, &d, &mut a, &mut r, None);
             assert_eq!(a, ["__name__", "x"]);
             assert_eq!(snap.non_dunder_len(), 1);
             d.set_item(7, "int key").unwrap();
             d.del_item("__name__").unwrap();
             let (mut a, mut r) = (Vec::new(), Vec::new());
-            snap.update(py, &d, &mut a, &mut r);
+            snap.update(py, &d, &mut a, &mut r, None);
             assert_eq!(a, ["7"]);
             assert_eq!(r, ["__name__"]);
             assert_eq!(snap.non_dunder_len(), 2);

@@ -35,7 +35,10 @@ impl InProcess {
             capture: None,
             snapshots: config.snapshots.clone(),
         })?;
-        let control = Arc::new(InProcessControl(executor.interrupter()));
+        let control = Arc::new(InProcessControl(
+            executor.interrupter(),
+            executor.checkpoint_health(),
+        ));
         let mut engine = InProcess {
             executor,
             control,
@@ -113,9 +116,12 @@ impl Engine for InProcess {
     }
 }
 
-/// The monitor's interrupter.
+/// The monitor's interrupter, and the checkpoint's health.
 #[derive(Debug)]
-struct InProcessControl(Interrupter);
+struct InProcessControl(
+    Interrupter,
+    Option<Arc<std::sync::Mutex<flowrepl_protocol::CheckpointHealth>>>,
+);
 
 impl Control for InProcessControl {
     fn interrupt(&self) -> bool {
@@ -132,5 +138,11 @@ impl Control for InProcessControl {
 
     fn worker_pid(&self) -> Option<u32> {
         None
+    }
+
+    fn checkpoint_health(&self) -> Option<flowrepl_protocol::CheckpointHealth> {
+        self.1
+            .as_ref()
+            .map(|h| flowrepl_worker::sys::lock(h).clone())
     }
 }

@@ -101,6 +101,9 @@ pub trait Engine {
     fn checkpoint(&mut self, name: &str) -> Result<CheckpointSummary, EngineError>;
     /// Replaces the namespace with checkpoint `name`'s (worker mode: in a fresh worker).
     fn restore(&mut self, name: &str) -> Result<RestoreReport, EngineError>;
+    /// Brings what [`Control::checkpoint_health`] says up to date (worker mode asks the
+    /// worker; between cells).
+    fn refresh_checkpoint_health(&mut self) {}
     /// A restore the engine did by itself (a fresh worker after a death, `--resume`), or
     /// why it failed: reported once, with the next cell.
     fn take_restored(&mut self) -> Option<Result<RestoreReport, String>>;
@@ -121,6 +124,9 @@ pub trait Control: Send + Sync + Debug {
     fn output_tail(&self) -> Option<OutputTail>;
     /// Worker mode: the current worker's pid.
     fn worker_pid(&self) -> Option<u32>;
+    /// How the automatic checkpoint is doing (`None`: checkpoints are off). Worker mode: as
+    /// of the worker's last reply.
+    fn checkpoint_health(&self) -> Option<flowrepl_protocol::CheckpointHealth>;
 }
 
 /// Starts the engine the configuration asks for (waiting until a worker is ready); the

@@ -17,5 +17,6 @@ mod results;
 mod snapshots;
 mod task_log;
 mod timeouts;
+mod truth;
 mod versions;
 mod worker;

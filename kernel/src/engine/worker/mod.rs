@@ -62,6 +62,8 @@ struct ControlState {
     /// running cell's output starts in them: the tail is read from there on demand.
     capture: Option<[std::os::fd::OwnedFd; 2]>,
     cell_starts: [u64; 2],
+    /// How the automatic checkpoint is doing, as the worker last said (`None`: off).
+    checkpoint: Option<flowrepl_protocol::CheckpointHealth>,
 }
 
 /// Shared with the fronts: the running worker's pid and the interrupt of the running cell.
@@ -111,6 +113,10 @@ impl Control for WorkerControl {
 
     fn unstoppable_since(&self) -> Option<Instant> {
         None
+    }
+
+    fn checkpoint_health(&self) -> Option<flowrepl_protocol::CheckpointHealth> {
+        self.lock().checkpoint.clone()
     }
 
     fn output_tail(&self) -> Option<OutputTail> {
@@ -271,7 +277,15 @@ impl Worker {
             grace: config.kill_grace,
             state: State::Absent,
             python: PythonInfo::default(),
-            control: Arc::new(WorkerControl::default()),
+            control: Arc::new(WorkerControl {
+                state: Mutex::new(ControlState {
+                    checkpoint: config
+                        .snapshots
+                        .as_ref()
+                        .map(|_| flowrepl_protocol::CheckpointHealth::default()),
+                    ..ControlState::default()
+                }),
+            }),
             next_id: 0,
             send_buf: Vec::with_capacity(4096),
             last_cpu_total_ms: 0.0,
@@ -689,6 +703,9 @@ impl Worker {
                 }
             }
         }
+        if let Some(h) = done.checkpoint {
+            self.control.lock().checkpoint = Some(h);
+        }
         CellRun::ended(CellOutcome {
             stdout,
             stderr,
@@ -697,6 +714,7 @@ impl Worker {
             events: Vec::new(),
             contexts: Vec::new(),
             cpu_total_ms: done.cpu_total_ms,
+            checkpoint: None,
         })
     }
 
@@ -782,6 +800,7 @@ fn fault_run(
             events: Vec::new(),
             contexts: Vec::new(),
             cpu_total_ms: 0.0,
+            checkpoint: None,
         },
         stopped_by: None,
         state_lost: fault.loses_state(),
@@ -999,6 +1018,28 @@ impl Engine for Worker {
         match report.error {
             None => Ok(report.variables),
             Some(e) => Err(flowrepl_worker::CallError(e).into()),
+        }
+    }
+
+    fn refresh_checkpoint_health(&mut self) {
+        if self.control.lock().checkpoint.is_none() {
+            return; // checkpoints are off
+        }
+        let asked = self.ask(
+            frame::encode_health,
+            LIST_TIMEOUT,
+            "while saying how the checkpoint is doing",
+            |frame, id| match frame {
+                Frame::HealthReply { id: got, health } if got == id => Some(health),
+                _ => None,
+            },
+        );
+        match asked {
+            Ok(h) => self.control.lock().checkpoint = Some(h),
+            // What the last Done said stands.
+            Err(e) => {
+                tracing::debug!(error = %e, "the worker did not say how the checkpoint is doing")
+            }
         }
     }
 
