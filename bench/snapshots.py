@@ -96,6 +96,30 @@ def one_name_in_ten_thousand(args, logs):
         target(f"checkpoint of a one-name cell among 10,000 names, {mode}, p50", p50, 1.0, " ms")
 
 
+def every_cell(args, logs):
+    print("\n1b. every-cell against on-success: round trip of cells sent back to back (ms)")
+    n = 50 if args.quick else 300
+    for mode, worker in (("in-process", False), ("worker", True)):
+        rows = {}
+        for policy in ("on-success", "every-cell"):
+            k = Kernel(args.flowrepl, logs, f"every-{mode}-{policy}", worker,
+                       extra=("--snapshot", policy))
+            k.ok("for _i in range(10_000):\n    globals()[f'v{_i}'] = _i")
+            k.auto(1)
+            for cell in ("x = 1", "v5 = v5 + 1"):
+                times = []
+                for _ in range(n):
+                    t = time.perf_counter()
+                    k.ok(cell)
+                    times.append((time.perf_counter() - t) * 1000)
+                rows[(policy, cell)] = statistics.median(times)
+            k.close()
+        for cell in ("x = 1", "v5 = v5 + 1"):
+            a, b = rows[("every-cell", cell)], rows[("on-success", cell)]
+            print(f"  {mode:<11} {cell!r:<14} (10,000 names) every-cell p50 {a:.3f} ms, "
+                  f"on-success {b:.3f} ms: +{a - b:.3f} ms ({a / b:.2f}x)")
+
+
 def crash_to_ready(args, logs):
     print("\n2. worker crash -> namespace of 10,000 small names restored and ready (ms)")
     rounds = 3 if args.quick else 10
@@ -194,6 +218,7 @@ def main():
     with tempfile.TemporaryDirectory() as logs:
         print("checkpoints and restores (issue 11)")
         one_name_in_ten_thousand(args, logs)
+        every_cell(args, logs)
         crash_to_ready(args, logs)
         big_array(args, logs)
         restore_vs_replay(args, logs)

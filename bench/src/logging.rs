@@ -48,30 +48,11 @@ pub fn run(args: &Args, logs: &Path) {
     );
 }
 
-/// Measures and prints what automatic checkpoints cost `x = 1`, in both modes.
+/// Measures and prints what automatic checkpoints cost `x = 1`, in both modes: on-success
+/// against off, then every-cell against on-success.
 pub fn snapshots(args: &Args, logs: &Path) {
     println!("\ncheckpoints' cost per cell (x = 1 round trip, µs, FLOWREPL_SNAPSHOT=on-success against off, interleaved)");
-    println!(
-        "{:<12} {:>10} {:>10} {:>10} {:>10} {:>8}",
-        "", "on p50", "off p50", "on p99", "off p99", "on/off"
-    );
-    let mut ratios = Vec::new();
-    for (mode, worker) in [("in-process", false), ("worker", true)] {
-        let mut on = kernel_cmd(&args.kernel, logs, worker);
-        on.env("FLOWREPL_SNAPSHOT", "on-success");
-        let mut off = kernel_cmd(&args.kernel, logs, worker);
-        off.env("FLOWREPL_SNAPSHOT", "off");
-        let (a, b, _, _) = interleaved(args, on, off);
-        println!(
-            "{mode:<12} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>7.2}x",
-            a.p50,
-            b.p50,
-            a.p99,
-            b.p99,
-            a.p50 / b.p50
-        );
-        ratios.push((mode, a.p50 / b.p50));
-    }
+    let ratios = policy_ab(args, logs, "on-success", "off");
     for (mode, r) in ratios {
         target(
             &format!("x = 1 with checkpoints / without, p50, {mode}"),
@@ -80,4 +61,38 @@ pub fn snapshots(args: &Args, logs: &Path) {
             false,
         );
     }
+    println!("\nevery-cell against on-success (x = 1 round trip back to back, µs, interleaved: every-cell writes before the next cell starts)");
+    policy_ab(args, logs, "every-cell", "on-success");
+}
+
+/// One interleaved A/B of `x = 1` per mode between snapshot policies `a` and `b`: prints a
+/// table, returns the p50 ratios by mode.
+fn policy_ab(args: &Args, logs: &Path, a: &str, b: &str) -> Vec<(&'static str, f64)> {
+    println!(
+        "{:<12} {:>12} {:>12} {:>12} {:>12} {:>8}",
+        "",
+        format!("{a} p50"),
+        format!("{b} p50"),
+        format!("{a} p99"),
+        format!("{b} p99"),
+        "ratio"
+    );
+    let mut ratios = Vec::new();
+    for (mode, worker) in [("in-process", false), ("worker", true)] {
+        let mut first = kernel_cmd(&args.kernel, logs, worker);
+        first.env("FLOWREPL_SNAPSHOT", a);
+        let mut second = kernel_cmd(&args.kernel, logs, worker);
+        second.env("FLOWREPL_SNAPSHOT", b);
+        let (x, y, _, _) = interleaved(args, first, second);
+        println!(
+            "{mode:<12} {:>12.1} {:>12.1} {:>12.1} {:>12.1} {:>7.2}x",
+            x.p50,
+            y.p50,
+            x.p99,
+            y.p99,
+            x.p50 / y.p50
+        );
+        ratios.push((mode, x.p50 / y.p50));
+    }
+    ratios
 }

@@ -70,18 +70,22 @@ fn a_crash_names_what_was_bound_after_the_checkpoint() {
     assert_eq!(r["state_lost"], false, "{r:#}");
 }
 
+/// A kernel of task `task` logging into `logs`, with the snapshot policy `policy`: started
+/// again with the same options, it is the same task.
+fn task_kernel(mode: &str, logs: &Path, policy: &str, task: &str) -> KernelOptions {
+    Kernel::options()
+        .mode(mode)
+        .log_dir(logs)
+        .env("FLOWREPL_SNAPSHOT", policy)
+        .env("FLOW_TASK_ID", task)
+}
+
 /// (1) `restart {restore}` and `--resume` in both modes: names bound after the checkpoint.
 #[test]
 fn restart_and_resume_name_what_was_bound_after_the_checkpoint() {
     for mode in MODES {
         let logs = tempfile::tempdir().unwrap();
-        let opts = || {
-            Kernel::options()
-                .mode(mode)
-                .log_dir(logs.path())
-                .env("FLOWREPL_SNAPSHOT", "manual")
-                .env("FLOW_TASK_ID", "truth")
-        };
+        let opts = || task_kernel(mode, logs.path(), "manual", "truth");
         let mut k = opts().start();
         k.ok("a = 1");
         k.call("checkpoint", Value::Null);
@@ -315,13 +319,7 @@ fn a_log_dir_deleted_during_a_session_is_started_again() {
 fn every_cell_a_pipelined_crash_loses_only_the_crashing_cell() {
     for mode in MODES {
         let logs = tempfile::tempdir().unwrap();
-        let opts = || {
-            Kernel::options()
-                .mode(mode)
-                .log_dir(logs.path())
-                .env("FLOWREPL_SNAPSHOT", "every-cell")
-                .env("FLOW_TASK_ID", "pipelined")
-        };
+        let opts = || task_kernel(mode, logs.path(), "every-cell", "pipelined");
         let mut k = opts().start();
         let cells = [
             "big = list(range(200_000))",
