@@ -320,11 +320,20 @@ fn write_one(shared: &Shared, job: &Job) {
         (outcome, log.take_restarted())
     };
     let mut st = shared.lock();
-    if restarted {
-        tracing::warn!("the task log was deleted during the session; a new one was started");
+    if let Some(r) = restarted {
+        tracing::warn!(
+            rewritten = r.rewritten,
+            gap = r.gap,
+            "the task log was deleted during the session; a new one was started"
+        );
+        let gap = if r.gap {
+            "; a record of the second before it was too large to keep and may be lost"
+        } else {
+            ""
+        };
         st.deferred.push(format!(
-            "task log: the file was deleted during the session; a new one was started at the record of execution {}",
-            job.result.execution_count
+            "task log: the file was deleted during the session; a new one was started at the record of execution {}, after the {} records of the second before it{gap}",
+            job.result.execution_count, r.rewritten
         ));
     }
     match outcome {

@@ -14,6 +14,7 @@
 //!   reader of their journal.
 #![warn(missing_docs)]
 
+mod name_watch;
 pub mod path;
 pub mod reader;
 pub mod record;

@@ -13,14 +13,24 @@
 //! line of its own (readers name it), and no later record is glued onto it.
 //!
 //! A log file deleted while the kernel holds it open would swallow every later record
-//! unseen: each append checks (one `fstat`) that the file still has a name, and otherwise
-//! starts a new file at the same path ([`TaskLog::take_restarted`] tells the caller).
+//! unseen: when an inotify watch says something happened to the file (see
+//! [`crate::name_watch`]; without inotify, before every append) the append asks the file
+//! (one `fstat`) whether it still has a name, and otherwise starts a new file at the same
+//! path ([`TaskLog::take_restarted`] tells the caller). The watch's thread may notice a
+//! deletion a little after it happened, so the records appended in the last
+//! [`RECENT_WINDOW`] (up to [`RECENT_RECORDS`] of them, each under [`RECENT_MAX_BYTES`]) are
+//! kept and written again into the new file: a record that went to the deleted file in that
+//! moment is not lost, and one that did not fit is said.
 //! Failures are returned to the caller, who reports them; they never panic or retry in a loop.
 
+use std::collections::VecDeque;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::name_watch::NameWatch;
 
 /// Why a record was not (fully) written.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +70,26 @@ pub enum LogError {
     Serialize(#[source] serde_json::Error),
 }
 
+/// How long after its append a record is kept to be written again if the file turns out to
+/// have been deleted (far longer than the watch's thread takes to notice).
+pub const RECENT_WINDOW: Duration = Duration::from_secs(1);
+/// How many recent records are kept for that.
+pub const RECENT_RECORDS: usize = 16;
+/// Records larger than this are not kept (their place is marked, so a loss is said).
+pub const RECENT_MAX_BYTES: usize = 64 << 10;
+
+/// What [`TaskLog::take_restarted`] reports: the file was found deleted and a new one
+/// started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restart {
+    /// Recent records written again into the new file (some may have been appended before
+    /// the deletion: they were in the deleted file).
+    pub rewritten: usize,
+    /// A recent record could not be written again (too large to keep, or more records in
+    /// the window than are kept): it may be in the deleted file only.
+    pub gap: bool,
+}
+
 /// An append-only JSONL task log.
 #[derive(Debug)]
 pub struct TaskLog {
@@ -70,7 +100,13 @@ pub struct TaskLog {
     /// record checks its last byte first.
     check_tail: bool,
     /// The file was found deleted and a new one was started (until taken).
-    restarted: bool,
+    restarted: Option<Restart>,
+    /// The last records appended (when, and their line; empty: too large to keep).
+    recent: VecDeque<(Instant, Vec<u8>)>,
+    /// Says when the file may have lost its name; `None`: ask the file before every append.
+    watch: Option<NameWatch>,
+    /// inotify was refused once: do not try again.
+    unwatched: bool,
 }
 
 impl TaskLog {
@@ -82,7 +118,10 @@ impl TaskLog {
             file: None,
             buf: Vec::with_capacity(4096),
             check_tail: true,
-            restarted: false,
+            restarted: None,
+            recent: VecDeque::with_capacity(RECENT_RECORDS),
+            watch: None,
+            unwatched: false,
         }
     }
 
@@ -99,8 +138,26 @@ impl TaskLog {
                 path: self.path.clone(),
                 source,
             })?);
+            self.watch_file();
         }
         Ok(())
+    }
+
+    /// Watches the file just opened (see [`crate::name_watch`]); where inotify is refused,
+    /// every append asks the file instead.
+    fn watch_file(&mut self) {
+        if self.unwatched {
+            return;
+        }
+        let armed = match &self.watch {
+            Some(w) => w.rearm(&self.path),
+            None => NameWatch::new(&self.path).map(|w| self.watch = Some(w)),
+        };
+        if let Err(e) = armed {
+            tracing::debug!(path = %self.path.display(), error = %e, "task log: no inotify watch; every append asks the file whether it was deleted");
+            self.watch = None;
+            self.unwatched = true;
+        }
     }
 
     /// Appends one record as one line, with one `write(2)`.
@@ -113,6 +170,8 @@ impl TaskLog {
         if result.is_err() {
             // Reopen next time: the file may have been fixed, replaced or freed up.
             self.file = None;
+        } else {
+            self.keep_recent();
         }
         // Do not keep a 50 MB buffer alive between records.
         if self.buf.capacity() > (1 << 20) {
@@ -121,21 +180,71 @@ impl TaskLog {
         result
     }
 
-    /// Whether the file was found deleted since the last call, and a new one started.
-    pub fn take_restarted(&mut self) -> bool {
-        std::mem::take(&mut self.restarted)
+    /// Keeps the record just written among the recent ones, swapping buffers (no copy).
+    fn keep_recent(&mut self) {
+        let mut spare = if self.recent.len() == RECENT_RECORDS {
+            self.recent.pop_front().map(|(_, b)| b).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        spare.clear();
+        let line = if self.buf.len() <= RECENT_MAX_BYTES {
+            std::mem::replace(&mut self.buf, spare)
+        } else {
+            spare
+        };
+        self.recent.push_back((Instant::now(), line));
+    }
+
+    /// Writes the records of the last [`RECENT_WINDOW`] again (into a file just started).
+    fn rewrite_recent(&mut self) -> Restart {
+        let now = Instant::now();
+        let Some(file) = self.file.as_mut() else {
+            unreachable!("opened by the caller")
+        };
+        let mut restart = Restart {
+            rewritten: 0,
+            gap: false,
+        };
+        let within = |t: &Instant| now.duration_since(*t) <= RECENT_WINDOW;
+        if self.recent.len() == RECENT_RECORDS
+            && self.recent.front().is_some_and(|(t, _)| within(t))
+        {
+            restart.gap = true; // older records of the window were not kept
+        }
+        for (t, line) in &self.recent {
+            if !within(t) {
+                continue;
+            }
+            // A line kept with the newline that ended a torn one before it: not again.
+            let line = line.strip_prefix(b"\n").unwrap_or(line);
+            if line.is_empty() || file.write_all(line).is_err() {
+                restart.gap = true;
+            } else {
+                restart.rewritten += 1;
+            }
+        }
+        self.recent.clear();
+        restart
+    }
+
+    /// Whether the file was found deleted since the last call (and a new one started), and
+    /// what became of the records appended just before.
+    pub fn take_restarted(&mut self) -> Option<Restart> {
+        self.restarted.take()
     }
 
     fn write_line(&mut self) -> Result<(), LogError> {
         let Some(file) = self.file.as_ref() else {
             unreachable!("opened above")
         };
-        let meta = file.metadata().ok();
+        let look = self.check_tail || self.watch.as_ref().is_none_or(NameWatch::take);
+        let meta = if look { file.metadata().ok() } else { None };
         if meta.as_ref().is_some_and(|m| m.nlink() == 0) {
             // Deleted (with its folder, perhaps) while open: start a new file there.
             self.file = None;
             self.open()?;
-            self.restarted = true;
+            self.restarted = Some(self.rewrite_recent());
         }
         let Some(file) = self.file.as_mut() else {
             unreachable!("opened above")
@@ -276,13 +385,24 @@ mod tests {
         let path = dir.path().join("plan/task.jsonl");
         let mut log = TaskLog::new(path.clone());
         log.append(&record(1, "a")).unwrap();
-        assert!(!log.take_restarted());
+        assert_eq!(log.take_restarted(), None);
         std::fs::remove_dir_all(dir.path().join("plan")).unwrap();
+        // Appended at once: it may beat the watch to the deleted file...
         log.append(&record(2, "b")).unwrap();
-        assert!(log.take_restarted());
+        let early = log.take_restarted();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        log.append(&record(3, "c")).unwrap();
+        let restart = early
+            .or(log.take_restarted())
+            .expect("the deletion is noticed");
+        assert!(!restart.gap);
+        // ... and is then written again: the new file ends with 2 and 3, whole (1 was in
+        // the deleted file, and is written again as a record of the last second).
         let out = crate::reader::parse_records(&std::fs::read(&path).unwrap());
-        assert_eq!(out.records.len(), 1);
-        assert_eq!(out.records[0].execution_count, 2);
+        assert!(out.skipped.is_empty());
+        let counts: Vec<u64> = out.records.iter().map(|r| r.execution_count).collect();
+        assert!(counts.ends_with(&[2, 3]), "{counts:?}");
+        assert!(counts.len() <= 3, "{counts:?}");
     }
 
     #[test]

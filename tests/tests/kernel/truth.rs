@@ -299,15 +299,20 @@ fn a_log_dir_deleted_during_a_session_is_started_again() {
         rs.push(k.ok("c = 3"));
         let said = warnings(&rs);
         assert!(
-            said.contains("task log: the file was deleted during the session; a new one was started at the record of execution 2"),
+            said.contains("task log: the file was deleted during the session; a new one was started at the record of execution"),
             "{mode}: {said}"
         );
         k.wait_checkpoint(3);
         k.sync();
         let out = flowrepl_tests::read_log_all(&k.log_file());
         assert!(out.skipped.is_empty(), "{mode}: {:?}", out.skipped);
+        // Every record after the deletion reads back (the one before it may be written again
+        // as a record of the second before the deletion was noticed).
         let counts: Vec<u64> = out.records.iter().map(|r| r.execution_count).collect();
-        assert_eq!(counts, [2, 3], "{mode}");
+        assert!(
+            counts == [2, 3] || counts == [1, 2, 3],
+            "{mode}: {counts:?}"
+        );
         assert!(k.close().success());
     }
 }
