@@ -7,7 +7,7 @@
 //! `lost_vars` every name changed after the checkpoint, with the cell that did it.
 //!
 //! A kernel started with `--resume` has no diffs of the session that wrote the checkpoint:
-//! [`Ledger::from_log`] reads them from the task log (that session's cells after the
+//! [`Ledger::amend_from_log`] reads them from the task log (that session's cells after the
 //! checkpoint, and every cell of the sessions after it).
 //!
 //! What no diff shows: a change made in place without rebinding (`data.append(1)`), and what
@@ -70,7 +70,7 @@ impl Ledger {
     }
 
     /// Adds to `r.lost_vars` every name changed after the checkpoint (when the checkpoint is
-    /// this session's; see [`Ledger::from_log`] otherwise).
+    /// this session's; see [`Ledger::amend_from_log`] otherwise).
     pub fn amend(&self, r: &mut RestoreReport) {
         let after = match r.checkpoint_session_id.as_deref() {
             Some(s) if s != self.session => 0,

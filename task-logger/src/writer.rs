@@ -14,7 +14,7 @@
 //!
 //! A log file deleted while the kernel holds it open would swallow every later record
 //! unseen: when an inotify watch says something happened to the file (see
-//! [`crate::name_watch`]; without inotify, before every append) the append asks the file
+//! `name_watch.rs`; without inotify, before every append) the append asks the file
 //! (one `fstat`) whether it still has a name, and otherwise starts a new file at the same
 //! path ([`TaskLog::take_restarted`] tells the caller). The watch's thread may notice a
 //! deletion a little after it happened, so the records appended in the last
