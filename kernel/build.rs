@@ -2,9 +2,12 @@
 //! kernel per other CPython 3.10+ on the machine, so that one `cargo build` serves them all.
 //!
 //! pyo3 builds against one interpreter per cargo invocation, so each other version is a
-//! nested `cargo build` of this package with `PYO3_PYTHON` set, into its own target directory
-//! `<target>/flowrepl-python/<major.minor>/` (the same profile as this build). The launcher
-//! finds them there (`FLOWREPL_KERNELS_DIR`). Which interpreters:
+//! nested `cargo build` of this package's two version-bound binaries (`flowrepl-kernel`,
+//! `flowrepl-worker`) with `PYO3_PYTHON` set. The nested builds share one target directory,
+//! `<target>/flowrepl-python/build/`, where only the crates that depend on the Python version
+//! are built per version (see [`VERSION_KEY`]); each version's binaries are then placed in
+//! `<target>/flowrepl-python/<major.minor>/<profile>/`, where the launcher finds them
+//! (`FLOWREPL_KERNELS_DIR`). Figures: docs/design.md. Which interpreters:
 //! - `FLOWREPL_PYTHONS` unset: every supported CPython found (pyenv, /usr/local/bin,
 //!   /usr/bin), one per version, preferring one with a shared libpython;
 //! - `FLOWREPL_PYTHONS=path:path`: those; `FLOWREPL_PYTHONS=build` (or the `single-python`
@@ -105,7 +108,22 @@ fn kernels_dir() -> PathBuf {
     std::path::absolute(target.join("flowrepl-python")).expect("absolute target dir")
 }
 
+/// The crates whose build differs by Python version (pyo3 reads the interpreter's config in
+/// its build scripts; the worker and the kernel link libpython). The nested builds share one
+/// target directory, so that the rest (tokio, rmcp, clap, serde, ...) is built once for all
+/// versions; a profile override of [`VERSION_KEY`] keeps these crates' artifacts apart by
+/// version (cargo hashes a crate's profile, and its dependencies' hashes, into its artifact
+/// names), so that building one version never overwrites another's and a rebuild after an
+/// edit rebuilds only what the edit touched.
+const VERSION_KEY: &str = "pyo3-build-config";
+
 fn build_kernel(workspace: &Path, root: &Path, profile: &str, python: &PythonFacts) {
+    let started = std::time::Instant::now();
+    tell(&format!(
+        "flowrepl: building the kernel for Python {} ({}), so that this build serves every CPython found (FLOWREPL_PYTHONS=build: only the build's own)",
+        python.version, python.executable
+    ));
+    let shared = root.join("build");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
     cmd.args([
@@ -113,12 +131,17 @@ fn build_kernel(workspace: &Path, root: &Path, profile: &str, python: &PythonFac
         "--quiet",
         "-p",
         "flowrepl",
-        "--bins",
+        "--bin",
+        "flowrepl-kernel",
+        "--bin",
+        "flowrepl-worker",
         "--manifest-path",
     ])
     .arg(workspace.join("Cargo.toml"))
     .arg("--target-dir")
-    .arg(root.join(&python.version));
+    .arg(&shared)
+    .arg("--config")
+    .arg(version_key(profile, &python.version));
     if profile == "release" {
         cmd.arg("--release");
     }
@@ -130,10 +153,81 @@ fn build_kernel(workspace: &Path, root: &Path, profile: &str, python: &PythonFac
         .stdout(std::process::Stdio::null());
     match cmd.status() {
         Ok(s) if s.success() => {}
-        Ok(s) => println!(
-            "cargo:warning=flowrepl: the kernel for Python {} ({}) did not build ({s}); that version is not served",
-            python.version, python.executable
-        ),
-        Err(e) => println!("cargo:warning=flowrepl: cannot run cargo for Python {}: {e}", python.version),
+        Ok(s) => {
+            println!(
+                "cargo:warning=flowrepl: the kernel for Python {} ({}) did not build ({s}); that version is not served",
+                python.version, python.executable
+            );
+            return;
+        }
+        Err(e) => {
+            println!(
+                "cargo:warning=flowrepl: cannot run cargo for Python {}: {e}",
+                python.version
+            );
+            return;
+        }
+    }
+    // Both binaries out of the shared directory, before the next version's build replaces
+    // them there: into `<root>/<version>/<profile>/`, where the launcher looks.
+    let from = shared.join(profile);
+    let to = root.join(&python.version).join(profile);
+    if to.join(".fingerprint").is_dir() {
+        // A whole target directory of the layout before the shared one: only the two
+        // binaries belong here now.
+        let _ = std::fs::remove_dir_all(&to);
+    }
+    for exe in ["flowrepl-kernel", "flowrepl-worker"] {
+        if let Err(e) = place(&from.join(exe), &to.join(exe)) {
+            println!(
+                "cargo:warning=flowrepl: the kernel for Python {} was built but not placed ({e}); that version is not served",
+                python.version
+            );
+            return;
+        }
+    }
+    tell(&format!(
+        "flowrepl: the kernel for Python {} is ready ({:.0} s)",
+        python.version,
+        started.elapsed().as_secs_f64()
+    ));
+}
+
+/// The `--config` override that keeps version `version`'s artifacts apart: codegen units of
+/// a small build-time crate (no effect on the kernel's code), a number per version.
+fn version_key(profile: &str, version: &str) -> String {
+    let cargo_profile = if profile == "release" {
+        "release"
+    } else {
+        "dev"
+    };
+    let minor: u32 = version
+        .split('.')
+        .nth(1)
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    format!(
+        "profile.{cargo_profile}.package.{VERSION_KEY}.codegen-units={}",
+        100 + minor
+    )
+}
+
+/// Hard-links `from` to `to` (a copy where links are refused), replacing `to`.
+fn place(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to.parent().expect("a file in a folder"))?;
+    match std::fs::remove_file(to) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::hard_link(from, to).or_else(|_| std::fs::copy(from, to).map(drop))
+}
+
+/// One line for the person watching the build: cargo shows a build script's output only
+/// after it ends, so it goes to the terminal itself (nowhere when there is none, as in CI).
+fn tell(line: &str) {
+    use std::io::Write;
+    if let Ok(mut tty) = std::fs::OpenOptions::new().write(true).open("/dev/tty") {
+        let _ = writeln!(tty, "{line}");
     }
 }
