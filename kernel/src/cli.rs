@@ -117,6 +117,28 @@ pub struct Cli {
     pub resume: bool,
 }
 
+impl Cli {
+    /// Parses `args`; when they ask for help, the `mcp` subcommand's line lists the tools
+    /// that `mcp_tools` names (the server's own list, so it cannot fall behind).
+    fn parse_with_help(args: &[std::ffi::OsString], mcp_tools: fn() -> Vec<String>) -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let mut cmd = Cli::command();
+        if args[1..]
+            .iter()
+            .any(|a| a == "-h" || a == "--help" || a == "help")
+        {
+            let tools = mcp_tools().join(", ");
+            cmd = cmd.mut_subcommand("mcp", |c| {
+                c.about(format!(
+                    "Serve the same kernel as an MCP server over stdio (tools: {tools})"
+                ))
+            });
+        }
+        let matches = cmd.get_matches_from(args);
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+}
+
 /// Clients whose conventions flowrepl can follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Compat {
@@ -127,10 +149,11 @@ pub enum Compat {
 impl Cli {
     /// The command line of this process: flowrepl's own flags, or a Python interpreter's
     /// (drop-in mode, see [`crate::dropin`]). Exits 2 with a message when it is neither.
-    pub fn from_args() -> Cli {
+    /// `mcp_tools` names the MCP server's tools for `--help` (asked only then).
+    pub fn from_args(mcp_tools: fn() -> Vec<String>) -> Cli {
         let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
         if !crate::dropin::looks_like_python(&args[1..]) {
-            return Cli::parse_from(args);
+            return Cli::parse_with_help(&args, mcp_tools);
         }
         match crate::dropin::parse(&args[1..]) {
             Ok(py) => {
@@ -151,8 +174,7 @@ impl Cli {
 /// Alternative fronts.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// Serve the same kernel as an MCP server over stdio (tools: execute_code,
-    /// restart_session, interrupt, list_variables, read_output).
+    /// Serve the same kernel as an MCP server over stdio.
     Mcp(McpArgs),
     /// Read the task logs: list tasks, show or follow a task's cells, statistics, the task
     /// context, export as a script or notebook. Starts no Python.

@@ -88,7 +88,7 @@ pub fn choose(cli: &Cli) -> Result<Interpreter, flowrepl_pythons::PythonError> {
 
 /// Runs the launcher: resolve, then `exec` the kernel. Returns only on failure.
 pub fn main() -> ExitCode {
-    let cli = Cli::from_args();
+    let cli = Cli::from_args(crate::mcp::tools::tool_names);
     if let Some(crate::cli::Command::Log(args)) = &cli.command {
         return crate::logcmd::run(&cli, args);
     }

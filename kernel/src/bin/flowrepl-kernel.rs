@@ -5,5 +5,7 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    flowrepl::run(flowrepl::cli::Cli::from_args())
+    flowrepl::run(flowrepl::cli::Cli::from_args(
+        flowrepl::mcp::tools::tool_names,
+    ))
 }

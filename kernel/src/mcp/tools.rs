@@ -173,6 +173,17 @@ pub fn answer_result(answer: Answer) -> CallToolResult {
     }
 }
 
+/// The names of the server's tools, sorted (from the router itself).
+pub fn tool_names() -> Vec<String> {
+    let mut names: Vec<String> = KernelServer::tool_router()
+        .list_all()
+        .into_iter()
+        .map(|t| t.name.into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 #[tool_router]
 impl KernelServer {
     /// A server sending its Python work to `jobs`.

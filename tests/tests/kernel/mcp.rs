@@ -11,7 +11,19 @@ use std::time::{Duration, Instant};
 #[test]
 fn tools_are_listed_with_schemas_for_a_model() {
     let (facts, _, _logs) = Scenario::default().run("tools");
-    assert_eq!(facts["tools"].as_array().unwrap().len(), 8);
+    let tools = facts["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 8);
+    // `flowrepl --help` names the same tools, from the server's own list.
+    let help = std::process::Command::new(flowrepl_tests::flowrepl_bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let names: Vec<&str> = tools.iter().map(|t| t.as_str().unwrap()).collect();
+    assert!(
+        help.contains(&format!("(tools: {})", names.join(", "))),
+        "{help}"
+    );
 }
 
 #[test]
