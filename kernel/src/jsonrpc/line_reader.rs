@@ -1,8 +1,10 @@
 //! Reading request lines of any length without trusting them.
 //!
 //! Lines up to `max` bytes are returned whole (a 50 MB cell is fine). A longer line is read
-//! to its end and discarded without being stored, and reported as [`Line::TooLong`], so the
-//! next line is read normally. A final line without `\n` still counts.
+//! to its end and discarded, all but its first [`ID_SEARCH_BYTES`] (where a client writes the
+//! request's `id`: the answer carries it, as the MCP transport's does), and reported as
+//! [`Line::TooLong`], so the next line is read normally. A final line without `\n` still
+//! counts.
 //!
 //! The reader is incremental: [`LineReader::buffered_line`] hands out a complete line from
 //! what has already been read, without I/O, and [`LineReader::fill`] does one `read(2)`.
@@ -10,6 +12,7 @@
 //! thread blocks in [`LineReader::next_line`] while idle; the busy-time watcher takes lines
 //! only after `poll(2)` said data is there).
 
+use flowrepl_protocol::jsonrpc::ID_SEARCH_BYTES;
 use memchr::memchr;
 use std::io::{self, Read};
 
@@ -22,10 +25,12 @@ const READ_CHUNK: usize = 64 << 10;
 pub enum Line<'a> {
     /// A complete line, without its `\n`.
     Complete(&'a [u8]),
-    /// A line longer than the limit; it was discarded.
+    /// A line longer than the limit; it was discarded but for its head.
     TooLong {
         /// Its length in bytes.
         len: u64,
+        /// Its first bytes (at most [`ID_SEARCH_BYTES`]).
+        head: &'a [u8],
     },
     /// End of input.
     Eof,
@@ -150,7 +155,12 @@ impl<R: Read> LineReader<R> {
         if !self.too_long {
             if self.line.len() + chunk_len > self.max {
                 self.too_long = true;
-                self.line = Vec::new();
+                // Keep only the head, where the id is.
+                self.line.truncate(ID_SEARCH_BYTES);
+                let more = ID_SEARCH_BYTES
+                    .saturating_sub(self.line.len())
+                    .min(chunk_len);
+                self.line.extend_from_slice(&self.buf[from..from + more]);
             } else if done && self.line.is_empty() {
                 // The whole line is in `buf`: hand it out from there, no copy.
                 self.out = (from, from + chunk_len);
@@ -172,7 +182,10 @@ impl<R: Read> LineReader<R> {
         let len = std::mem::take(&mut self.len);
         if std::mem::take(&mut self.too_long) {
             self.out_in_line = true;
-            return Line::TooLong { len };
+            return Line::TooLong {
+                len,
+                head: &self.line,
+            };
         }
         if self.out_in_line {
             Line::Complete(&self.line)
@@ -200,7 +213,13 @@ mod tests {
         let mut r = LineReader::new(&input[..], 5);
         assert_eq!(r.next_line().unwrap(), Line::Complete(b"a"));
         assert_eq!(r.next_line().unwrap(), Line::Complete(b""));
-        assert_eq!(r.next_line().unwrap(), Line::TooLong { len: 12 });
+        assert_eq!(
+            r.next_line().unwrap(),
+            Line::TooLong {
+                len: 12,
+                head: b"bbbbbbbbbbbb"
+            }
+        );
         assert_eq!(r.next_line().unwrap(), Line::Complete(b"ccc"));
         assert_eq!(r.next_line().unwrap(), Line::Complete(b"last"));
         assert_eq!(r.next_line().unwrap(), Line::Eof);
@@ -219,7 +238,13 @@ mod tests {
         }
         assert_eq!(r.next_line().unwrap(), Line::Complete(b"ok"));
         let mut r = LineReader::new(&input[..], 1000);
-        assert_eq!(r.next_line().unwrap(), Line::TooLong { len: 200_000 });
+        match r.next_line().unwrap() {
+            Line::TooLong { len, head } => {
+                assert_eq!(len, 200_000);
+                assert_eq!(head, &input[..ID_SEARCH_BYTES]);
+            }
+            other => panic!("{other:?}"),
+        }
         assert_eq!(r.next_line().unwrap(), Line::Complete(b"ok"));
         assert_eq!(r.next_line().unwrap(), Line::Eof);
     }

@@ -170,7 +170,14 @@ fn lines_over_the_limit_are_discarded_with_an_error() {
     k.send_raw(long.as_bytes());
     let r = k.recv();
     assert_eq!(error_code(&r), -32001, "{r}");
-    assert_eq!(r["id"], Value::Null);
+    // The id is recovered from the line's head (as over MCP)...
+    assert_eq!(r["id"], 1, "{r}");
+    // ... when it is there: written after a long field, it is not.
+    let late = format!("{{\"jsonrpc\":\"2.0\",\"method\":\"execute_code\",\"params\":{{\"code\":\"{}\"}},\"id\":2}}\n", "x".repeat(70_000));
+    k.send_raw(late.as_bytes());
+    let r = k.recv();
+    assert_eq!(error_code(&r), -32001, "{r}");
+    assert_eq!(r["id"], Value::Null, "{r}");
     k.ok("x = 1");
 }
 
