@@ -65,7 +65,7 @@ async def tools(s, opts):
         assert t.output_schema is not None, name
         assert len(t.description) > 60, name
     assert listed["list_variables"].annotations.read_only_hint is True
-    return {"tools": sorted(listed)}
+    return {"tools": sorted(listed), "execute_code": ex.description}
 
 
 @scenario

@@ -120,6 +120,8 @@ pub struct Shared {
     next_ticket: AtomicU64,
     /// The output budget, in characters.
     pub max_chars: usize,
+    /// A cell's timeout when the call gives none.
+    pub default_timeout_ms: u64,
     /// The task log, named in messages.
     pub log_file: String,
     /// The server's `instructions`.
@@ -200,6 +202,7 @@ pub fn serve(
         running: Mutex::new(None),
         next_ticket: AtomicU64::new(0),
         max_chars: mcp.max_chars as usize,
+        default_timeout_ms: config.default_timeout_ms,
         log_file: config.log_file.display().to_string(),
         instructions: instructions(config),
         closing: AtomicBool::new(false),

@@ -188,10 +188,20 @@ pub fn tool_names() -> Vec<String> {
 impl KernelServer {
     /// A server sending its Python work to `jobs`.
     pub fn new(jobs: Sender<Job>, shared: Arc<Shared>) -> KernelServer {
+        let mut tool_router = Self::tool_router();
+        // The descriptions state this server's settings, not copies of their defaults.
+        for route in tool_router.map.values_mut() {
+            if let Some(d) = route.attr.description.take() {
+                let d = d
+                    .replace("{max_chars}", &shared.max_chars.to_string())
+                    .replace("{timeout_ms}", &shared.default_timeout_ms.to_string());
+                route.attr.description = Some(d.into());
+            }
+        }
         KernelServer {
             jobs,
             shared,
-            tool_router: Self::tool_router(),
+            tool_router,
         }
     }
 
@@ -211,7 +221,7 @@ impl KernelServer {
 
     #[tool(
         name = "execute_code",
-        description = "Run Python code in a persistent CPython session, like a notebook cell. Variables, functions and imports persist across calls until restart_session. Returns what the code printed (stdout; stderr under [stderr], with the traceback if it raised) and, if the code ends with an expression, its value as Out[n]. A cell that raises is a result with isError true; the session stays usable. Matplotlib figures left open are returned as PNG images and closed (no plt.show() needed). Output over the budget (20000 characters by default) keeps its head and tail with a marker between them; page through the cut part with read_output using the offset the marker gives. timeout_ms (default 300000) stops a long cell with KeyboardInterrupt; variables survive. There is no stdin (input() gets EOF). Long cells send progress notifications if the call has a progress token; cancelling the call interrupts the cell. In cells, `flow.event(name, **data)` and `with flow.step(name):` report progress (listed after the output), `flow.context` keeps task state across sessions, and `flow.request_approval(message)` asks the user (an elicitation request) and returns True or False.",
+        description = "Run Python code in a persistent CPython session, like a notebook cell. Variables, functions and imports persist across calls until restart_session. Returns what the code printed (stdout; stderr under [stderr], with the traceback if it raised) and, if the code ends with an expression, its value as Out[n]. A cell that raises is a result with isError true; the session stays usable. Matplotlib figures left open are returned as PNG images and closed (no plt.show() needed). Output over {max_chars} characters keeps its head and tail with a marker between them; page through the cut part with read_output using the offset the marker gives. timeout_ms (default {timeout_ms}) stops a long cell with KeyboardInterrupt; variables survive. There is no stdin (input() gets EOF). Long cells send progress notifications if the call has a progress token; cancelling the call interrupts the cell. In cells, `flow.event(name, **data)` and `with flow.step(name):` report progress (listed after the output), `flow.context` keeps task state across sessions, and `flow.request_approval(message)` asks the user (an elicitation request) and returns True or False.",
         input_schema = schema_for_input::<Parameters<ExecuteArgs>>().expect("an object schema"),
         output_schema = schema::shallow::<McpExecuteResult>(),
         annotations(title = "Run Python", destructive_hint = true, open_world_hint = true)

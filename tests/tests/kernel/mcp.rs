@@ -13,6 +13,21 @@ fn tools_are_listed_with_schemas_for_a_model() {
     let (facts, _, _logs) = Scenario::default().run("tools");
     let tools = facts["tools"].as_array().unwrap();
     assert_eq!(tools.len(), 8);
+    // The description states the server's own settings.
+    let said = facts["execute_code"].as_str().unwrap();
+    assert!(
+        said.contains("Output over 20000 characters") && said.contains("(default 300000)"),
+        "{said}"
+    );
+    let (facts, _, _logs) = Scenario::default()
+        .env("FLOWREPL_MCP_MAX_CHARS", "5000")
+        .env("FLOWREPL_TIMEOUT_MS", "60000")
+        .run("tools");
+    let said = facts["execute_code"].as_str().unwrap();
+    assert!(
+        said.contains("Output over 5000 characters") && said.contains("(default 60000)"),
+        "{said}"
+    );
     // `flowrepl --help` names the same tools, from the server's own list.
     let help = std::process::Command::new(flowrepl_tests::flowrepl_bin())
         .arg("--help")
