@@ -111,45 +111,24 @@ impl WorkerProcess {
         restore: Option<&str>,
     ) -> io::Result<WorkerProcess> {
         let mut cmd = Command::new(&config.exe);
-        cmd.arg("--python")
-            .arg(&config.python)
-            .arg("--max-output-bytes")
-            .arg(config.max_output_bytes.to_string());
-        if let Some(s) = config.limits.cpu_seconds {
-            cmd.arg("--cpu-seconds").arg(s.to_string());
-        }
-        if let Some(i) = config.images {
-            cmd.arg("--max-images")
-                .arg(i.max_images.to_string())
-                .arg("--max-image-pixels")
-                .arg(i.max_pixels.to_string());
-        }
-        match &config.snapshots {
-            Some(s) => {
-                cmd.arg("--snapshot-dir")
-                    .arg(&s.root)
-                    .arg("--snapshot")
-                    .arg(s.policy.as_str())
-                    .arg("--snapshot-max-mb")
-                    .arg((s.max_bytes >> 20).max(1).to_string());
-                if let Some(name) = restore {
-                    cmd.arg("--restore").arg(name);
-                }
-            }
-            None => {
-                cmd.arg("--snapshot").arg("off");
-            }
-        }
-        if config.setup != Default::default() {
-            let json = serde_json::to_string(&config.setup).expect("setup serializes");
-            cmd.arg("--setup").arg(json);
-        }
+        cmd.args(
+            flowrepl_worker::serve::WorkerArgs::new(
+                config.python.clone(),
+                config.max_output_bytes,
+                config.limits.cpu_seconds,
+                config.images,
+                config.setup.clone(),
+                config.snapshots.as_ref(),
+                restore,
+                true,
+            )
+            .to_args(),
+        );
         let capture = [
             memfd_create(c"flowrepl-worker-stdout", MFdFlags::MFD_CLOEXEC)?,
             memfd_create(c"flowrepl-worker-stderr", MFdFlags::MFD_CLOEXEC)?,
         ];
         let capture_raw = [capture[0].as_raw_fd(), capture[1].as_raw_fd()];
-        cmd.arg("--capture-fds");
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(diagnostics.try_clone()?)
