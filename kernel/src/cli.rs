@@ -118,6 +118,15 @@ pub struct Cli {
 }
 
 impl Cli {
+    /// What `flowrepl log` takes from the global flags.
+    pub fn log_globals(&self) -> crate::logcmd::Globals {
+        crate::logcmd::Globals {
+            log_dir: self.log_dir.clone(),
+            python: self.python.clone(),
+            worker: self.worker,
+        }
+    }
+
     /// Parses `args`; when they ask for help, the `mcp` subcommand's line lists the tools
     /// that `mcp_tools` names (the server's own list, so it cannot fall behind).
     fn parse_with_help(args: &[std::ffi::OsString], mcp_tools: fn() -> Vec<String>) -> Cli {

@@ -26,14 +26,7 @@ fn env_var(k: &str) -> Option<String> {
     std::env::var_os(k).map(|v| v.to_string_lossy().into_owned())
 }
 
-/// `FLOW_PLAN_ID` (default `local`) and `FLOW_TASK_ID` (default `adhoc`): the task a kernel
-/// started here logs to, and the one `flowrepl log` reads when none is named.
-pub fn plan_and_task_from_env() -> (String, String) {
-    (
-        env_var("FLOW_PLAN_ID").unwrap_or_else(|| "local".into()),
-        env_var("FLOW_TASK_ID").unwrap_or_else(|| "adhoc".into()),
-    )
-}
+pub use flowrepl_task_logger::path::plan_and_task_from_env;
 
 impl Identity {
     /// Reads the `FLOW_*` variables. Values that are not UTF-8 are converted lossily.
@@ -255,7 +248,7 @@ impl Config {
                 std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())
             }),
             startup,
-            flow: flowrepl_worker::events::FlowSetup {
+            flow: flowrepl_worker::flow::FlowSetup {
                 plan_id: Some(identity.plan_id.clone()),
                 task_id: Some(identity.task_id.clone()),
                 task_name: identity.task_name.clone(),

@@ -87,10 +87,11 @@ pub fn choose(cli: &Cli) -> Result<Interpreter, flowrepl_pythons::PythonError> {
 }
 
 /// Runs the launcher: resolve, then `exec` the kernel. Returns only on failure.
-pub fn main() -> ExitCode {
-    let cli = Cli::from_args(crate::mcp::tools::tool_names);
+/// `mcp_tools` names the MCP tools for `--help`.
+pub fn main(mcp_tools: fn() -> Vec<String>) -> ExitCode {
+    let cli = Cli::from_args(mcp_tools);
     if let Some(crate::cli::Command::Log(args)) = &cli.command {
-        return crate::logcmd::run(&cli, args);
+        return crate::logcmd::run(&cli.log_globals(), args);
     }
     let interpreter = match choose(&cli) {
         Ok(i) => i,

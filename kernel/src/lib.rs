@@ -49,7 +49,7 @@ pub fn run(cli: cli::Cli) -> ExitCode {
     // the interrupts and timeouts of in-process cells, nor SIGTERM's records.
     flowrepl_worker::sys::reset_inherited_signals();
     if let Some(cli::Command::Log(args)) = &cli.command {
-        return logcmd::run(&cli, args);
+        return logcmd::run(&cli.log_globals(), args);
     }
     let stdio = match flowrepl_worker::stdio::take_protocol_stdio() {
         Ok(s) => s,

@@ -4,5 +4,5 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    flowrepl::launcher::main()
+    flowrepl::launcher::main(flowrepl::mcp::tools::tool_names)
 }

@@ -21,6 +21,17 @@ fn is_kept(c: char, first: bool) -> bool {
     c.is_alphanumeric() || c == '-' || c == '_' || (c == '.' && !first)
 }
 
+/// `FLOW_PLAN_ID` (default `local`) and `FLOW_TASK_ID` (default `adhoc`): the task a kernel
+/// started here logs to, and the one `flowrepl log` reads when none is named. Values that are
+/// not UTF-8 are converted lossily.
+pub fn plan_and_task_from_env() -> (String, String) {
+    let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
+    (
+        var("FLOW_PLAN_ID").unwrap_or_else(|| "local".into()),
+        var("FLOW_TASK_ID").unwrap_or_else(|| "adhoc".into()),
+    )
+}
+
 /// One safe, collision-free path component for `id`.
 pub fn safe_component(id: &str) -> String {
     if id.is_empty() {

@@ -32,7 +32,7 @@
 //! [`CheckpointHealth`] that other threads read without the state lock (`status` while a
 //! cell runs), said once in the next cell's `warnings`, and the next write saves every name.
 
-use crate::executor::CallError;
+use crate::support::CallError;
 use flowrepl_protocol::{
     CheckpointFailure, CheckpointHealth, CheckpointSummary, RestoreReport, SnapshotPolicy,
 };

@@ -18,6 +18,7 @@ use crate::interpreter::{self, InitError};
 use crate::monitor::Monitor;
 use crate::sink::{OutputSink, Streamer};
 use crate::snapshot::KeySnapshot;
+use crate::support::CallError;
 use crate::usage::UsageMeter;
 use flowrepl_protocol::frame::OutputStream;
 use flowrepl_protocol::{
@@ -95,7 +96,7 @@ pub struct SessionSetup {
     pub startup: Vec<PathBuf>,
     /// What `flow` starts with: the task's ids and its context.
     #[serde(default)]
-    pub flow: crate::events::FlowSetup,
+    pub flow: crate::flow::FlowSetup,
 }
 
 /// Caps on the images collected after a cell.
@@ -135,17 +136,6 @@ pub enum ExecutorError {
     /// The support module failed to load.
     #[error("cannot load the executor's Python support code: {0}")]
     Support(String),
-}
-
-/// Python code the executor runs for the kernel (not a cell) raised: its `str`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct CallError(pub String);
-
-impl From<PyErr> for CallError {
-    fn from(e: PyErr) -> CallError {
-        CallError(e.to_string())
-    }
 }
 
 /// Everything a cell produced: its output and images, and the [`CellReport`] of what it did.
@@ -293,7 +283,7 @@ impl Executor {
                 Arc::clone(&emitter),
                 monitor.clock(),
             );
-            let flow = crate::events::install_flow(
+            let flow = crate::flow::install_flow(
                 py,
                 &module,
                 Arc::clone(&emitter),

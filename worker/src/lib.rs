@@ -30,6 +30,7 @@ pub mod cell;
 pub mod checkpoint;
 pub mod events;
 pub mod executor;
+pub mod flow;
 pub mod interpreter;
 pub mod logging;
 pub mod monitor;
@@ -43,7 +44,8 @@ pub mod tail;
 pub mod usage;
 
 pub use checkpoint::{CheckpointError, SnapshotConfig};
-pub use executor::{CallError, CellOutcome, Executor, ExecutorConfig, ExecutorError, SessionSetup};
+pub use executor::{CellOutcome, Executor, ExecutorConfig, ExecutorError, SessionSetup};
 pub use interpreter::InitError;
 pub use monitor::Interrupter;
+pub use support::CallError;
 pub use tail::OutputTail;

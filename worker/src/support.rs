@@ -14,6 +14,18 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyModule};
 use std::path::PathBuf;
 
+/// Python code the executor runs for the kernel (not a cell: this support code, checkpoints)
+/// raised: its `str`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CallError(pub String);
+
+impl From<PyErr> for CallError {
+    fn from(e: PyErr) -> CallError {
+        CallError(e.to_string())
+    }
+}
+
 /// A Python module of the executor's, compiled from source embedded in the binary.
 #[derive(Debug, Clone, Copy)]
 pub struct Source {

@@ -123,10 +123,20 @@ pub enum LogCommand {
     },
 }
 
-/// Runs `flowrepl log ...` on the logs under `--log-dir` (`replay` also takes `--python` and
-/// `--worker` from `cli`).
-pub fn run(cli: &crate::cli::Cli, args: &LogArgs) -> ExitCode {
-    let log_dir = cli.log_dir.as_path();
+/// What `flowrepl log` takes from flowrepl's global flags.
+#[derive(Debug, Clone)]
+pub struct Globals {
+    /// `--log-dir`.
+    pub log_dir: std::path::PathBuf,
+    /// `--python`, for `replay`.
+    pub python: Option<std::path::PathBuf>,
+    /// `--worker`, for `replay`.
+    pub worker: bool,
+}
+
+/// Runs `flowrepl log ...` on the logs under `--log-dir`.
+pub fn run(globals: &Globals, args: &LogArgs) -> ExitCode {
+    let log_dir = globals.log_dir.as_path();
     let out = match &args.command {
         LogCommand::Ls(scope) => ls::run(log_dir, scope),
         LogCommand::Show {
@@ -165,8 +175,8 @@ pub fn run(cli: &crate::cli::Cli, args: &LogArgs) -> ExitCode {
             &replay::Options {
                 dry_run: *dry_run,
                 session: session.as_deref(),
-                python: cli.python.clone(),
-                worker: cli.worker,
+                python: globals.python.clone(),
+                worker: globals.worker,
             },
         ),
     };
@@ -249,7 +259,7 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LogCmdError
 
 /// The plan and task a subcommand about one task reads.
 fn one_task(scope: &Scope) -> (String, String) {
-    let (plan, task) = crate::config::plan_and_task_from_env();
+    let (plan, task) = flowrepl_task_logger::path::plan_and_task_from_env();
     (
         scope.plan.clone().unwrap_or(plan),
         scope.task.clone().unwrap_or(task),
@@ -336,7 +346,7 @@ fn scoped_files(log_dir: &Path, scope: &Scope) -> Result<Vec<PathBuf>, LogCmdErr
         (Some(plan), Some(task)) => Ok(vec![task_file(log_dir, plan, task)?]),
         (Some(plan), None) => Ok(task_files_in(&plan_dir_of(log_dir, plan)?)),
         (None, Some(task)) => {
-            let (plan, _) = crate::config::plan_and_task_from_env();
+            let (plan, _) = flowrepl_task_logger::path::plan_and_task_from_env();
             Ok(vec![task_file(log_dir, &plan, task)?])
         }
         (None, None) => Ok(plan_dirs(log_dir)
