@@ -41,15 +41,9 @@ fn terminal_width() -> Option<u16> {
     if !std::io::stdout().is_terminal() {
         return None;
     }
-    let mut size = libc::winsize {
-        ws_row: 0,
-        ws_col: 0,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCGWINSZ fills the winsize struct it is given; fd 1 is open.
-    let ok = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut size) } == 0;
-    (ok && size.ws_col > 0).then_some(size.ws_col)
+    terminal_size::terminal_size_of(std::io::stdout())
+        .map(|(w, _)| w.0)
+        .filter(|&w| w > 0)
 }
 
 /// A table with these headers, as wide as the terminal (unbounded when not on one).

@@ -691,3 +691,51 @@ fn replay_rebuilds_the_state_from_the_log() {
         assert_eq!(r["restored"], true);
     }
 }
+
+/// On a terminal the tables fit its width (a pseudo-terminal of 50 columns made by
+/// `script`), and colours are used; elsewhere they are not cut.
+#[test]
+fn tables_fit_the_terminal() {
+    let logs = tempfile::tempdir().unwrap();
+    let mut k = Kernel::options().log_dir(logs.path()).start();
+    k.ok("x = 1");
+    assert!(k.close().success());
+    let cmd = format!(
+        "stty rows 20 cols 50; {} log ls --log-dir {}",
+        flowrepl_bin().display(),
+        logs.path().display()
+    );
+    let out = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("\x1b["), "no colours on a terminal: {text}");
+    let plain = {
+        // Without the colour escapes.
+        let mut s = String::new();
+        let mut esc = false;
+        for c in text.chars() {
+            match (esc, c) {
+                (false, '\x1b') => esc = true,
+                (true, 'm') => esc = false,
+                (true, _) => {}
+                (false, c) => s.push(c),
+            }
+        }
+        s
+    };
+    let widest = plain
+        .lines()
+        .map(|l| l.trim_end_matches('\r').chars().count())
+        .max();
+    assert!(widest.is_some_and(|w| w <= 50), "{plain}");
+    let (_, wide, _) = log(logs.path(), &["ls"]);
+    assert!(
+        wide.lines().map(|l| l.chars().count()).max() > Some(50),
+        "{wide}"
+    );
+}
