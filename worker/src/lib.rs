@@ -21,7 +21,10 @@
 //!
 //! # Threads
 //! The thread that calls [`Executor::start`] becomes Python's main thread and must run every
-//! cell (signal handlers run there). The monitor thread is the only other thread we start.
+//! cell (signal handlers run there). Two other threads are started here: the monitor
+//! (`flowrepl-monitor`: timeouts, the output limit) and, when checkpoints are on, the
+//! checkpoint writer (`flowrepl-checkpoint`: automatic checkpoints between cells, under the
+//! GIL).
 #![warn(missing_docs)]
 
 pub mod approval;
