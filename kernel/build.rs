@@ -45,6 +45,7 @@ fn main() {
         "kernel/src",
         "kernel/Cargo.toml",
         "worker",
+        "os",
         "protocol",
         "task-logger",
         "pythons",

@@ -47,7 +47,7 @@ use std::process::ExitCode;
 pub fn run(cli: cli::Cli) -> ExitCode {
     // Before any thread starts: a parent that ignores or blocks SIGINT must not take away
     // the interrupts and timeouts of in-process cells, nor SIGTERM's records.
-    flowrepl_worker::sys::reset_inherited_signals();
+    flowrepl_os::reset_inherited_signals();
     if let Some(cli::Command::Log(args)) = &cli.command {
         return logcmd::run(&cli.log_globals(), args);
     }
@@ -93,7 +93,7 @@ pub fn run(cli: cli::Cli) -> ExitCode {
     let engine = match engine::start(&config, diagnostics, std::sync::Arc::clone(&approvals)) {
         Ok(e) => e,
         Err(e) => {
-            tracing::error!(error = %flowrepl_worker::sys::chain(&e), "cannot start Python");
+            tracing::error!(error = %flowrepl_os::chain(&e), "cannot start Python");
             return ExitCode::from(1);
         }
     };

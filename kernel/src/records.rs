@@ -18,12 +18,12 @@
 //!   at once and in the next result.
 
 use crate::config::Identity;
+use flowrepl_os::chain;
 use flowrepl_protocol::{ExecuteParams, ExecuteResult, Mode};
 use flowrepl_task_logger::{
     ContextRecord, EventRecord, ExecutionRecord, LogError, RecordHead, SessionRecord, TaskHead,
     TaskLog, FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
 };
-use flowrepl_worker::sys::chain;
 use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::mpsc;

@@ -498,7 +498,7 @@ fn snapshot_error(what: &str, e: &EngineError) -> RpcError {
 fn internal(what: &str, e: &EngineError) -> RpcError {
     RpcError::new(
         ErrorCode::InternalError,
-        format!("{what}: {}", flowrepl_worker::sys::chain(e)),
+        format!("{what}: {}", flowrepl_os::chain(e)),
     )
 }
 

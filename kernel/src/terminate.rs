@@ -24,7 +24,7 @@ pub fn install(board: Arc<StatusBoard>, grace: Duration) -> std::io::Result<()> 
     std::thread::Builder::new()
         .name("flowrepl-term".into())
         .spawn(move || {
-            flowrepl_worker::sys::block_sigint();
+            flowrepl_os::block_sigint();
             let Some(sig) = signals.forever().next() else {
                 return;
             };

@@ -12,7 +12,8 @@
 //!   output limit.
 //! - [`sink`]: worker mode: output streamed in chunks while a cell runs.
 //! - [`usage`]: CPU time and peak RSS per cell.
-//! - [`sys`]: OS and sync helpers shared with the kernel (signal masks, poll, locks).
+//! - `sys`: the OS and sync helpers of `flowrepl-os` (signal masks, poll, locks), shared with
+//!   the kernel.
 //! - [`approval`]: `flow.request_approval`: asking a person while the cell waits.
 //! - [`events`]: `flow`: events cells report, timestamped and placed in their output.
 //! - [`executor`]: [`Executor`], which ties these together for one cell at a time.
@@ -42,7 +43,6 @@ pub mod sink;
 pub mod snapshot;
 pub mod stdio;
 pub mod support;
-pub mod sys;
 pub mod tail;
 pub mod usage;
 
@@ -52,3 +52,6 @@ pub use interpreter::InitError;
 pub use monitor::Interrupter;
 pub use support::CallError;
 pub use tail::OutputTail;
+
+/// The OS helpers, under the name the worker's modules use.
+pub(crate) use flowrepl_os as sys;

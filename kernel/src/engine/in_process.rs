@@ -141,8 +141,6 @@ impl Control for InProcessControl {
     }
 
     fn checkpoint_health(&self) -> Option<flowrepl_protocol::CheckpointHealth> {
-        self.1
-            .as_ref()
-            .map(|h| flowrepl_worker::sys::lock(h).clone())
+        self.1.as_ref().map(|h| flowrepl_os::lock(h).clone())
     }
 }

@@ -28,12 +28,12 @@ use super::line_reader::{Line, LineReader};
 use super::writer::ReplyWriter;
 use crate::approvals::{Approvals, Asker};
 use crate::session::{not_stopped, unstoppable_for, StatusBoard};
+use flowrepl_os::lock;
 use flowrepl_protocol::jsonrpc::{Notification, Response};
 use flowrepl_protocol::{
     ApprovalRequest, ApproveReply, Call, ExecuteResult, Id, InterruptReply, Request, RpcError,
     StatusInfo,
 };
-use flowrepl_worker::sys::lock;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::fs::File;
@@ -177,7 +177,7 @@ impl Front {
         let started = std::time::Instant::now();
         let mut chooser = lock(&self.spin);
         if chooser.spin() && reader.is_empty() {
-            flowrepl_worker::sys::spin_until_readable(self.input_fd);
+            flowrepl_os::spin_until_readable(self.input_fd);
         }
         let line = reader.next_line()?;
         chooser.record(started.elapsed());
@@ -272,7 +272,7 @@ impl Front {
     }
 
     fn watch(&self) {
-        flowrepl_worker::sys::block_sigint();
+        flowrepl_os::block_sigint();
         let mut idle_ticks = 0;
         let mut eof = false;
         loop {
@@ -398,5 +398,5 @@ impl Front {
 /// Whether `fd` has input (or is at EOF or in error) within `wait`. A failed poll counts as
 /// readable, so that the read reports the error.
 fn readable(fd: RawFd, wait: Duration) -> bool {
-    flowrepl_worker::sys::poll_readable(fd, wait).unwrap_or(true)
+    flowrepl_os::poll_readable(fd, wait).unwrap_or(true)
 }

@@ -9,8 +9,8 @@
 //! Without the capability nothing is sent and the cell gets `None` at once.
 
 use crate::approvals::{Approvals, Asker};
+use flowrepl_os::lock;
 use flowrepl_protocol::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};
-use flowrepl_worker::sys::lock;
 use rmcp::model::{
     CancelledNotificationParam, ClientResult, ElicitRequest, ElicitRequestParams,
     ElicitationAction, ElicitationSchema, ServerRequest,

@@ -222,7 +222,7 @@ pub fn serve(
         .name("flowrepl-mcp".into())
         .spawn(move || {
             // Process-directed SIGINT belongs to the cell's thread.
-            flowrepl_worker::sys::block_sigint();
+            flowrepl_os::block_sigint();
             let at_eof = Arc::clone(&shared_mcp);
             let on_eof = Box::new(move || {
                 tracing::info!("stdin closed: stopping the running cell");
@@ -276,12 +276,12 @@ pub fn serve(
 }
 
 /// The next job: polled without sleeping for up to
-/// [`flowrepl_worker::sys::spin_before_block`] (the next call usually comes within tens of µs),
+/// [`flowrepl_os::spin_before_block`] (the next call usually comes within tens of µs),
 /// then waited for. `None` when every sender is gone.
 fn next_job(queue: &std::sync::mpsc::Receiver<Job>) -> Option<Job> {
     use std::sync::mpsc::TryRecvError;
     let mut got = None;
-    flowrepl_worker::sys::spin_until(|| match queue.try_recv() {
+    flowrepl_os::spin_until(|| match queue.try_recv() {
         Ok(job) => got.replace(Some(job)).is_none(),
         Err(TryRecvError::Disconnected) => got.replace(None).is_none(),
         Err(TryRecvError::Empty) => false,

@@ -111,11 +111,11 @@ fn checkpoint_args(args: JsonObject) -> Result<CheckpointParams, ErrorData> {
     Ok(p)
 }
 
-/// Polls `rx` without sleeping for up to [`flowrepl_worker::sys::spin_before_block`]
+/// Polls `rx` without sleeping for up to [`flowrepl_os::spin_before_block`]
 /// (yielding between looks); `None` if nothing came.
 fn spin_for<T>(rx: &mut oneshot::Receiver<T>) -> Option<Result<T, ()>> {
     let mut got = None;
-    flowrepl_worker::sys::spin_until(|| match rx.try_recv() {
+    flowrepl_os::spin_until(|| match rx.try_recv() {
         Ok(v) => got.replace(Ok(v)).is_none(),
         Err(oneshot::error::TryRecvError::Closed) => got.replace(Err(())).is_none(),
         Err(oneshot::error::TryRecvError::Empty) => false,

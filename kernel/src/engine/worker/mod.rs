@@ -24,6 +24,7 @@ use super::{CellRun, Control, Engine, EngineError};
 use crate::approvals::Approvals;
 use crate::config::Limits;
 use crate::config::{Config, WorkerConfig};
+use flowrepl_os::lock;
 use flowrepl_protocol::frame::{
     self, CheckpointOutcome, DoneReport, Frame, FrameError, OutputStream, WorkerHello,
 };
@@ -32,7 +33,6 @@ use flowrepl_protocol::{
     RestartReply, RestoreReport, StoppedBy, VariableInfo, AUTO_CHECKPOINT,
 };
 use flowrepl_worker::capture::{append_traceback, decode_output};
-use flowrepl_worker::sys::lock;
 use flowrepl_worker::tail::{last_line, TAIL_BYTES};
 use flowrepl_worker::{CellOutcome, OutputTail};
 use ladder::{KillReason, Ladder, Step};
@@ -448,7 +448,7 @@ impl Worker {
         let Some(p) = self.state.process_mut() else {
             return Ok(Wait::Eof);
         };
-        if !flowrepl_worker::sys::poll_readable(p.from_worker.get_ref().as_raw_fd(), wait)? {
+        if !flowrepl_os::poll_readable(p.from_worker.get_ref().as_raw_fd(), wait)? {
             return Ok(Wait::Timeout);
         }
         Ok(self.fill_frames())
@@ -590,7 +590,7 @@ impl Worker {
     /// a fresh worker instead of failing. Returns a warning to attach to the cell.
     fn check_idle_worker(&mut self) -> Option<String> {
         let p = self.state.process()?;
-        if !flowrepl_worker::sys::poll_hangup(p.from_worker.get_ref().as_raw_fd()) {
+        if !flowrepl_os::poll_hangup(p.from_worker.get_ref().as_raw_fd()) {
             return None;
         }
         let ended = self.drop_worker()?;
@@ -660,7 +660,7 @@ impl Worker {
                     let ended = self.drop_worker();
                     let how = ended.map(|e| e.describe()).unwrap_or_default();
                     if let Err(e) = self.spawn_worker(self.after_death()) {
-                        tracing::error!(error = %flowrepl_worker::sys::chain(&e), "a new worker could not be started");
+                        tracing::error!(error = %flowrepl_os::chain(&e), "a new worker could not be started");
                     }
                     return Err(EngineError::WorkerDied { how, during });
                 }
@@ -835,7 +835,7 @@ impl Engine for Worker {
             }
         }
         if let Err(e) = ready {
-            let message = format!("the cell did not run: {}", flowrepl_worker::sys::chain(&e));
+            let message = format!("the cell did not run: {}", flowrepl_os::chain(&e));
             return fault_run(
                 Fault::WorkerUnavailable,
                 message,
@@ -879,7 +879,7 @@ impl Engine for Worker {
         // once, without polling again).
         let mut readable = alive
             && self.state.process().is_some_and(|p| {
-                flowrepl_worker::sys::spin_until_readable(p.from_worker.get_ref().as_raw_fd())
+                flowrepl_os::spin_until_readable(p.from_worker.get_ref().as_raw_fd())
             });
         while alive && c.done.is_none() {
             let got = if std::mem::take(&mut readable) {
@@ -988,7 +988,7 @@ impl Engine for Worker {
         if let Err(e) = self.spawn_worker(restore) {
             warnings.push(format!(
                 "a new worker could not be started: {}",
-                flowrepl_worker::sys::chain(&e)
+                flowrepl_os::chain(&e)
             ));
         }
         let mut run = fault_run(fault, message, stdout, stderr, warnings);
