@@ -323,12 +323,15 @@ impl Session {
             }
             Call::Restart(p) => match self.engine.restart(p.restore) {
                 Ok(mut r) => {
-                    if let Some(restored) = &mut r.restored {
-                        self.tell_the_whole_truth(restored);
-                        r.state_lost = !restored.complete();
-                        r.message = crate::engine::restored_message(restored);
+                    match &mut r.restored {
+                        Some(restored) => {
+                            self.tell_the_whole_truth(restored);
+                            r.state_lost = !restored.complete();
+                            r.message = crate::engine::restored_message(restored);
+                        }
+                        // An emptied namespace: nothing before it can be restored.
+                        None => self.ledger.forget(),
                     }
-                    self.ledger.forget();
                     tracing::info!(pid = r.pid, restored = r.restored.is_some(), "restarted");
                     to.answer(Answer::Restart(r))?
                 }
@@ -339,8 +342,8 @@ impl Session {
                 Err(e) => to.failed(snapshot_error("checkpoint failed", &e))?,
             },
             Call::Restore(p) => match self.engine.restore(p.name()) {
-                Ok(r) => {
-                    self.ledger.forget();
+                Ok(mut r) => {
+                    self.tell_the_whole_truth(&mut r);
                     tracing::info!(checkpoint = %r.checkpoint, restored = r.restored_vars.len(), lost = r.lost_vars.len(), "restored");
                     to.answer(Answer::Restore(r))?
                 }

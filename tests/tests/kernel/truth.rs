@@ -115,6 +115,28 @@ fn restart_and_resume_name_what_was_bound_after_the_checkpoint() {
     }
 }
 
+/// (1) `restore {name}` of a named checkpoint, both modes: names changed after it are listed.
+#[test]
+fn restore_of_a_named_checkpoint_names_what_came_after_it() {
+    for mode in MODES {
+        let mut k = Kernel::options()
+            .mode(mode)
+            .env("FLOWREPL_SNAPSHOT", "manual")
+            .start();
+        k.ok("a = 1\nkeep = [1]");
+        let c = k.call("checkpoint", json!({"name": "before"}));
+        assert_eq!(c["result"]["execution_count"], 1, "{mode}: {c}");
+        k.ok("b = 2\nkeep = [2]");
+        let r = k.call("restore", json!({"name": "before"}))["result"].clone();
+        assert_eq!(lost(&r), ["b", "keep"], "{mode}: {r:#}");
+        assert_eq!(
+            r["lost_vars"]["b"], "bound in cell 2, after the checkpoint of cell 1",
+            "{mode}"
+        );
+        assert_eq!(k.ok("(a, keep)")["result"], "(1, [1])", "{mode}");
+    }
+}
+
 /// How the kernel is started on a 1 MiB tmpfs at `mnt` (its log dir), in a mount namespace
 /// of its own.
 fn on_small_fs(opts: KernelOptions, mnt: &Path) -> KernelOptions {
