@@ -23,6 +23,7 @@ use flowrepl_protocol::frame::{
     WorkerHello,
 };
 use flowrepl_protocol::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest, SnapshotPolicy};
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -216,6 +217,11 @@ impl Channel {
         r
     }
 
+    /// Encodes `frame` into the buffer (sent when full or at [`Channel::send`]).
+    fn put(&self, frame: &Frame<'_>) -> Result<(), frame::FrameError> {
+        self.with(|buf| frame.encode(buf))
+    }
+
     fn send(&self) {
         let mut g = crate::sys::lock(&self.out);
         write_or_exit(&mut g);
@@ -241,7 +247,7 @@ fn write_or_exit(g: &mut (File, Vec<u8>)) {
 impl OutputSink for Channel {
     fn chunk(&self, stream: OutputStream, bytes: &[u8]) {
         let id = self.cell.load(Ordering::Relaxed);
-        self.with(|buf| frame::encode_output(buf, id, stream, bytes));
+        let _ = self.put(&Frame::Output { id, stream, bytes });
     }
 
     fn flush(&self) {
@@ -250,7 +256,10 @@ impl OutputSink for Channel {
 
     fn event(&self, event: &flowrepl_protocol::CellEvent) {
         let id = self.cell.load(Ordering::Relaxed);
-        let encoded = self.with(|buf| frame::encode_event(buf, id, event));
+        let encoded = self.put(&Frame::Event {
+            id,
+            event: Cow::Borrowed(event),
+        });
         if let Err(e) = encoded {
             tracing::warn!(error = %e, "an event too large for a frame was dropped");
         }
@@ -259,7 +268,7 @@ impl OutputSink for Channel {
 
     fn context(&self, json: &str) {
         let id = self.cell.load(Ordering::Relaxed);
-        if let Err(e) = self.with(|buf| frame::encode_context(buf, id, json)) {
+        if let Err(e) = self.put(&Frame::Context { id, json }) {
             tracing::warn!(error = %e, "a context too large for a frame was not saved");
         }
         self.send();
@@ -279,10 +288,10 @@ struct PipeApprover {
 impl Approver for PipeApprover {
     fn request(&self, request: &ApprovalRequest) {
         let id = self.channel.cell.load(Ordering::Relaxed);
-        if let Err(e) = self
-            .channel
-            .with(|buf| frame::encode_approval_request(buf, id, request))
-        {
+        if let Err(e) = self.channel.put(&Frame::ApprovalRequest {
+            id,
+            request: Cow::Borrowed(request),
+        }) {
             *lock(&self.local) = Some(ApprovalAnswer::without_person(
                 &request.approval_id,
                 ApprovalOutcome::Cancelled,
@@ -308,9 +317,11 @@ impl Approver for PipeApprover {
         loop {
             match input.buffered() {
                 Ok(Some(payload)) => match frame::decode(&payload) {
-                    Ok(Frame::ApprovalAnswer(a)) if a.approval_id == approval_id => return Some(a),
-                    Ok(Frame::ApprovalAnswer(a)) => {
-                        tracing::debug!(approval_id = %a.approval_id, "a late approval answer was dropped");
+                    Ok(Frame::ApprovalAnswer { answer }) if answer.approval_id == approval_id => {
+                        return Some(answer.into_owned())
+                    }
+                    Ok(Frame::ApprovalAnswer { answer }) => {
+                        tracing::debug!(approval_id = %answer.approval_id, "a late approval answer was dropped");
                     }
                     Ok(other) => {
                         tracing::error!(
@@ -342,9 +353,7 @@ impl Approver for PipeApprover {
 
     fn ended(&self, approval_id: &str) {
         let id = self.channel.cell.load(Ordering::Relaxed);
-        let _ = self
-            .channel
-            .with(|buf| frame::encode_approval_ended(buf, id, approval_id));
+        let _ = self.channel.put(&Frame::ApprovalEnded { id, approval_id });
         self.channel.send();
     }
 }
@@ -434,18 +443,19 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             }
         },
     };
-    channel.with(|buf| {
-        frame::encode_ready(
-            buf,
-            &WorkerHello {
-                pid: std::process::id(),
-                python: info,
-                capture_starts: executor.capture_cursors(),
-                restored,
-                restore_error,
-            },
-        )
-    });
+    let hello = WorkerHello {
+        pid: std::process::id(),
+        python: info,
+        capture_starts: executor.capture_cursors(),
+        restored,
+        restore_error,
+    };
+    if let Err(e) = channel.put(&Frame::Ready {
+        hello: Cow::Owned(hello),
+    }) {
+        tracing::error!(error = %e, "the Ready frame was not sent");
+        return ExitCode::from(1);
+    }
     channel.send();
     match serve(&mut executor, &channel, &input, &args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -454,6 +464,15 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Appends cell `id`'s Done frame.
+fn done(buf: &mut Vec<u8>, id: u64, report: &DoneReport) -> Result<(), frame::FrameError> {
+    Frame::Done {
+        id,
+        report: Cow::Borrowed(report),
+    }
+    .encode(buf)
 }
 
 fn serve(
@@ -500,14 +519,14 @@ fn serve(
                 rep.capture_ends = executor.capture_cursors();
                 rep.output_in_capture = args.capture_fds;
                 channel.with(|buf| {
-                    if frame::encode_done(buf, id, &rep).is_err() {
+                    if done(buf, id, &rep).is_err() {
                         if !rep.images.is_empty() {
                             rep.images.clear();
                             rep.report.warnings.push(
                                 "the cell's images were left out: they did not fit in a frame"
                                     .into(),
                             );
-                            if frame::encode_done(buf, id, &rep).is_ok() {
+                            if done(buf, id, &rep).is_ok() {
                                 return Ok(());
                             }
                         }
@@ -522,7 +541,7 @@ fn serve(
                         rep.report.warnings.push(format!(
                             "the result's repr was cut to {MAX_RESULT_ON_OVERFLOW} bytes: it did not fit in a frame"
                         ));
-                        frame::encode_done(buf, id, &rep).map_err(io::Error::other)
+                        done(buf, id, &rep).map_err(io::Error::other)
                     } else {
                         Ok(())
                     }
@@ -542,12 +561,21 @@ fn serve(
                 };
                 channel
                     .with(|buf| {
-                        frame::encode_variables_reply(buf, id, &listing).or_else(|e| {
+                        Frame::VariablesReply {
+                            id,
+                            report: Cow::Borrowed(&listing),
+                        }
+                        .encode(buf)
+                        .or_else(|e| {
                             let small = VariablesReport {
                                 variables: Vec::new(),
                                 error: Some(e.to_string()),
                             };
-                            frame::encode_variables_reply(buf, id, &small)
+                            Frame::VariablesReply {
+                                id,
+                                report: Cow::Owned(small),
+                            }
+                            .encode(buf)
                         })
                     })
                     .map_err(io::Error::other)?;
@@ -559,7 +587,10 @@ fn serve(
                     .map(|h| crate::sys::lock(&h).clone())
                     .unwrap_or_default();
                 channel
-                    .with(|buf| frame::encode_health_reply(buf, id, &health))
+                    .put(&Frame::HealthReply {
+                        id,
+                        health: Cow::Owned(health),
+                    })
                     .map_err(io::Error::other)?;
                 channel.send();
             }
@@ -569,19 +600,22 @@ fn serve(
                     Err(e) => CheckpointOutcome::Failed(e.to_string()),
                 };
                 channel
-                    .with(|buf| frame::encode_checkpoint_reply(buf, id, &outcome))
+                    .put(&Frame::CheckpointReply {
+                        id,
+                        outcome: Cow::Owned(outcome),
+                    })
                     .map_err(io::Error::other)?;
                 channel.send();
             }
-            Frame::Shutdown => {
+            Frame::Shutdown {} => {
                 // The session's last state is what `--resume` and `restart {restore}` get.
                 executor.write_pending_checkpoint();
                 executor.finish();
                 return Ok(());
             }
-            Frame::ApprovalAnswer(a) => {
+            Frame::ApprovalAnswer { answer } => {
                 // The cell stopped waiting (timed out, interrupted) before the answer came.
-                tracing::debug!(approval_id = %a.approval_id, "a late approval answer was dropped");
+                tracing::debug!(approval_id = %answer.approval_id, "a late approval answer was dropped");
             }
             other => {
                 return Err(io::Error::other(format!(

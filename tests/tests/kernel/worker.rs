@@ -136,16 +136,16 @@ fn worker_streams_output_while_the_cell_runs() {
     let mut from = FrameReader::new(child.stdout.take().unwrap());
     assert!(matches!(
         frame::decode(&read_frame(&mut from)).unwrap(),
-        Frame::Ready(h) if h.pid == child.id()
+        Frame::Ready { hello } if hello.pid == child.id()
     ));
     let mut buf = Vec::new();
-    frame::encode_execute(
-        &mut buf,
-        7,
-        60_000,
-        1,
-        "import time\nprint('early', flush=True)\ntime.sleep(1.5)\nprint('late')",
-    )
+    Frame::Execute {
+        id: 7,
+        timeout_ms: 60_000,
+        execution_count: 1,
+        code: "import time\nprint('early', flush=True)\ntime.sleep(1.5)\nprint('late')",
+    }
+    .encode(&mut buf)
     .unwrap();
     let sent = Instant::now();
     to.write_all(&buf).unwrap();
@@ -180,7 +180,7 @@ fn worker_streams_output_while_the_cell_runs() {
     }
     assert!(sent.elapsed() >= Duration::from_millis(1500));
     buf.clear();
-    frame::encode_shutdown(&mut buf);
+    Frame::Shutdown {}.encode(&mut buf).unwrap();
     to.write_all(&buf).unwrap();
     assert!(child.wait().unwrap().success());
 }

@@ -38,6 +38,7 @@ use flowrepl_worker::{CellOutcome, OutputTail};
 use ladder::{KillReason, Ladder, Step};
 use nix::sys::signal::Signal;
 use process::{Ended, SpawnConfig, WorkerProcess};
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd};
@@ -347,7 +348,8 @@ impl Worker {
         loop {
             if let Some(payload) = self.next_buffered().map_err(io::Error::other)? {
                 match frame::decode(&payload) {
-                    Ok(Frame::Ready(mut hello)) => {
+                    Ok(Frame::Ready { hello }) => {
+                        let mut hello = hello.into_owned();
                         tracing::debug!(pid = hello.pid, "worker ready");
                         let State::Starting(proc) =
                             std::mem::replace(&mut self.state, State::Absent)
@@ -409,7 +411,9 @@ impl Worker {
     fn stop_worker(&mut self) {
         if let State::Ready { proc, .. } = &mut self.state {
             self.send_buf.clear();
-            frame::encode_shutdown(&mut self.send_buf);
+            Frame::Shutdown {}
+                .encode(&mut self.send_buf)
+                .expect("an empty frame fits");
             if lock(&proc.to_worker).write_all(&self.send_buf).is_ok() {
                 let until = Instant::now() + self.grace;
                 loop {
@@ -483,7 +487,7 @@ impl Worker {
                     OutputStream::Stdout => c.stdout.extend_from_slice(bytes),
                     OutputStream::Stderr => c.stderr.extend_from_slice(bytes),
                 },
-                Ok(Frame::Event { id, event }) if id == c.id => c.events.push(event),
+                Ok(Frame::Event { id, event }) if id == c.id => c.events.push(event.into_owned()),
                 Ok(Frame::Context { id, json }) if id == c.id => {
                     // A worker started later (after a crash or restart) starts from it.
                     self.spawn.setup.flow.context = Some(json.to_owned());
@@ -496,7 +500,11 @@ impl Worker {
                         &request,
                         Box::new(move |answer| {
                             let mut buf = Vec::new();
-                            if let Err(e) = frame::encode_approval_answer(&mut buf, &answer) {
+                            if let Err(e) = (Frame::ApprovalAnswer {
+                                answer: Cow::Owned(answer),
+                            })
+                            .encode(&mut buf)
+                            {
                                 tracing::warn!(error = %e, "an approval answer too large for a frame was dropped");
                                 return;
                             }
@@ -513,7 +521,7 @@ impl Worker {
                     self.approvals.close(approval_id);
                 }
                 Ok(Frame::Done { id, report }) if id == c.id => {
-                    c.done = Some(report);
+                    c.done = Some(Box::new(report.into_owned()));
                     return true;
                 }
                 Ok(other) => tracing::warn!(?other, "unexpected frame from the worker ignored"),
@@ -608,9 +616,9 @@ impl Worker {
     /// Sends a request frame (`encode` with a fresh id) between cells and waits up to
     /// `timeout` for the frame `pick` accepts; frames it does not are ignored. A worker that
     /// dies meanwhile is replaced (from the last checkpoint, if there is one).
-    fn ask<T>(
+    fn ask<'r, T>(
         &mut self,
-        encode: impl FnOnce(&mut Vec<u8>, u64),
+        request: impl FnOnce(u64) -> Frame<'r>,
         timeout: Duration,
         during: &'static str,
         mut pick: impl FnMut(Frame<'_>, u64) -> Option<T>,
@@ -622,7 +630,9 @@ impl Worker {
         self.next_id += 1;
         let id = self.next_id;
         self.send_buf.clear();
-        encode(&mut self.send_buf, id);
+        request(id)
+            .encode(&mut self.send_buf)
+            .map_err(|e| WorkerError::Io(io::Error::other(e)))?;
         let proc = self
             .state
             .process_mut()
@@ -856,8 +866,14 @@ impl Engine for Worker {
         };
         self.send_buf.clear();
         let timeout_ms = timeout.as_millis() as u64;
-        frame::encode_execute(&mut self.send_buf, c.id, timeout_ms, execution_count, code)
-            .expect("worker mode caps request lines at frame::MAX_CELL_BYTES (config.rs)");
+        Frame::Execute {
+            id: c.id,
+            timeout_ms,
+            execution_count,
+            code,
+        }
+        .encode(&mut self.send_buf)
+        .expect("worker mode caps request lines at frame::MAX_CELL_BYTES (config.rs)");
         let started = Instant::now();
         {
             let mut st = self.control.lock();
@@ -1007,11 +1023,11 @@ impl Engine for Worker {
 
     fn list_variables(&mut self) -> Result<Vec<VariableInfo>, EngineError> {
         let report = self.ask(
-            frame::encode_variables,
+            |id| Frame::Variables { id },
             LIST_TIMEOUT,
             "while listing variables",
             |frame, id| match frame {
-                Frame::VariablesReply { id: got, report } if got == id => Some(report),
+                Frame::VariablesReply { id: got, report } if got == id => Some(report.into_owned()),
                 _ => None,
             },
         )?;
@@ -1026,11 +1042,11 @@ impl Engine for Worker {
             return; // checkpoints are off
         }
         let asked = self.ask(
-            frame::encode_health,
+            |id| Frame::Health { id },
             LIST_TIMEOUT,
             "while saying how the checkpoint is doing",
             |frame, id| match frame {
-                Frame::HealthReply { id: got, health } if got == id => Some(health),
+                Frame::HealthReply { id: got, health } if got == id => Some(health.into_owned()),
                 _ => None,
             },
         );
@@ -1089,11 +1105,13 @@ impl Engine for Worker {
             return Err(flowrepl_worker::CheckpointError::Off.into());
         }
         let outcome = self.ask(
-            |buf, id| frame::encode_checkpoint(buf, id, name),
+            |id| Frame::Checkpoint { id, name },
             CHECKPOINT_TIMEOUT,
             "while writing a checkpoint",
             |frame, id| match frame {
-                Frame::CheckpointReply { id: got, outcome } if got == id => Some(outcome),
+                Frame::CheckpointReply { id: got, outcome } if got == id => {
+                    Some(outcome.into_owned())
+                }
                 _ => None,
             },
         )?;
