@@ -100,7 +100,7 @@ codec::frames! {
         /// Who it is and what it restored.
         hello: Cow<'a, WorkerHello>,
     }
-    /// Output of the running cell: up to [`MAX_CHUNK_BYTES`](crate::frame::MAX_CHUNK_BYTES) raw bytes, cut anywhere.
+    /// Output of the running cell: up to `MAX_CHUNK_BYTES` raw bytes, cut anywhere.
     0x82 OUTPUT ToKernel Output {
         /// The cell.
         id: u64,
