@@ -1,0 +1,205 @@
+//! The worker's life as [`State`] and its transitions: spawn (`Absent` → `Starting`), ready
+//! (→ `Ready`), drop and stop (→ `Absent`), and noticing a death between cells.
+
+use super::process::{Ended, WorkerProcess};
+use super::pump::Wait;
+use super::{Worker, WorkerError, READY_TIMEOUT};
+use crate::config::Limits;
+use flowrepl_os::lock;
+use flowrepl_protocol::frame::{self, Frame, WorkerHello};
+use flowrepl_protocol::AUTO_CHECKPOINT;
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::time::Instant;
+
+/// Where the worker is in its life.
+#[derive(Debug)]
+pub enum State {
+    /// No worker (before the first start, after a death or kill).
+    Absent,
+    /// Spawned; its Ready frame has not come yet.
+    Starting(WorkerProcess),
+    /// Ready for cells.
+    Ready {
+        /// The process.
+        proc: WorkerProcess,
+        /// What it said when ready.
+        hello: Box<WorkerHello>,
+    },
+}
+
+impl State {
+    pub(super) fn process(&self) -> Option<&WorkerProcess> {
+        match self {
+            State::Absent => None,
+            State::Starting(p) | State::Ready { proc: p, .. } => Some(p),
+        }
+    }
+
+    pub(super) fn process_mut(&mut self) -> Option<&mut WorkerProcess> {
+        match self {
+            State::Absent => None,
+            State::Starting(p) | State::Ready { proc: p, .. } => Some(p),
+        }
+    }
+}
+
+impl Worker {
+    pub(super) fn limits(&self) -> Limits {
+        self.spawn.limits
+    }
+
+    /// The checkpoint a fresh worker that replaces a dead one starts from, if there is one.
+    pub(super) fn after_death(&self) -> Option<&'static str> {
+        self.auto_journal
+            .as_ref()
+            .filter(|j| j.is_file())
+            .map(|_| AUTO_CHECKPOINT)
+    }
+
+    /// `Absent` → `Starting`; with `restore`, the worker restores that checkpoint first.
+    pub(super) fn spawn_worker(&mut self, restore: Option<&str>) -> Result<(), WorkerError> {
+        let p =
+            WorkerProcess::spawn(&self.spawn, &self.diagnostics, restore).map_err(|source| {
+                WorkerError::Spawn {
+                    exe: self.spawn.exe.display().to_string(),
+                    source,
+                }
+            })?;
+        tracing::info!(pid = p.pid, "worker started");
+        {
+            let mut st = self.control.lock();
+            st.pid = Some(p.pid);
+            st.capture = match (p.capture[0].try_clone(), p.capture[1].try_clone()) {
+                (Ok(o), Ok(e)) => Some([o, e]),
+                _ => None,
+            };
+        }
+        self.last_cpu_total_ms = 0.0;
+        self.state = State::Starting(p);
+        Ok(())
+    }
+
+    /// Starts a worker if there is none, and waits for its Ready frame (`Starting` →
+    /// `Ready`).
+    pub(super) fn ensure_ready(&mut self) -> Result<(), WorkerError> {
+        if matches!(self.state, State::Absent) {
+            self.spawn_worker(self.after_death())?;
+        }
+        if matches!(self.state, State::Ready { .. }) {
+            return Ok(());
+        }
+        let until = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(payload) = self.next_buffered().map_err(io::Error::other)? {
+                match frame::decode(&payload) {
+                    Ok(Frame::Ready { hello }) => {
+                        let mut hello = hello.into_owned();
+                        tracing::debug!(pid = hello.pid, "worker ready");
+                        let State::Starting(proc) =
+                            std::mem::replace(&mut self.state, State::Absent)
+                        else {
+                            unreachable!("only a starting worker sends Ready");
+                        };
+                        self.python = hello.python.clone();
+                        self.capture_next = hello.capture_starts;
+                        if let Some(r) = hello.restored.take() {
+                            self.restored = Some(Ok(r));
+                        } else if let Some(e) = hello.restore_error.take() {
+                            self.restored = Some(Err(e));
+                        }
+                        self.state = State::Ready {
+                            proc,
+                            hello: Box::new(hello),
+                        };
+                        return Ok(());
+                    }
+                    Ok(Frame::Context { json, .. }) => {
+                        // Restoring gave the task the checkpoint's context (it had none).
+                        self.spawn.setup.flow.context = Some(json.to_owned());
+                    }
+                    other => {
+                        let why = format!("sent {other:?} instead of Ready");
+                        self.drop_worker();
+                        return Err(WorkerError::DiedAtStart(why));
+                    }
+                }
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.drop_worker();
+                return Err(WorkerError::NotReady(READY_TIMEOUT));
+            }
+            match self.read_frames(left)? {
+                Wait::Frames | Wait::Timeout => {}
+                Wait::Eof => {
+                    let ended = self.drop_worker();
+                    let how = ended.map(|e| e.describe()).unwrap_or_default();
+                    return Err(WorkerError::DiedAtStart(how));
+                }
+            }
+        }
+    }
+
+    /// Kills and reaps the current worker, if any (→ `Absent`).
+    pub(super) fn drop_worker(&mut self) -> Option<Ended> {
+        let state = std::mem::replace(&mut self.state, State::Absent);
+        self.control.lock().pid = None;
+        match state {
+            State::Absent => None,
+            State::Starting(mut p) | State::Ready { proc: mut p, .. } => p.kill_and_reap(),
+        }
+    }
+
+    /// Ends a ready worker gracefully: a Shutdown frame, then up to the grace period for its
+    /// exit handlers and flushes (its pipe closes when it exits), then SIGKILL to its group.
+    pub(super) fn stop_worker(&mut self) {
+        if let State::Ready { proc, .. } = &mut self.state {
+            self.send_buf.clear();
+            Frame::Shutdown {}
+                .encode(&mut self.send_buf)
+                .expect("an empty frame fits");
+            if lock(&proc.to_worker).write_all(&self.send_buf).is_ok() {
+                let until = Instant::now() + self.grace;
+                loop {
+                    let left = until.saturating_duration_since(Instant::now());
+                    // Whatever it still sends (a late Done) is not wanted: read until EOF.
+                    match self.read_frames(left) {
+                        Ok(Wait::Frames) => while let Ok(Some(_)) = self.next_buffered() {},
+                        Ok(Wait::Timeout) if !left.is_zero() => {}
+                        Ok(Wait::Eof) => break,
+                        Ok(Wait::Timeout) | Err(_) => {
+                            tracing::warn!(
+                                grace_ms = self.grace.as_millis() as u64,
+                                "the worker did not exit within the grace period after Shutdown; killing it"
+                            );
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(ended) = self.drop_worker() {
+            tracing::debug!(how = %ended.describe(), "worker ended");
+        }
+    }
+
+    /// If the worker died while idle, notices it now (one `poll`), so that the cell runs on
+    /// a fresh worker instead of failing. Returns a warning to attach to the cell.
+    pub(super) fn check_idle_worker(&mut self) -> Option<String> {
+        let p = self.state.process()?;
+        if !flowrepl_os::poll_hangup(p.from_worker.get_ref().as_raw_fd()) {
+            return None;
+        }
+        let ended = self.drop_worker()?;
+        Some(format!(
+            "the worker {} while idle, after the previous cell; its state was lost and this cell ran on a fresh worker{}",
+            ended.describe(),
+            if self.after_death().is_some() {
+                " started from the last checkpoint (see `restored`)"
+            } else {
+                ""
+            }
+        ))
+    }
+}

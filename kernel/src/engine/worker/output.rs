@@ -1,0 +1,69 @@
+//! A cell's output out of the capture files the kernel holds, and the progress tail.
+
+use super::cell::Collecting;
+use super::Worker;
+use flowrepl_worker::tail::{last_line, TAIL_BYTES};
+use std::os::fd::AsFd;
+
+impl Worker {
+    /// What the cell wrote that did not arrive as Output frames (`received` bytes per stream
+    /// did), read from the kernel's handle on the capture files up to `ends` (a worker's
+    /// Done) or to their current size (a worker that died), with the output limit applied as
+    /// the worker applies it: the kept head, the marker, the last quarter. One `pread` per
+    /// range, straight into the buffer the reply is made from.
+    pub(super) fn read_output(&self, received: [usize; 2], ends: Option<[u64; 2]>) -> [Vec<u8>; 2] {
+        use flowrepl_worker::capture::{drop_marker, file_size, kept_ranges, pread_into};
+        let Some(p) = self.state.process() else {
+            return Default::default();
+        };
+        let max = self.spawn.max_output_bytes;
+        let mut out: [Vec<u8>; 2] = Default::default();
+        for i in 0..2 {
+            let fd = p.capture[i].as_fd();
+            let size = match ends {
+                Some(e) => e[i],
+                None => match file_size(fd) {
+                    Ok(s) => s,
+                    Err(_) => continue,
+                },
+            };
+            let start = self.capture_next[i];
+            let from = start + received[i] as u64;
+            let read = |buf: &mut Vec<u8>, a: u64, b: u64| {
+                if b <= a {
+                    return;
+                }
+                let at = buf.len();
+                buf.resize(at + (b - a) as usize, 0);
+                let mut n = 0;
+                while at + n < buf.len() {
+                    match pread_into(fd, &mut buf[at + n..], a + n as u64) {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => n += k,
+                    }
+                }
+                buf.truncate(at + n);
+            };
+            if size.saturating_sub(start) <= max {
+                read(&mut out[i], from, size);
+            } else {
+                let (head_end, tail_start) = kept_ranges(start, size, max);
+                read(&mut out[i], from, head_end);
+                out[i].extend_from_slice(drop_marker(tail_start - head_end, max).as_bytes());
+                read(&mut out[i], tail_start.max(from), size);
+            }
+        }
+        out
+    }
+
+    /// Publishes the running cell's output so far to [`WorkerControl::output_tail`].
+    pub(super) fn update_tail(&self, c: &Collecting) {
+        let mut st = self.control.lock();
+        for (i, bytes) in [&c.stdout, &c.stderr].into_iter().enumerate() {
+            if st.tail.bytes[i] != bytes.len() as u64 {
+                st.tail.bytes[i] = bytes.len() as u64;
+                st.tail.last_line[i] = last_line(&bytes[bytes.len().saturating_sub(TAIL_BYTES)..]);
+            }
+        }
+    }
+}
