@@ -49,6 +49,7 @@ fn main() {
         "protocol",
         "task-logger",
         "pythons",
+        "cli",
         "Cargo.toml",
         "Cargo.lock",
     ] {

@@ -1,6 +1,6 @@
 //! Everything the kernel needs to know at start, from the command line and the environment.
 
-use crate::cli::Cli;
+use flowrepl_cli::args::Cli;
 use std::path::PathBuf;
 
 /// The default cell timeout.
@@ -66,7 +66,7 @@ pub struct Config {
     /// in-process mode answers `CellNotStopped`.
     pub kill_grace: std::time::Duration,
     /// `flowrepl mcp`, when serving MCP.
-    pub mcp: Option<crate::cli::McpArgs>,
+    pub mcp: Option<flowrepl_cli::args::McpArgs>,
     /// What the session starts from (drop-in `sys.argv` and `sys.path[0]`, startup files).
     pub setup: flowrepl_worker::SessionSetup,
     /// Answer failing `execute` calls as JSON-RPC errors (drop-in mode, `--compat json-repl`).
@@ -174,8 +174,8 @@ impl Config {
         let log_dir = std::path::absolute(&cli.log_dir).map_err(ConfigError::LogDir)?;
         let log_file =
             flowrepl_task_logger::task_log_path(&log_dir, &identity.plan_id, &identity.task_id);
-        let chosen = crate::launcher::choose(cli)?;
-        let embedded = crate::launcher::build_python().1;
+        let chosen = flowrepl_cli::launcher::choose(cli, &crate::BUILD)?;
+        let embedded = crate::BUILD.python().1;
         if embedded != Some(chosen.version) {
             return Err(ConfigError::WrongKernel {
                 program: chosen.program.display().to_string(),
@@ -184,7 +184,7 @@ impl Config {
             });
         }
         // Started by the launcher: it says why it chose this interpreter.
-        let python_source = std::env::var(crate::launcher::PYTHON_SOURCE_ENV)
+        let python_source = std::env::var(flowrepl_cli::launcher::PYTHON_SOURCE_ENV)
             .ok()
             .and_then(|s| flowrepl_pythons::Source::from_name(&s))
             .unwrap_or(chosen.source);
@@ -297,8 +297,8 @@ impl Config {
             python,
             python_source,
             mcp: cli.command.as_ref().and_then(|c| match c {
-                crate::cli::Command::Mcp(m) => Some(m.clone()),
-                crate::cli::Command::Log(_) => None,
+                flowrepl_cli::args::Command::Mcp(m) => Some(m.clone()),
+                flowrepl_cli::args::Command::Log(_) => None,
             }),
         })
     }

@@ -2,9 +2,7 @@
 //!
 //! # Layout
 //! - [`approvals`]: the cells' requests for approval, routed to the front's way of asking.
-//! - [`cli`]: flags and their environment variables.
 //! - [`config`]: flags + environment → [`config::Config`] (identity, log path, limits, python).
-//! - [`dropin`]: started as `python [flags] SCRIPT` by the original system's clients.
 //! - [`engine`]: where cells run, behind one interface: in-process or a worker subprocess
 //!   (its lifecycle, the stop ladder, crash recovery).
 //! - [`events`]: a cell's events (`flow`, `MCP::` lines) in order.
@@ -12,12 +10,12 @@
 //! - [`records`]: the task-log record writer thread.
 //! - [`ledger`]: what each cell changed, so that restores name what they could not bring back.
 //! - [`terminate`]: SIGTERM/SIGHUP write every record before the kernel ends.
-//! - [`launcher`]: `flowrepl` picks the interpreter and runs the kernel built for its version.
-//! - [`logcmd`]: `flowrepl log`: the task logs for people, and as JSON.
 //! - [`jsonrpc`]: the JSON-RPC front (request loop, busy-time watcher, reply writer).
 //! - [`mcp`]: the MCP front (`flowrepl mcp`).
 //!
-//! Dependencies point one way: fronts → session → engine.
+//! Dependencies point one way: fronts → session → engine. The flags, the launcher and
+//! `flowrepl log` are in `flowrepl-cli` (no Python); [`BUILD`] is what they need to know
+//! about this build.
 //!
 //! # Start-up order
 //! The real stdio is moved out of reach first (so nothing, not even a panic message, can write
@@ -26,29 +24,37 @@
 #![warn(missing_docs)]
 
 pub mod approvals;
-pub mod cli;
 pub mod config;
-pub mod dropin;
 pub mod engine;
 pub mod events;
 pub mod jsonrpc;
-pub mod launcher;
 pub mod ledger;
-pub mod logcmd;
 pub mod mcp;
 pub mod records;
 pub mod session;
 pub mod terminate;
 
+use flowrepl_cli::args::{Cli, Command};
+use flowrepl_cli::logcmd;
 use std::process::ExitCode;
+
+/// What this build knows about Python, for the launcher and the flags: the interpreter the
+/// kernel embeds, where the kernels of other versions are (`kernel/build.rs`), the MCP tools.
+pub const BUILD: flowrepl_cli::launcher::Build = flowrepl_cli::launcher::Build {
+    python: flowrepl_worker::interpreter::BUILD_PYTHON,
+    python_version: flowrepl_worker::interpreter::BUILD_PYTHON_VERSION,
+    kernels_dir: option_env!("FLOWREPL_KERNELS_DIR"),
+    kernels_profile: option_env!("FLOWREPL_KERNELS_PROFILE"),
+    mcp_tools: mcp::tools::tool_names,
+};
 
 /// Runs the kernel until `shutdown` or EOF. Exit codes: 0 after shutdown/EOF, 1 when Python
 /// or the protocol channel fails, 2 for a configuration error.
-pub fn run(cli: cli::Cli) -> ExitCode {
+pub fn run(cli: Cli) -> ExitCode {
     // Before any thread starts: a parent that ignores or blocks SIGINT must not take away
     // the interrupts and timeouts of in-process cells, nor SIGTERM's records.
     flowrepl_os::reset_inherited_signals();
-    if let Some(cli::Command::Log(args)) = &cli.command {
+    if let Some(Command::Log(args)) = &cli.command {
         return logcmd::run(&cli.log_globals(), args);
     }
     let stdio = match flowrepl_worker::stdio::take_protocol_stdio() {

@@ -1,8 +1,8 @@
 //! `flowrepl`: finds the Python the user means and starts the kernel built for its version
-//! ([`flowrepl::launcher`]).
+//! (`flowrepl_cli::launcher`).
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    flowrepl::launcher::main(flowrepl::mcp::tools::tool_names)
+    flowrepl_cli::launcher::main(&flowrepl::BUILD)
 }

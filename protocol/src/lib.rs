@@ -12,6 +12,7 @@
 //!   how a restore is reported.
 //! - [`status`]: the answer to `status` and the params of the `ready` notification.
 //! - [`frame`]: the length-prefixed kernel ↔ worker pipe protocol (worker mode).
+//! - [`limits`]: default limits, shared by the kernel's flags and the worker's.
 //! - [`json`]: a fast writer for `execute_code` replies (same bytes as serde_json).
 //!
 //! # Wire format (front protocol)
@@ -28,6 +29,7 @@ pub mod fault;
 pub mod frame;
 pub mod json;
 pub mod jsonrpc;
+pub mod limits;
 pub mod snapshot;
 pub mod status;
 

@@ -38,13 +38,9 @@ const FLUSH_AT: usize = 1 << 20;
 /// A `repr` that does not fit in a frame is cut to this.
 const MAX_RESULT_ON_OVERFLOW: usize = 1 << 20;
 
-/// Output kept per stream and cell, in bytes, unless set (`FLOWREPL_MAX_OUTPUT_BYTES`).
-pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 256 << 20;
-/// Pixels per collected image, unless set (`FLOWREPL_MCP_MAX_IMAGE_PIXELS`).
-pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 4_000_000;
-/// Names whose pickle is larger are not checkpointed, in MB, unless set
-/// (`FLOWREPL_SNAPSHOT_MAX_MB`).
-pub const DEFAULT_SNAPSHOT_MAX_MB: u64 = 1024;
+use flowrepl_protocol::limits::{
+    DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_SNAPSHOT_MAX_MB,
+};
 
 /// Command line of `flowrepl-worker` (set by the kernel; not meant for people).
 #[derive(Debug, Clone, PartialEq, Eq, clap::Parser)]

@@ -12,7 +12,7 @@
 //! resolution (a few file reads): no Python, no thread, no byte on stdout. An interpreter it
 //! cannot serve is a one-line error on stderr and exit code 2.
 
-use crate::cli::Cli;
+use crate::args::Cli;
 use flowrepl_pythons::{Interpreter, Request, Version};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -22,34 +22,48 @@ use std::process::ExitCode;
 pub const PYTHON_ENV: &str = "FLOWREPL_PYTHON";
 /// Environment variable naming why it was chosen ([`flowrepl_pythons::Source::as_str`]).
 pub const PYTHON_SOURCE_ENV: &str = "FLOWREPL_PYTHON_SOURCE";
-/// Where the build put the kernels of other Python versions.
-const KERNELS_DIR: Option<&str> = option_env!("FLOWREPL_KERNELS_DIR");
-/// The build's profile (`debug`, `release`).
-const KERNELS_PROFILE: Option<&str> = option_env!("FLOWREPL_KERNELS_PROFILE");
 /// The kernel executable's name.
 pub const KERNEL_EXE: &str = "flowrepl-kernel";
 
-/// The interpreter this build embeds (next to the launcher).
-pub fn build_python() -> (PathBuf, Option<Version>) {
-    (
-        PathBuf::from(flowrepl_worker::interpreter::BUILD_PYTHON),
-        Version::parse(flowrepl_worker::interpreter::BUILD_PYTHON_VERSION),
-    )
+/// What the build that made these binaries knows (the kernel package's build script sets
+/// it; this crate is built without Python).
+#[derive(Debug, Clone, Copy)]
+pub struct Build {
+    /// The interpreter the build's own kernel embeds (next to the launcher).
+    pub python: &'static str,
+    /// Its `major.minor.micro`.
+    pub python_version: &'static str,
+    /// Where the build put the kernels of other Python versions.
+    pub kernels_dir: Option<&'static str>,
+    /// The build's profile (`debug`, `release`).
+    pub kernels_profile: Option<&'static str>,
+    /// The MCP server's tools, for `--help` (asked only then).
+    pub mcp_tools: fn() -> Vec<String>,
+}
+
+impl Build {
+    /// The interpreter the build's own kernel embeds, and its version.
+    pub fn python(&self) -> (PathBuf, Option<Version>) {
+        (
+            PathBuf::from(self.python),
+            Version::parse(self.python_version),
+        )
+    }
 }
 
 /// The kernels this build can start, by version (the build's own first).
-pub fn kernels() -> Vec<(Version, PathBuf)> {
+pub fn kernels(build: &Build) -> Vec<(Version, PathBuf)> {
     let mut out = Vec::new();
     let exe_dir = std::env::current_exe()
         .ok()
         .and_then(|e| e.parent().map(Path::to_path_buf));
-    if let (Some(dir), (_, Some(v))) = (&exe_dir, build_python()) {
+    if let (Some(dir), (_, Some(v))) = (&exe_dir, build.python()) {
         let k = dir.join(KERNEL_EXE);
         if k.is_file() {
             out.push((v, k));
         }
     }
-    if let (Some(root), Some(profile)) = (KERNELS_DIR, KERNELS_PROFILE) {
+    if let (Some(root), Some(profile)) = (build.kernels_dir, build.kernels_profile) {
         if let Ok(entries) = std::fs::read_dir(root) {
             let mut more: Vec<(Version, PathBuf)> = entries
                 .flatten()
@@ -68,8 +82,8 @@ pub fn kernels() -> Vec<(Version, PathBuf)> {
 }
 
 /// The kernel for `version`, or why there is none.
-fn kernel_for(version: Version) -> Result<PathBuf, String> {
-    let all = kernels();
+fn kernel_for(build: &Build, version: Version) -> Result<PathBuf, String> {
+    let all = kernels(build);
     if let Some((_, k)) = all.iter().find(|(v, _)| *v == version) {
         return Ok(k.clone());
     }
@@ -81,26 +95,25 @@ fn kernel_for(version: Version) -> Result<PathBuf, String> {
 }
 
 /// The interpreter the user means.
-pub fn choose(cli: &Cli) -> Result<Interpreter, flowrepl_pythons::PythonError> {
-    let (build, _) = build_python();
-    flowrepl_pythons::resolve(&Request::from_env(cli.python.clone(), Some(build)))
+pub fn choose(cli: &Cli, build: &Build) -> Result<Interpreter, flowrepl_pythons::PythonError> {
+    let (python, _) = build.python();
+    flowrepl_pythons::resolve(&Request::from_env(cli.python.clone(), Some(python)))
 }
 
 /// Runs the launcher: resolve, then `exec` the kernel. Returns only on failure.
-/// `mcp_tools` names the MCP tools for `--help`.
-pub fn main(mcp_tools: fn() -> Vec<String>) -> ExitCode {
-    let cli = Cli::from_args(mcp_tools);
-    if let Some(crate::cli::Command::Log(args)) = &cli.command {
+pub fn main(build: &Build) -> ExitCode {
+    let cli = Cli::from_args(build.mcp_tools);
+    if let Some(crate::args::Command::Log(args)) = &cli.command {
         return crate::logcmd::run(&cli.log_globals(), args);
     }
-    let interpreter = match choose(&cli) {
+    let interpreter = match choose(&cli, build) {
         Ok(i) => i,
         Err(e) => {
             eprintln!("flowrepl: {e}");
             return ExitCode::from(2);
         }
     };
-    let kernel = match kernel_for(interpreter.version) {
+    let kernel = match kernel_for(build, interpreter.version) {
         Ok(k) => k,
         Err(e) => {
             eprintln!("flowrepl: {e}");

@@ -54,7 +54,7 @@ pub struct Cli {
     pub max_request_bytes: usize,
 
     /// Output kept per stream and cell, in bytes; beyond it the middle is dropped.
-    #[arg(global = true, long, env = "FLOWREPL_MAX_OUTPUT_BYTES", default_value_t = flowrepl_worker::serve::DEFAULT_MAX_OUTPUT_BYTES,
+    #[arg(global = true, long, env = "FLOWREPL_MAX_OUTPUT_BYTES", default_value_t = flowrepl_protocol::limits::DEFAULT_MAX_OUTPUT_BYTES,
           value_parser = clap::value_parser!(u64).range(4096..))]
     pub max_output_bytes: u64,
 
@@ -107,7 +107,7 @@ pub struct Cli {
 
     /// Variables whose pickle is larger than this many MB are not checkpointed (they are
     /// listed as unsaved).
-    #[arg(global = true, long, env = "FLOWREPL_SNAPSHOT_MAX_MB", default_value_t = flowrepl_worker::serve::DEFAULT_SNAPSHOT_MAX_MB,
+    #[arg(global = true, long, env = "FLOWREPL_SNAPSHOT_MAX_MB", default_value_t = flowrepl_protocol::limits::DEFAULT_SNAPSHOT_MAX_MB,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub snapshot_max_mb: u64,
 
@@ -207,7 +207,7 @@ pub struct McpArgs {
 
     /// Pixels per image: figures are rendered at a lower dpi to fit; larger `_repr_png_`
     /// images are left out.
-    #[arg(long, env = "FLOWREPL_MCP_MAX_IMAGE_PIXELS", default_value_t = flowrepl_worker::serve::DEFAULT_MAX_IMAGE_PIXELS,
+    #[arg(long, env = "FLOWREPL_MCP_MAX_IMAGE_PIXELS", default_value_t = flowrepl_protocol::limits::DEFAULT_MAX_IMAGE_PIXELS,
           value_parser = clap::value_parser!(u64).range(10_000..=100_000_000))]
     pub max_image_pixels: u64,
 

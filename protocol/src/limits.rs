@@ -1,0 +1,8 @@
+//! Default limits, shared by the kernel's flags and the worker's (each unless set).
+
+/// Output kept per stream and cell, in bytes (`FLOWREPL_MAX_OUTPUT_BYTES`).
+pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 256 << 20;
+/// Pixels per collected image (`FLOWREPL_MCP_MAX_IMAGE_PIXELS`).
+pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 4_000_000;
+/// Names whose pickle is larger are not checkpointed, in MB (`FLOWREPL_SNAPSHOT_MAX_MB`).
+pub const DEFAULT_SNAPSHOT_MAX_MB: u64 = 1024;
