@@ -53,7 +53,7 @@ impl Ledger {
         // `__warningregistry__` and the like are the interpreter's, not the session's.
         for n in names
             .iter()
-            .filter(|n| !flowrepl_worker::snapshot::is_dunder(n))
+            .filter(|n| !flowrepl_worker::key_diff::is_dunder(n))
         {
             match self.changes.get_mut(n.as_str()) {
                 Some(c) => *c = (cell, how),

@@ -6,7 +6,8 @@
 //! - [`capture`]: fds 1 and 2 captured into memfds: no pipe, no thread, no copy per cell.
 //! - [`interpreter`]: starts embedded CPython with the right stdlib and venv.
 //! - [`cell`]: finds a cell's final expression by scanning text, without an AST.
-//! - [`snapshot`]: diffs namespace and `sys.modules` keys with one ordered walk.
+//! - [`key_diff`]: diffs namespace and `sys.modules` keys with one ordered walk (what a cell
+//!   added and removed; "snapshot" names only checkpoints).
 //! - [`checkpoint`]: checkpoints of the namespace (when, and the bridge to `snapshot.py`).
 //! - [`monitor`]: the one helper thread: timeouts (SIGINT to the executing thread) and the
 //!   output limit.
@@ -36,11 +37,11 @@ pub mod events;
 pub mod executor;
 pub mod flow;
 pub mod interpreter;
+pub mod key_diff;
 pub mod logging;
 pub mod monitor;
 pub mod serve;
 pub mod sink;
-pub mod snapshot;
 pub mod stdio;
 pub mod support;
 pub mod tail;

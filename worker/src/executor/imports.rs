@@ -8,7 +8,7 @@ impl Executor {
     pub(super) fn rebaseline(&mut self, py: Python<'_>) {
         let mut scratch = (Vec::new(), Vec::new());
         let globals = self.globals.bind(py).clone();
-        self.var_snapshot
+        self.var_keys
             .update(py, &globals, &mut scratch.0, &mut scratch.1, None);
         self.rebaseline_modules(py);
     }
@@ -19,7 +19,7 @@ impl Executor {
     pub(super) fn absorb_own_imports(&mut self, py: Python<'_>) {
         let mut added = Vec::new();
         let modules = self.modules.bind(py).clone();
-        self.module_snapshot
+        self.module_keys
             .update(py, &modules, &mut added, &mut Vec::new(), None);
         self.own_imports.extend(added);
     }
@@ -49,7 +49,7 @@ impl Executor {
     pub(super) fn rebaseline_modules(&mut self, py: Python<'_>) {
         let mut scratch = (Vec::new(), Vec::new());
         let modules = self.modules.bind(py).clone();
-        self.module_snapshot
+        self.module_keys
             .update(py, &modules, &mut scratch.0, &mut scratch.1, None);
     }
 }

@@ -7,7 +7,7 @@
 //! 3. tell the [`Monitor`] (timeout, output limit), run, take the `repr` of the value;
 //! 4. flush Python and C stdio, collect fds 1 and 2 from the capture files, or stream them to
 //!    the sink; render images (`output.rs`);
-//! 5. diff globals and `sys.modules` against the snapshots ([`KeySnapshot`]), less the
+//! 5. diff globals and `sys.modules` against the snapshots ([`KeyDiff`]), less the
 //!    modules the executor's own code imported (`imports.rs`);
 //! 6. on error, format the traceback, cell sources registered with linecache first
 //!    (`traceback.rs`).
@@ -36,9 +36,9 @@ use signals::clear_pending_signals;
 use crate::capture::Capture;
 use crate::checkpoint::{Checkpointer, Held};
 use crate::interpreter;
+use crate::key_diff::KeyDiff;
 use crate::monitor::Monitor;
 use crate::sink::Streamer;
-use crate::snapshot::KeySnapshot;
 use crate::support::CallError;
 use crate::usage::UsageMeter;
 use flowrepl_protocol::{Mode, PythonInfo, VariableInfo};
@@ -68,8 +68,8 @@ pub struct Executor {
     monitor: Monitor,
     streamer: Option<Arc<Streamer>>,
     usage: UsageMeter,
-    var_snapshot: KeySnapshot,
-    module_snapshot: KeySnapshot,
+    var_keys: KeyDiff,
+    module_keys: KeyDiff,
     /// NUL-terminated source handed to the compiler; reused.
     source_buf: Vec<u8>,
     /// Cells whose source is not yet in linecache: (filename, source).
@@ -183,8 +183,8 @@ impl Executor {
                 monitor,
                 streamer,
                 usage: UsageMeter::new(),
-                var_snapshot: KeySnapshot::default(),
-                module_snapshot: KeySnapshot::default(),
+                var_keys: KeyDiff::default(),
+                module_keys: KeyDiff::default(),
                 source_buf: Vec::with_capacity(4096),
                 pending_sources: Vec::new(),
                 cells: 0,
@@ -349,8 +349,8 @@ impl Drop for Executor {
         // Its thread stops first (it may be waiting for the GIL).
         self.checkpoints = None;
         Python::attach(|py| {
-            self.var_snapshot.clear(py);
-            self.module_snapshot.clear(py);
+            self.var_keys.clear(py);
+            self.module_keys.clear(py);
         });
     }
 }

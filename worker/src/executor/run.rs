@@ -154,7 +154,7 @@ impl Executor {
             .idle_from(&[self.capture.stdout.cursor(), self.capture.stderr.cursor()]);
         let t_capture = Instant::now();
         let modules = self.modules.bind(py).clone();
-        self.var_snapshot.update(
+        self.var_keys.update(
             py,
             &globals,
             &mut out.report.added_vars,
@@ -162,10 +162,10 @@ impl Executor {
             Some(&mut out.report.rebound_vars),
         );
         let mut gone = Vec::new();
-        self.module_snapshot
+        self.module_keys
             .update(py, &modules, &mut out.report.added_imports, &mut gone, None);
         self.claim_own_imports(code, &mut out.report.added_imports);
-        out.report.variable_count = self.var_snapshot.non_dunder_len();
+        out.report.variable_count = self.var_keys.non_dunder_len();
         let t_diff = Instant::now();
         // Kept for tracebacks and `inspect` only if the cell made code that can run after it
         // ends, or failed (its traceback is formatted now): otherwise every `x = 1` of a long

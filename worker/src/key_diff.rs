@@ -23,7 +23,7 @@ use pyo3::types::PyDict;
 
 /// Strong references to a dict's keys, in iteration order.
 #[derive(Debug, Default)]
-pub struct KeySnapshot {
+pub struct KeyDiff {
     keys: Vec<*mut ffi::PyObject>,
     /// The value of each key, by address only (never dereferenced, no reference held).
     values: Vec<*mut ffi::PyObject>,
@@ -38,7 +38,7 @@ pub struct KeySnapshot {
 
 // SAFETY: the raw pointers are only dereferenced or reference-counted with the GIL held
 // (every method takes `Python`).
-unsafe impl Send for KeySnapshot {}
+unsafe impl Send for KeyDiff {}
 
 /// `__name__`-style names, left out of `variable_count`.
 pub fn is_dunder(name: &str) -> bool {
@@ -57,7 +57,7 @@ fn key_name(py: Python<'_>, key: *mut ffi::PyObject) -> String {
     }
 }
 
-impl KeySnapshot {
+impl KeyDiff {
     /// Names in the snapshot that are not `__dunder__`.
     pub fn non_dunder_len(&self) -> usize {
         self.keys.len() - self.dunders
@@ -262,7 +262,7 @@ mod tests {
         python();
         Python::attach(|py| {
             let d = PyDict::new(py);
-            let mut snap = KeySnapshot::default();
+            let mut snap = KeyDiff::default();
             let (mut a, mut r) = (Vec::new(), Vec::new());
             snap.update(py, &d, &mut a, &mut r, None);
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
@@ -309,7 +309,7 @@ mod tests {
             for k in ["a", "b", "c", "d", "__x__"] {
                 d.set_item(k, list()).unwrap();
             }
-            let mut snap = KeySnapshot::default();
+            let mut snap = KeyDiff::default();
             let (mut a, mut r, mut rb) = (Vec::new(), Vec::new(), Vec::new());
             snap.update(py, &d, &mut a, &mut r, Some(&mut rb));
             assert!(rb.is_empty());
@@ -351,7 +351,7 @@ mod tests {
             let d = PyDict::new(py);
             d.set_item("__name__", "m").unwrap();
             d.set_item("x", 1).unwrap();
-            let mut snap = KeySnapshot::default();
+            let mut snap = KeyDiff::default();
             let (mut a, mut r) = (Vec::new(), Vec::new());
             snap.update(py, &d, &mut a, &mut r, None);
             assert_eq!(a, ["__name__", "x"]);
