@@ -7,7 +7,7 @@
 //! 3. tell the [`Monitor`] (timeout, output limit), run, take the `repr` of the value;
 //! 4. flush Python and C stdio, collect fds 1 and 2 from the capture files, or stream them to
 //!    the sink; render images (`output.rs`);
-//! 5. diff globals and `sys.modules` against the snapshots ([`KeyDiff`]), less the
+//! 5. diff globals and `sys.modules` against the keys seen after the last cell ([`KeyDiff`]), less the
 //!    modules the executor's own code imported (`imports.rs`);
 //! 6. on error, format the traceback, cell sources registered with linecache first
 //!    (`traceback.rs`).
