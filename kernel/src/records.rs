@@ -19,7 +19,7 @@
 
 use crate::config::Identity;
 use flowrepl_os::chain;
-use flowrepl_protocol::{ExecuteParams, ExecuteResult, Mode};
+use flowrepl_protocol::{ExecuteParams, ExecuteResult};
 use flowrepl_task_logger::{
     ContextRecord, EventRecord, ExecutionRecord, LogError, RecordHead, SessionRecord, TaskHead,
     TaskLog, FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
@@ -56,7 +56,6 @@ struct Shared {
     /// Used by the writer thread, and inline by the request thread while the queue is empty.
     log: Mutex<TaskLog>,
     identity: Identity,
-    mode: Mode,
     /// `--no-log`: nothing is written.
     disabled: bool,
 }
@@ -82,11 +81,7 @@ impl RecordWriter {
     /// Starts the writer for `path` (`None`: `--no-log`, nothing is ever written). Opens
     /// the log at once so that an unusable location is reported at start (on stderr) and in
     /// the first result.
-    pub fn start(
-        path: Option<PathBuf>,
-        identity: Identity,
-        mode: Mode,
-    ) -> std::io::Result<RecordWriter> {
+    pub fn start(path: Option<PathBuf>, identity: Identity) -> std::io::Result<RecordWriter> {
         let disabled = path.is_none();
         let path = path.unwrap_or_default();
         let shared = Arc::new(Shared {
@@ -94,7 +89,6 @@ impl RecordWriter {
             drained: Condvar::new(),
             log: Mutex::new(TaskLog::new(path.clone())),
             identity,
-            mode,
             disabled,
         });
         let mut probe = TaskLog::new(path.clone());
@@ -282,7 +276,11 @@ fn write_one(shared: &Shared, job: &Job) {
         let mut log = shared.log.lock().unwrap_or_else(|p| p.into_inner());
         let id = &shared.identity;
         let outcome = log
-            .append(&record(id, shared.mode, &job.params, &job.result))
+            .append(&ExecutionRecord::of(
+                task_head(id, RECORD_TYPE_EXECUTION),
+                &job.params.code,
+                &job.result,
+            ))
             .and_then(|()| {
                 // Then each event as a record of its own, so that a reader can follow a
                 // plan's events without parsing cells.
@@ -375,66 +373,5 @@ fn head<'a>(id: &'a Identity, kind: &'static str, execution_count: u64) -> Recor
     RecordHead {
         task: task_head(id, kind),
         execution_count,
-    }
-}
-
-/// The log record of a result, borrowing everything.
-fn record<'a>(
-    id: &'a Identity,
-    mode: Mode,
-    params: &'a ExecuteParams,
-    r: &'a ExecuteResult,
-) -> ExecutionRecord<'a> {
-    ExecutionRecord {
-        kind: Cow::Borrowed(RECORD_TYPE_EXECUTION),
-        version: FORMAT_VERSION,
-        plan_id: Cow::Borrowed(&id.plan_id),
-        task_id: Cow::Borrowed(&id.task_id),
-        task_name: id.task_name.as_deref().map(Cow::Borrowed),
-        session_id: Cow::Borrowed(&id.session_id),
-        execution_count: r.execution_count,
-        timestamp: Cow::Borrowed(&r.timestamp),
-        elapsed_ms: r.elapsed_ms,
-        code: Cow::Borrowed(&params.code),
-        stdout: Cow::Borrowed(&r.stdout),
-        stderr: Cow::Borrowed(&r.stderr),
-        success: r.success,
-        error_type: r
-            .report
-            .error
-            .as_ref()
-            .map(|e| Cow::Borrowed(e.kind.as_str())),
-        error_message: r
-            .report
-            .error
-            .as_ref()
-            .map(|e| Cow::Borrowed(e.message.as_str())),
-        result: r.report.result.as_deref().map(Cow::Borrowed),
-        timed_out: r.report.timed_out,
-        interrupted: r.report.interrupted,
-        stopped_by: r.stopped_by.map(|s| Cow::Borrowed(s.as_str())),
-        added_vars: Cow::Borrowed(&r.report.added_vars),
-        removed_vars: Cow::Borrowed(&r.report.removed_vars),
-        rebound_vars: Cow::Borrowed(&r.report.rebound_vars),
-        added_imports: Cow::Borrowed(&r.report.added_imports),
-        mode: Cow::Borrowed(mode.as_str()),
-        warnings: Cow::Borrowed(&r.report.warnings),
-        pid: Some(r.report.usage.pid),
-        cpu_ms: Some(r.report.usage.cpu_ms),
-        peak_rss_kb: Some(r.report.usage.peak_rss_kb),
-        state_lost: r.state_lost,
-        images: r
-            .images
-            .iter()
-            .map(|i| flowrepl_task_logger::ImageRecord {
-                source: i.source.clone(),
-                mime: i.mime.clone(),
-                width: i.width,
-                height: i.height,
-                bytes: i.bytes,
-            })
-            .collect(),
-        events: Cow::Borrowed(&r.events),
-        restored: r.restored.clone(),
     }
 }

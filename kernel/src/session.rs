@@ -211,7 +211,6 @@ impl Session {
         let records = RecordWriter::start(
             config.logging.then(|| config.log_file.clone()),
             config.identity.clone(),
-            mode,
         )?;
         let Identity {
             plan_id,

@@ -46,7 +46,7 @@
 //! Compatibility rule: fields are only ever added within a version; a reader must ignore
 //! fields it does not know. Removing or changing the meaning of a field bumps `version`.
 
-use flowrepl_protocol::Event;
+use flowrepl_protocol::{Event, ExecuteResult, ImageInfo};
 use serde::{Deserialize, Serialize, Serializer};
 use std::borrow::Cow;
 
@@ -155,8 +155,8 @@ pub struct ExecutionRecord<'a> {
     #[serde(default)]
     pub state_lost: bool,
     /// Images returned with the result (MCP mode); absent when none.
-    #[serde(default, skip_serializing_if = "<[ImageRecord]>::is_empty")]
-    pub images: Cow<'a, [ImageRecord]>,
+    #[serde(default, skip_serializing_if = "<[ImageInfo]>::is_empty")]
+    pub images: Cow<'a, [ImageInfo]>,
     /// Events the cell reported; absent when none.
     #[serde(default, skip_serializing_if = "<[Event]>::is_empty")]
     pub events: Cow<'a, [Event]>,
@@ -164,6 +164,49 @@ pub struct ExecutionRecord<'a> {
     /// [`flowrepl_protocol::RestoreReport`]); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored: Option<flowrepl_protocol::RestoreReport>,
+}
+
+impl<'a> ExecutionRecord<'a> {
+    /// The record of cell `code` whose result is `r`, for the task and session in `head`
+    /// (its `type` is set here), borrowing everything: the one place a result becomes a
+    /// record.
+    pub fn of(head: TaskHead<'a>, code: &'a str, r: &'a ExecuteResult) -> ExecutionRecord<'a> {
+        let error = r.report.error.as_ref();
+        ExecutionRecord {
+            kind: Cow::Borrowed(RECORD_TYPE_EXECUTION),
+            version: head.version,
+            plan_id: head.plan_id,
+            task_id: head.task_id,
+            task_name: head.task_name,
+            session_id: head.session_id,
+            execution_count: r.execution_count,
+            timestamp: Cow::Borrowed(&r.timestamp),
+            elapsed_ms: r.elapsed_ms,
+            code: Cow::Borrowed(code),
+            stdout: Cow::Borrowed(&r.stdout),
+            stderr: Cow::Borrowed(&r.stderr),
+            success: r.success,
+            error_type: error.map(|e| Cow::Borrowed(e.kind.as_str())),
+            error_message: error.map(|e| Cow::Borrowed(e.message.as_str())),
+            result: r.report.result.as_deref().map(Cow::Borrowed),
+            timed_out: r.report.timed_out,
+            interrupted: r.report.interrupted,
+            stopped_by: r.stopped_by.map(|s| Cow::Borrowed(s.as_str())),
+            added_vars: Cow::Borrowed(&r.report.added_vars),
+            removed_vars: Cow::Borrowed(&r.report.removed_vars),
+            rebound_vars: Cow::Borrowed(&r.report.rebound_vars),
+            added_imports: Cow::Borrowed(&r.report.added_imports),
+            mode: Cow::Borrowed(r.mode.as_str()),
+            warnings: Cow::Borrowed(&r.report.warnings),
+            pid: Some(r.report.usage.pid),
+            cpu_ms: Some(r.report.usage.cpu_ms),
+            peak_rss_kb: Some(r.report.usage.peak_rss_kb),
+            state_lost: r.state_lost,
+            images: Cow::Borrowed(&r.images),
+            events: Cow::Borrowed(&r.events),
+            restored: r.restored.clone(),
+        }
+    }
 }
 
 /// The fields every record starts with: its type and version, and whose it is.
@@ -205,21 +248,6 @@ pub struct EventRecord<'a> {
     /// The event (its fields at the top level).
     #[serde(flatten)]
     pub event: Cow<'a, Event>,
-}
-
-/// An image a cell produced, as logged (the image data itself is not logged).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ImageRecord {
-    /// `figure N` (a matplotlib figure) or `result` (the final value's `_repr_png_()`).
-    pub source: String,
-    /// `image/png`.
-    pub mime: String,
-    /// Width in pixels.
-    pub width: u32,
-    /// Height in pixels.
-    pub height: u32,
-    /// Encoded size in bytes.
-    pub bytes: u64,
 }
 
 /// The `type` of a context record.
