@@ -3,6 +3,21 @@
 use clap::Parser;
 use std::path::PathBuf;
 
+/// The environment variables that code other than the flags sets or reads (the launcher, the
+/// replayer), each written once.
+pub mod env {
+    /// `--python`; the launcher also passes the interpreter it chose in it.
+    pub const PYTHON: &str = "FLOWREPL_PYTHON";
+    /// Why the launcher chose that interpreter (`flowrepl_pythons::Source::as_str`).
+    pub const PYTHON_SOURCE: &str = "FLOWREPL_PYTHON_SOURCE";
+    /// `--no-log`.
+    pub const NO_LOG: &str = "FLOWREPL_NO_LOG";
+    /// `--resume`.
+    pub const RESUME: &str = "FLOWREPL_RESUME";
+    /// `--snapshot`.
+    pub const SNAPSHOT: &str = "FLOWREPL_SNAPSHOT";
+}
+
 /// A persistent Python kernel speaking JSON-RPC 2.0, one JSON object per line on stdio.
 ///
 /// Requests arrive on stdin, one reply per request leaves on stdout; nothing else is ever
@@ -26,7 +41,7 @@ pub struct Cli {
     /// Python to serve: a CPython 3.10+ interpreter or a venv directory [default: $VIRTUAL_ENV,
     /// else the venv flowrepl is installed in, else the python3 on PATH, else the interpreter
     /// flowrepl was built against].
-    #[arg(global = true, long, env = "FLOWREPL_PYTHON", value_name = "PATH")]
+    #[arg(global = true, long, env = env::PYTHON, value_name = "PATH")]
     pub python: Option<PathBuf>,
 
     /// Default cell timeout in milliseconds, when a request gives no timeout_ms [default:
@@ -63,7 +78,7 @@ pub struct Cli {
     pub worker: bool,
 
     /// Write no task log (no records, and the task context is not saved).
-    #[arg(global = true, long, env = "FLOWREPL_NO_LOG", action = clap::ArgAction::SetTrue,
+    #[arg(global = true, long, env = env::NO_LOG, action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     pub no_log: bool,
 
@@ -99,7 +114,7 @@ pub struct Cli {
     #[arg(
         global = true,
         long,
-        env = "FLOWREPL_SNAPSHOT",
+        env = env::SNAPSHOT,
         default_value = "on-success",
         value_name = "POLICY"
     )]
@@ -112,7 +127,7 @@ pub struct Cli {
     pub snapshot_max_mb: u64,
 
     /// Start from the task's automatic checkpoint, if it has one (also FLOWREPL_RESUME=1).
-    #[arg(global = true, long, env = "FLOWREPL_RESUME", action = clap::ArgAction::SetTrue,
+    #[arg(global = true, long, env = env::RESUME, action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     pub resume: bool,
 }

@@ -12,16 +12,12 @@
 //! resolution (a few file reads): no Python, no thread, no byte on stdout. An interpreter it
 //! cannot serve is a one-line error on stderr and exit code 2.
 
-use crate::args::Cli;
+use crate::args::{env, Cli};
 use flowrepl_pythons::{Interpreter, Request, Version};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// Environment variable naming the interpreter chosen (also `--python`'s).
-pub const PYTHON_ENV: &str = "FLOWREPL_PYTHON";
-/// Environment variable naming why it was chosen ([`flowrepl_pythons::Source::as_str`]).
-pub const PYTHON_SOURCE_ENV: &str = "FLOWREPL_PYTHON_SOURCE";
 /// The kernel executable's name.
 pub const KERNEL_EXE: &str = "flowrepl-kernel";
 
@@ -122,8 +118,8 @@ pub fn main(build: &Build) -> ExitCode {
     };
     let err = std::process::Command::new(&kernel)
         .args(std::env::args_os().skip(1))
-        .env(PYTHON_ENV, &interpreter.program)
-        .env(PYTHON_SOURCE_ENV, interpreter.source.as_str())
+        .env(env::PYTHON, &interpreter.program)
+        .env(env::PYTHON_SOURCE, interpreter.source.as_str())
         .exec();
     eprintln!("flowrepl: cannot start {}: {err}", kernel.display());
     ExitCode::from(1)

@@ -35,7 +35,7 @@ impl Identity {
         Identity {
             plan_id,
             task_id,
-            task_name: env_var("FLOW_TASK_NAME"),
+            task_name: env_var(flowrepl_task_logger::TASK_NAME_ENV),
             session_id: uuid::Uuid::new_v4().to_string(),
         }
     }
@@ -184,7 +184,7 @@ impl Config {
             });
         }
         // Started by the launcher: it says why it chose this interpreter.
-        let python_source = std::env::var(flowrepl_cli::launcher::PYTHON_SOURCE_ENV)
+        let python_source = std::env::var(flowrepl_cli::args::env::PYTHON_SOURCE)
             .ok()
             .and_then(|s| flowrepl_pythons::Source::from_name(&s))
             .unwrap_or(chosen.source);

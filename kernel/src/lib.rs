@@ -72,7 +72,7 @@ pub fn run(cli: Cli) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    flowrepl_worker::logging::init(stdio.diagnostics);
+    flowrepl_os::logging::init(stdio.diagnostics);
     let config = match config::Config::resolve(&cli) {
         Ok(c) => c,
         Err(e) => {

@@ -1,5 +1,8 @@
 //! Small OS and sync helpers shared by the kernel and the worker, on `nix` where it has the
-//! call: signal masks, `poll`, the page size, poison-tolerant locks, error chains.
+//! call: signal masks, `poll`, the page size, poison-tolerant locks, error chains; and
+//! [`logging`], diagnostics to the original stderr.
+
+pub mod logging;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};

@@ -21,7 +21,7 @@ pub mod record;
 pub mod snapshot;
 pub mod writer;
 
-pub use path::{safe_component, task_log_path};
+pub use path::{safe_component, task_log_path, PLAN_ID_ENV, TASK_ID_ENV, TASK_NAME_ENV};
 pub use reader::{
     context_path, for_each_line, last_context, load_context, parse_line, read_records,
     save_context, ReadOutcome, Record, SkippedLine,

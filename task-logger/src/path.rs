@@ -21,14 +21,21 @@ fn is_kept(c: char, first: bool) -> bool {
     c.is_alphanumeric() || c == '-' || c == '_' || (c == '.' && !first)
 }
 
+/// The task backend's environment variables: the plan, the task, the task's name.
+pub const PLAN_ID_ENV: &str = "FLOW_PLAN_ID";
+/// See [`PLAN_ID_ENV`].
+pub const TASK_ID_ENV: &str = "FLOW_TASK_ID";
+/// See [`PLAN_ID_ENV`].
+pub const TASK_NAME_ENV: &str = "FLOW_TASK_NAME";
+
 /// `FLOW_PLAN_ID` (default `local`) and `FLOW_TASK_ID` (default `adhoc`): the task a kernel
 /// started here logs to, and the one `flowrepl log` reads when none is named. Values that are
 /// not UTF-8 are converted lossily.
 pub fn plan_and_task_from_env() -> (String, String) {
     let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
     (
-        var("FLOW_PLAN_ID").unwrap_or_else(|| "local".into()),
-        var("FLOW_TASK_ID").unwrap_or_else(|| "adhoc".into()),
+        var(PLAN_ID_ENV).unwrap_or_else(|| "local".into()),
+        var(TASK_ID_ENV).unwrap_or_else(|| "adhoc".into()),
     )
 }
 

@@ -19,7 +19,6 @@
 //! - [`events`]: `flow`: events cells report, timestamped and placed in their output.
 //! - [`executor`]: [`Executor`], which ties these together for one cell at a time.
 //! - [`serve`]: the `flowrepl-worker` process: frames in, cells run, frames out.
-//! - [`logging`]: diagnostics to the original stderr (kernel and worker).
 //!
 //! # Threads
 //! The thread that calls [`Executor::start`] becomes Python's main thread and must run every
@@ -38,7 +37,6 @@ pub mod executor;
 pub mod flow;
 pub mod interpreter;
 pub mod key_diff;
-pub mod logging;
 pub mod monitor;
 pub mod serve;
 pub mod sink;

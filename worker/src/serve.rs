@@ -387,7 +387,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    crate::logging::init(stdio.diagnostics);
+    crate::sys::logging::init(stdio.diagnostics);
     // Before any thread starts, so that every thread we start inherits it.
     crate::sys::block_sigint();
     let channel = Arc::new(Channel {

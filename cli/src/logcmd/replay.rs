@@ -11,6 +11,8 @@
 
 use super::show::{read_task, Cell};
 use super::{io_err, one_task, print_json, say, task_file, LogCmdError, Read, Scope};
+use crate::args::env;
+use flowrepl_os::logging::LOG_ENV;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -55,16 +57,16 @@ impl Replayer {
         let mut cmd = Command::new(exe);
         cmd.arg("--log-dir")
             .arg(log_dir)
-            .env("FLOW_PLAN_ID", plan)
-            .env("FLOW_TASK_ID", task)
-            .env("FLOWREPL_NO_LOG", "1")
-            .env_remove("FLOWREPL_RESUME")
-            .env_remove("FLOWREPL_SNAPSHOT")
+            .env(flowrepl_task_logger::PLAN_ID_ENV, plan)
+            .env(flowrepl_task_logger::TASK_ID_ENV, task)
+            .env(env::NO_LOG, "1")
+            .env_remove(env::RESUME)
+            .env_remove(env::SNAPSHOT)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        if std::env::var_os("FLOWREPL_LOG").is_none() {
-            cmd.env("FLOWREPL_LOG", "warn");
+        if std::env::var_os(LOG_ENV).is_none() {
+            cmd.env(LOG_ENV, "warn");
         }
         if let Some(p) = &opts.python {
             cmd.arg("--python").arg(p);

@@ -4,13 +4,16 @@ use std::fs::File;
 use std::sync::Arc;
 use tracing_subscriber::EnvFilter;
 
+/// The environment variable of the diagnostics filter (`tracing_subscriber`'s syntax).
+pub const LOG_ENV: &str = "FLOWREPL_LOG";
+
 /// Sends tracing events and panic messages to `diagnostics` (the private copy of the original
 /// stderr). Fd 2 itself is the cells' stderr capture, so nothing here may write to it.
-/// The filter comes from `FLOWREPL_LOG` (default `info`, with the MCP library's per-message
+/// The filter comes from [`LOG_ENV`] (default `info`, with the MCP library's per-message
 /// logs at `error`: it reports every error response as a warning).
 pub fn init(diagnostics: File) {
-    let filter = EnvFilter::try_from_env("FLOWREPL_LOG")
-        .unwrap_or_else(|_| EnvFilter::new("info,rmcp=error"));
+    let filter =
+        EnvFilter::try_from_env(LOG_ENV).unwrap_or_else(|_| EnvFilter::new("info,rmcp=error"));
     let _ = tracing_subscriber::fmt()
         .with_writer(Arc::new(diagnostics))
         .with_ansi(false)
