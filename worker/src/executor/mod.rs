@@ -48,16 +48,34 @@ use std::ffi::c_int;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-struct Support {
-    flush_std: Py<PyAny>,
-    register_sources: Py<PyAny>,
-    format_exception: Py<PyAny>,
-    reset_namespace: Py<PyAny>,
-    run_startup: Py<PyAny>,
-    finish: Py<PyAny>,
-    collect_images: Py<PyAny>,
-    list_variables: Py<PyAny>,
+/// The functions of `support.py` the executor calls: one table, each field named as its
+/// Python function (a name missing from `support.py` fails the executor's start).
+macro_rules! support_functions {
+    ($($name:ident),* $(,)?) => {
+        struct Support {
+            $($name: Py<PyAny>,)*
+        }
+
+        impl Support {
+            fn load(module: &Bound<'_, PyModule>) -> PyResult<Support> {
+                Ok(Support {
+                    $($name: module.getattr(stringify!($name))?.unbind(),)*
+                })
+            }
+        }
+    };
 }
+
+support_functions!(
+    flush_std,
+    register_sources,
+    format_exception,
+    reset_namespace,
+    run_startup,
+    finish,
+    collect_images,
+    list_variables,
+);
 
 /// The embedded-Python executor. Lives on the thread that created it (Python's main thread).
 pub struct Executor {
@@ -164,17 +182,7 @@ impl Executor {
                 &config.setup.flow,
             )
             .map_err(support_err)?;
-            let get = |name: &str| module.getattr(name).map(Bound::unbind).map_err(support_err);
-            let support = Support {
-                flush_std: get("flush_std")?,
-                register_sources: get("register_sources")?,
-                format_exception: get("format_exception")?,
-                reset_namespace: get("reset_namespace")?,
-                run_startup: get("run_startup")?,
-                finish: get("finish")?,
-                collect_images: get("collect_images")?,
-                list_variables: get("list_variables")?,
-            };
+            let support = Support::load(&module).map_err(support_err)?;
             let mut exec = Executor {
                 globals: globals.clone().unbind(),
                 modules: modules.unbind(),
