@@ -649,3 +649,91 @@ impl Checkpoints {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use flowrepl_task_logger::snapshot::JournalLine;
+    use pyo3::prelude::*;
+
+    /// `snapshot.py` writes journal lines in one function; the Rust reader reads what it
+    /// writes, field for field.
+    #[test]
+    fn the_reader_reads_what_the_writer_writes() {
+        crate::interpreter::test_python();
+        Python::attach(|py| {
+            let m = crate::support::load_source(py, &crate::support::SNAPSHOT).unwrap();
+            let group = m
+                .getattr("_Group")
+                .unwrap()
+                .call1((vec!["a", "b"], "s1.pkl", 10, 20, vec!["c"], py.None()))
+                .unwrap();
+            let modules = pyo3::types::PyDict::new(py);
+            modules.set_item("np", "numpy").unwrap();
+            let unsaved = pyo3::types::PyDict::new(py);
+            unsaved.set_item("g", "a generator").unwrap();
+            let text: String = m
+                .getattr("journal_line")
+                .unwrap()
+                .call1((
+                    false,
+                    7,
+                    "cloudpickle 3.1 (flowrepl)",
+                    "sess-1",
+                    vec![group],
+                    modules,
+                    unsaved,
+                    vec!["old"],
+                    "{\"k\":1}",
+                    1.5,
+                ))
+                .unwrap()
+                .extract()
+                .unwrap();
+            assert!(text.ends_with('\n') && text.matches('\n').count() == 1);
+            let line: JournalLine = serde_json::from_str(&text).unwrap();
+            assert_eq!(line.v, flowrepl_task_logger::snapshot::SNAPSHOT_FORMAT);
+            assert!(!line.full);
+            assert_eq!(line.execution_count, 7);
+            assert_eq!(line.pickler, "cloudpickle 3.1 (flowrepl)");
+            assert_eq!(line.session.as_deref(), Some("sess-1"));
+            assert_eq!(line.put.len(), 1);
+            assert_eq!(line.put[0].names, ["a", "b"]);
+            assert_eq!((line.put[0].off, line.put[0].len), (10, 20));
+            assert_eq!(line.put[0].refs, ["c"]);
+            assert_eq!(line.modules["np"], "numpy");
+            assert_eq!(line.unsaved["g"], "a generator");
+            assert_eq!(line.drop, ["old"]);
+            assert_eq!(line.context.as_deref(), Some("{\"k\":1}"));
+            assert_eq!(line.ms, Some(1.5));
+            assert!(line.time.ends_with('Z'), "{}", line.time);
+            // Every field written is one the reader knows.
+            let keys: Vec<String> =
+                serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&text)
+                    .unwrap()
+                    .keys()
+                    .cloned()
+                    .collect();
+            for k in &keys {
+                assert!(
+                    [
+                        "v",
+                        "full",
+                        "execution_count",
+                        "time",
+                        "python",
+                        "pickler",
+                        "session",
+                        "put",
+                        "modules",
+                        "unsaved",
+                        "drop",
+                        "context",
+                        "ms"
+                    ]
+                    .contains(&k.as_str()),
+                    "{k} is not read by JournalLine"
+                );
+            }
+        });
+    }
+}

@@ -81,3 +81,10 @@ pub fn initialize(program: &Path) -> Result<(), InitError> {
     }
     Ok(())
 }
+
+/// Unit tests: the build's Python, started once per test process.
+#[cfg(test)]
+pub(crate) fn test_python() {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| initialize(std::path::Path::new(BUILD_PYTHON)).expect("python starts"));
+}

@@ -228,13 +228,7 @@ mod tests {
     use super::*;
     use std::collections::BTreeSet;
 
-    fn python() {
-        static INIT: std::sync::Once = std::sync::Once::new();
-        INIT.call_once(|| {
-            crate::interpreter::initialize(std::path::Path::new(crate::interpreter::BUILD_PYTHON))
-                .expect("python starts")
-        });
-    }
+    use crate::interpreter::test_python as python;
 
     /// A small deterministic PRNG (xorshift), so failures are reproducible.
     struct Rng(u64);

@@ -210,17 +210,10 @@ class Store:
 
     # ---- saving
 
-    def _head(self, full, execution_count):
-        """The fields every journal line starts with."""
-        return {
-            "v": FORMAT,
-            "full": full,
-            "execution_count": execution_count,
-            "time": _now(),
-            "python": _python(),
-            "pickler": self.pickler_name,
-            "session": self.session,
-        }
+    def _line(self, full, execution_count, groups, modules, unsaved, drop, context, ms=None):
+        return journal_line(
+            full, execution_count, self.pickler_name, self.session, groups, modules, unsaved, drop, context, ms
+        )
 
     def _pickle(self, values, out):
         """Pickles the dict `values` into `out`: (names referred to, the objects in it whose
@@ -408,16 +401,9 @@ class Store:
                         unsaved[x] = f"refers to {bad[0]!r}, which could not be saved"
                     changed = True
         put = [g for g in put if g.names[0] not in unsaved]
-        line = {
-            **self._head(full, execution_count),
-            "put": [g.entry() for g in put],
-            "modules": modules,
-            "unsaved": unsaved,
-            "drop": drop,
-            "context": context,
-            "ms": round((time.perf_counter() - t0) * 1000, 3),
-        }
-        text = json.dumps(line, separators=(",", ":")) + "\n"
+        text = self._line(
+            full, execution_count, put, modules, unsaved, drop, context, round((time.perf_counter() - t0) * 1000, 3)
+        )
         if full:
             _replace(os.path.join(self.dir, JOURNAL), text)
             self.lines = 1
@@ -596,15 +582,8 @@ class Store:
         finally:
             for src in files.values():
                 src.close()
-        line = {
-            **self._head(True, execution_count),
-            "put": [g.entry() for g in groups],
-            "modules": self.modules,
-            "unsaved": self.unsaved,
-            "drop": [],
-            "context": context,
-        }
-        _replace(os.path.join(self.dir, JOURNAL), json.dumps(line, separators=(",", ":")) + "\n")
+        text = self._line(True, execution_count, groups, self.modules, self.unsaved, [], context)
+        _replace(os.path.join(self.dir, JOURNAL), text)
         self.lines = 1
         self.segments = {seg_name: sum(g.len for g in groups)} if groups else {}
         self.files = {seg_name: sum(g.len for g in groups)}
@@ -921,6 +900,29 @@ def _write_all(fd, data):
         if n <= 0:
             raise OSError(28, "No space left on device (short write)")
         view = view[n:]
+
+
+def journal_line(full, execution_count, pickler, session, groups, modules, unsaved, drop, context, ms=None):
+    """The one writer of a journal line (read by `task-logger/src/snapshot.rs`, `JournalLine`):
+    its JSON text with the newline. `groups` are the pickle groups written (`Group.entry()`);
+    `ms` the time it took, when known."""
+    line = {
+        "v": FORMAT,
+        "full": full,
+        "execution_count": execution_count,
+        "time": _now(),
+        "python": _python(),
+        "pickler": pickler,
+        "session": session,
+        "put": [g.entry() for g in groups],
+        "modules": modules,
+        "unsaved": unsaved,
+        "drop": drop,
+        "context": context,
+    }
+    if ms is not None:
+        line["ms"] = ms
+    return json.dumps(line, separators=(",", ":")) + "\n"
 
 
 def _append(path, text):
