@@ -12,7 +12,6 @@ import json
 import os
 import pathlib
 import random
-import resource
 import subprocess
 import sys
 import time

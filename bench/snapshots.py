@@ -168,7 +168,7 @@ def big_array(args, logs):
     saves, restores = [], []
     for _ in range(3):
         t = time.perf_counter()
-        c = k.call("checkpoint")
+        k.call("checkpoint")
         saves.append((time.perf_counter() - t) * 1000)
         t = time.perf_counter()
         r = k.call("restore")

@@ -7,11 +7,9 @@ raises AssertionError with the evidence when something is off. On success it pri
 line (facts for the Rust test to check further, e.g. against the task log) and exits 0.
 """
 import argparse
-import asyncio
 import base64
 import json
 import os
-import sys
 import time
 
 import anyio
@@ -328,7 +326,7 @@ async def progress(s, opts):
     values = [p for _, p, _ in seen]
     assert values == sorted(values) and len(set(values)) == len(values), values
     assert seen[0][0] - t0 <= 2.5, "first heartbeat within 2 s (plus slack)"
-    gaps = [b[0] - a[0] for a, b in zip(seen, seen[1:])]
+    gaps = [b[0] - a[0] for a, b in zip(seen, seen[1:], strict=False)]
     assert all(g <= 2.5 for g in gaps), gaps
     assert all("running for" in m for _, _, m in seen), seen
     assert any("last output: step" in m for _, _, m in seen), seen

@@ -15,6 +15,7 @@ mod protocol;
 mod python_env;
 mod results;
 mod snapshots;
+mod support_code;
 mod task_log;
 mod timeouts;
 mod truth;
