@@ -2,6 +2,7 @@
 //! Each module covers one part of the core kernel issue.
 
 mod approvals;
+mod docs;
 mod dropin;
 mod exit;
 mod faults;
