@@ -18,7 +18,8 @@
 //! - [`approval`]: `flow.request_approval`: asking a person while the cell waits.
 //! - [`events`]: `flow`: events cells report, timestamped and placed in their output.
 //! - [`executor`]: [`Executor`], which ties these together for one cell at a time.
-//! - [`serve`]: the `flowrepl-worker` process: frames in, cells run, frames out.
+//! - [`serve`]: the `flowrepl-worker` process: frames in, cells run, frames out (`args.rs`:
+//!   its command line; `channel.rs`: the pipe to the kernel, and approvals over it).
 //!
 //! # Threads
 //! The thread that calls [`Executor::start`] becomes Python's main thread and must run every

@@ -1,0 +1,228 @@
+//! The worker's command line: what the kernel passes, and its defaults.
+
+use crate::checkpoint::SnapshotConfig;
+use crate::executor::{ImageLimits, SessionSetup};
+use flowrepl_protocol::SnapshotPolicy;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use flowrepl_protocol::limits::{
+    DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_SNAPSHOT_MAX_MB,
+};
+
+/// Command line of `flowrepl-worker` (set by the kernel; not meant for people).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Parser)]
+#[command(
+    name = "flowrepl-worker",
+    version,
+    about = "The keep-alive subprocess of flowrepl's worker mode; started by `flowrepl --worker`, spoken to in frames on stdin/stdout."
+)]
+pub struct WorkerArgs {
+    /// The interpreter or venv to emulate.
+    #[arg(long, value_name = "PATH")]
+    pub python: PathBuf,
+    /// Output kept per stream and cell, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_OUTPUT_BYTES)]
+    pub max_output_bytes: u64,
+    /// CPU seconds per cell (RLIMIT_CPU, re-armed before each cell).
+    #[arg(long)]
+    pub cpu_seconds: Option<u64>,
+    /// Figures collected as PNG images per cell (MCP mode); 0: off.
+    #[arg(long, default_value_t = 0)]
+    pub max_images: u32,
+    /// Pixels per collected image.
+    #[arg(long, default_value_t = DEFAULT_MAX_IMAGE_PIXELS)]
+    pub max_image_pixels: u64,
+    /// The session's setup ([`SessionSetup`] as JSON).
+    #[arg(long, value_name = "JSON", value_parser = parse_setup)]
+    pub setup: Option<SessionSetup>,
+    /// Fds 3 and 4 are the capture files for stdout and stderr (memfds the kernel keeps, so
+    /// that it can read what this worker had not sent when it dies).
+    #[arg(long)]
+    pub capture_fds: bool,
+    /// The task's snapshot folder; without it, no checkpoints.
+    #[arg(long, value_name = "DIR")]
+    pub snapshot_dir: Option<PathBuf>,
+    /// When the automatic checkpoint is written: on-success, manual, off.
+    #[arg(long, default_value = "on-success")]
+    pub snapshot: SnapshotPolicy,
+    /// Names whose pickle is larger are not checkpointed, in MB.
+    #[arg(long, default_value_t = DEFAULT_SNAPSHOT_MAX_MB)]
+    pub snapshot_max_mb: u64,
+    /// Restore this checkpoint before reporting ready.
+    #[arg(long, value_name = "NAME")]
+    pub restore: Option<String>,
+}
+
+/// Takes fds 3 and 4 as the capture files (`--capture-fds`), close-on-exec from now on (the
+/// cells' processes inherit fds 1 and 2 instead).
+pub(super) fn inherited_capture() -> io::Result<[Arc<std::os::fd::OwnedFd>; 2]> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let take = |fd: i32| -> io::Result<Arc<OwnedFd>> {
+        fcntl(
+            // SAFETY: the kernel's pre-exec code put an open memfd at this fd for us, and
+            // nothing else in this process owns it.
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+            FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC),
+        )?;
+        // SAFETY: as above; from here on this OwnedFd is its only owner.
+        Ok(Arc::new(unsafe { OwnedFd::from_raw_fd(fd) }))
+    };
+    Ok([take(3)?, take(4)?])
+}
+
+fn parse_setup(s: &str) -> Result<SessionSetup, String> {
+    serde_json::from_str(s).map_err(|e| e.to_string())
+}
+
+impl WorkerArgs {
+    /// The command line for a worker of these settings (the inverse of [`WorkerArgs::images`]
+    /// and [`WorkerArgs::snapshots`]); `restore` needs `snapshots`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        python: PathBuf,
+        max_output_bytes: u64,
+        cpu_seconds: Option<u64>,
+        images: Option<ImageLimits>,
+        setup: SessionSetup,
+        snapshots: Option<&SnapshotConfig>,
+        restore: Option<&str>,
+        capture_fds: bool,
+    ) -> WorkerArgs {
+        let images = images.unwrap_or(ImageLimits {
+            max_images: 0,
+            max_pixels: DEFAULT_MAX_IMAGE_PIXELS,
+        });
+        WorkerArgs {
+            python,
+            max_output_bytes,
+            cpu_seconds,
+            max_images: images.max_images,
+            max_image_pixels: images.max_pixels,
+            setup: (setup != SessionSetup::default()).then_some(setup),
+            capture_fds,
+            snapshot_dir: snapshots.map(|s| s.root.clone()),
+            snapshot: snapshots.map_or(SnapshotPolicy::Off, |s| s.policy),
+            snapshot_max_mb: snapshots
+                .map_or(DEFAULT_SNAPSHOT_MAX_MB, |s| (s.max_bytes >> 20).max(1)),
+            restore: snapshots.and(restore).map(str::to_owned),
+        }
+    }
+
+    /// These settings as the worker's arguments: the one place that spells its flags
+    /// besides their definitions above (a test parses them back).
+    pub fn to_args(&self) -> Vec<std::ffi::OsString> {
+        let mut a: Vec<std::ffi::OsString> = vec![
+            "--python".into(),
+            self.python.clone().into(),
+            "--max-output-bytes".into(),
+            self.max_output_bytes.to_string().into(),
+            "--max-images".into(),
+            self.max_images.to_string().into(),
+            "--max-image-pixels".into(),
+            self.max_image_pixels.to_string().into(),
+            "--snapshot".into(),
+            self.snapshot.as_str().into(),
+            "--snapshot-max-mb".into(),
+            self.snapshot_max_mb.to_string().into(),
+        ];
+        if let Some(s) = self.cpu_seconds {
+            a.extend(["--cpu-seconds".into(), s.to_string().into()]);
+        }
+        if let Some(setup) = &self.setup {
+            let json = serde_json::to_string(setup).expect("setup serializes");
+            a.extend(["--setup".into(), json.into()]);
+        }
+        if let Some(d) = &self.snapshot_dir {
+            a.extend(["--snapshot-dir".into(), d.clone().into()]);
+        }
+        if let Some(r) = &self.restore {
+            a.extend(["--restore".into(), r.into()]);
+        }
+        if self.capture_fds {
+            a.push("--capture-fds".into());
+        }
+        a
+    }
+
+    /// Checkpoints, when on.
+    pub fn snapshots(&self) -> Option<SnapshotConfig> {
+        let root = self.snapshot_dir.clone()?;
+        (self.snapshot != SnapshotPolicy::Off).then(|| SnapshotConfig {
+            root,
+            policy: self.snapshot,
+            max_bytes: self.snapshot_max_mb.saturating_mul(1 << 20),
+        })
+    }
+
+    /// Figure collection, when on.
+    pub fn images(&self) -> Option<ImageLimits> {
+        (self.max_images > 0).then_some(ImageLimits {
+            max_images: self.max_images,
+            max_pixels: self.max_image_pixels,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// What the kernel passes is what the worker parses, whatever is set.
+    #[test]
+    fn worker_args_round_trip() {
+        let snapshots = SnapshotConfig {
+            root: "/tmp/t.snapshot".into(),
+            policy: SnapshotPolicy::EveryCell,
+            max_bytes: 5 << 20,
+        };
+        let full = WorkerArgs::new(
+            "/usr/bin/python3".into(),
+            1234,
+            Some(7),
+            Some(ImageLimits {
+                max_images: 3,
+                max_pixels: 99_999,
+            }),
+            SessionSetup::default(),
+            Some(&snapshots),
+            Some("auto"),
+            true,
+        );
+        let bare = WorkerArgs::new(
+            "/usr/bin/python3".into(),
+            DEFAULT_MAX_OUTPUT_BYTES,
+            None,
+            None,
+            SessionSetup::default(),
+            None,
+            Some("ignored without snapshots"),
+            false,
+        );
+        for args in [full, bare] {
+            let mut argv = vec![std::ffi::OsString::from("flowrepl-worker")];
+            argv.extend(args.to_args());
+            assert_eq!(WorkerArgs::parse_from(argv), args);
+        }
+        // The defaults on both sides agree (a worker without a snapshot folder has no
+        // checkpoints, whatever its policy says).
+        let mut bare = WorkerArgs::new(
+            "/usr/bin/python3".into(),
+            DEFAULT_MAX_OUTPUT_BYTES,
+            None,
+            None,
+            SessionSetup::default(),
+            None,
+            None,
+            false,
+        );
+        bare.snapshot = SnapshotPolicy::OnSuccess;
+        assert_eq!(
+            WorkerArgs::parse_from(["flowrepl-worker", "--python", "/usr/bin/python3"]),
+            bare
+        );
+    }
+}
