@@ -9,6 +9,9 @@
 //!   venv or a file that is not Python are one-line [`PythonError`]s.
 //! - [`discover`]: every supported CPython installed on the machine (pyenv, `/usr/bin`,
 //!   `/usr/local/bin`), for the build and the tests.
+//!
+//! Size: one job (which interpreter) in about 470 lines, the rest its unit tests; the
+//! resolution order reads top to bottom in one file on purpose.
 #![warn(missing_docs)]
 
 use std::ffi::{OsStr, OsString};

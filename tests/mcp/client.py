@@ -1,5 +1,7 @@
 """MCP checks of `flowrepl mcp`, driven by the official Python SDK (`mcp`).
 
+Size: one file of scenarios, one function each, so that the Rust tests name them.
+
 Usage: client.py SCENARIO --flowrepl BIN --log-dir DIR [--worker] [--python VENV] [--env K=V ...]
 
 Each scenario starts `flowrepl mcp` over stdio, talks to it as an MCP client would, and

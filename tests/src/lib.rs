@@ -1,6 +1,8 @@
 //! Helpers for the integration tests: build the real `flowrepl` binary once, start it over
 //! pipes, and talk JSON-RPC to it. Every line the kernel writes to stdout is checked to be a
 //! JSON-RPC message as it arrives, so every test also checks that stdout stays clean.
+//!
+//! Size: the one harness every integration test drives kernels with.
 
 pub mod mcp;
 pub mod schema;

@@ -10,6 +10,10 @@ and why (`unsaved`) and which are gone (`drop`); a `full` line starts over. The 
 (flowrepl-task-logger's `snapshot`) folds the lines into the checkpoint and hands the result to
 `restore`: one reader of the format. See docs/snapshots.md.
 
+Size: one job (the checkpoint format: writing it incrementally, compacting it, restoring from
+it) in about 990 lines, most of them `Store`, whose methods share its bookkeeping of groups,
+segments and held objects; unit tests in worker/tests/python/test_snapshot.py.
+
 Each name is saved on its own, so one object that cannot be pickled costs only its name. Names
 whose objects share sub-objects are pickled together, so sharing survives; an object that is the
 value of another name is saved as a reference to that name ("persistent id"), so `b = a` and a

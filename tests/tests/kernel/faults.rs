@@ -1,6 +1,8 @@
 //! The fault suite: each fault, then a normal call that must succeed, then the task log and
 //! leftover processes. Faults that only worker mode survives run in worker mode; the stop
 //! ladder's first step runs in both.
+//!
+//! Size: one scenario per fault kind, each a whole kernel session.
 
 use flowrepl_tests::{
     alive, flowrepl_bin, kill, read_log, wait_for, zombie_children, Kernel, KernelOptions, MODES,

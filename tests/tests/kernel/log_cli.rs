@@ -1,6 +1,8 @@
 //! The task log as a product: `flowrepl log` over logs the real kernel wrote (both modes,
 //! with events and context), the documented queries through jq, pandas and DuckDB, nbformat
 //! for the notebook export, bad input, and many kernels appending to one file.
+//!
+//! Size: one scenario per `flowrepl log` subcommand, and the documented jq/pandas/DuckDB queries.
 
 use flowrepl_tests::mcp::mcp_venv;
 use flowrepl_tests::{flowrepl_bin, Kernel, MODES};

@@ -14,6 +14,8 @@
 //! The small filesystem is a 1 MiB tmpfs in a mount namespace of the kernel's own
 //! (`unshare -m`, or `-Urm` when not root): the host's mounts are never touched, and the test
 //! reads the kernel's files through `/proc/<pid>/root`.
+//!
+//! Size: the restore-truth and full-disk scenarios of one issue, each a whole kernel session.
 
 use flowrepl_tests::{base_python, Kernel, KernelOptions, MODES};
 use serde_json::{json, Value};
