@@ -159,6 +159,13 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// Flushes every C stdio stream of the process (`fflush(NULL)`): what C code and extension
+/// modules buffered reaches its descriptor.
+pub fn flush_c_stdio() {
+    // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
+    unsafe { libc::fflush(std::ptr::null_mut()) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,13 +12,12 @@
 //! deleted file. Where inotify is not available (its limits reached), [`NameWatch::new`]
 //! fails and the caller asks the file before every append instead.
 
-use std::ffi::CString;
+use nix::errno::Errno;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Raises a flag when a watched file's link count changes or it is moved or deleted.
 #[derive(Debug)]
@@ -28,9 +27,9 @@ pub(crate) struct NameWatch {
 
 #[derive(Debug)]
 struct Inner {
-    fd: OwnedFd,
-    /// The watch descriptor of the current file (-1: none).
-    wd: AtomicI32,
+    inotify: Inotify,
+    /// The watch of the current file.
+    wd: Mutex<Option<WatchDescriptor>>,
     /// Something happened to the file since the last [`NameWatch::take`].
     flag: AtomicBool,
     /// The owner is gone: the thread ends at its next event.
@@ -39,21 +38,16 @@ struct Inner {
     broken: AtomicBool,
 }
 
-const MASK: u32 = libc::IN_ATTRIB | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF;
+const MASK: AddWatchFlags = AddWatchFlags::IN_ATTRIB
+    .union(AddWatchFlags::IN_DELETE_SELF)
+    .union(AddWatchFlags::IN_MOVE_SELF);
 
 impl NameWatch {
     /// Watches `path` (an existing file) from a thread of its own.
     pub(crate) fn new(path: &Path) -> io::Result<NameWatch> {
-        // SAFETY: inotify_init1 has no preconditions; the result is checked.
-        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a new descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let inner = Arc::new(Inner {
-            fd,
-            wd: AtomicI32::new(-1),
+            inotify: Inotify::init(InitFlags::IN_CLOEXEC)?,
+            wd: Mutex::new(None),
             flag: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             broken: AtomicBool::new(false),
@@ -69,18 +63,11 @@ impl NameWatch {
 
     /// Watches `path` (a file made again at the same path) instead of the file before.
     pub(crate) fn rearm(&self, path: &Path) -> io::Result<()> {
-        let c = CString::new(path.as_os_str().as_bytes())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let fd = self.inner.fd.as_raw_fd();
-        // SAFETY: `fd` is our inotify descriptor and `c` a NUL-terminated path.
-        let wd = unsafe { libc::inotify_add_watch(fd, c.as_ptr(), MASK) };
-        if wd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let old = self.inner.wd.swap(wd, Ordering::AcqRel);
-        if old >= 0 && old != wd {
-            // SAFETY: as above; a watch already gone is an error we do not need.
-            unsafe { libc::inotify_rm_watch(fd, old) };
+        let wd = self.inner.inotify.add_watch(path, MASK)?;
+        let old = self.inner.lock().replace(wd);
+        if let Some(old) = old.filter(|&o| o != wd) {
+            // A watch already gone is an error we do not need.
+            let _ = self.inner.inotify.rm_watch(old);
         }
         Ok(())
     }
@@ -97,34 +84,35 @@ impl NameWatch {
 impl Drop for NameWatch {
     fn drop(&mut self) {
         self.inner.closed.store(true, Ordering::Release);
-        let wd = self.inner.wd.swap(-1, Ordering::AcqRel);
-        if wd >= 0 {
+        if let Some(wd) = self.inner.lock().take() {
             // Removing the watch queues IN_IGNORED, which wakes the thread to end.
-            // SAFETY: our inotify descriptor and its watch.
-            unsafe { libc::inotify_rm_watch(self.inner.fd.as_raw_fd(), wd) };
+            let _ = self.inner.inotify.rm_watch(wd);
         }
     }
 }
 
 impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<WatchDescriptor>> {
+        self.wd.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn run(&self) {
-        let mut buf = [0u8; 4096];
         loop {
-            // SAFETY: `buf` is writable for its length; the descriptor is ours (blocking).
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            // Blocks until events come.
+            let read = self.inotify.read_events();
             if self.closed.load(Ordering::Acquire) {
                 return;
             }
-            if n < 0 {
-                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                    continue;
+            match read {
+                Err(Errno::EINTR) => continue,
+                Err(_) => {
+                    // Cannot watch any more: have every append ask the file.
+                    self.broken.store(true, Ordering::Release);
+                    return;
                 }
-                // Cannot watch any more: have every append ask the file.
-                self.broken.store(true, Ordering::Release);
-                return;
+                // Any event (a removed watch's IN_IGNORED included) is a reason to look.
+                Ok(_) => self.flag.store(true, Ordering::Release),
             }
-            // Any event (a removed watch's IN_IGNORED included) is a reason to look.
-            self.flag.store(true, Ordering::Release);
         }
     }
 }

@@ -117,8 +117,7 @@ pub fn open_root(root: &Path) -> Result<PathBuf, SnapshotError> {
         Err(e) => return Err(io_err("cannot create", root)(e)),
     }
     let meta = fs::symlink_metadata(root).map_err(io_err("cannot inspect", root))?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = nix::unistd::geteuid().as_raw();
     if !meta.is_dir() || meta.uid() != me || meta.permissions().mode() & 0o077 != 0 {
         return Err(SnapshotError::NotPrivate(root.to_owned()));
     }

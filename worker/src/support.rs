@@ -11,7 +11,7 @@
 //! written to a temporary name and renamed, so a reader never sees half of one.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyModule};
+use pyo3::types::{PyBytes, PyCode, PyCodeMethods, PyModule};
 use std::path::PathBuf;
 
 /// Python code the executor runs for the kernel (not a cell: this support code, checkpoints)
@@ -124,13 +124,7 @@ pub fn load_source<'py>(py: Python<'py>, src: &Source) -> PyResult<Bound<'py, Py
     module.setattr("__builtins__", py.import("builtins")?)?;
     module.setattr("__file__", src.filename)?;
     let dict = module.dict();
-    // SAFETY: `code` is a code object, `dict` a module dict with __builtins__, GIL held.
-    unsafe {
-        Bound::from_owned_ptr_or_err(
-            py,
-            pyo3::ffi::PyEval_EvalCode(code.as_ptr(), dict.as_ptr(), dict.as_ptr()),
-        )?
-    };
+    code.cast_into::<PyCode>()?.run(Some(&dict), Some(&dict))?;
     Ok(module)
 }
 

@@ -44,8 +44,7 @@ impl Executor {
             .unwrap_or(Err(CheckpointError::Off));
         // (`with_checkpoints` took in the modules the loading imported.)
         Python::attach(|py| self.rebaseline(py));
-        // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
-        unsafe { libc::fflush(std::ptr::null_mut()) };
+        crate::sys::flush_c_stdio();
         self.discard_output();
         r
     }

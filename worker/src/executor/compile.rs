@@ -4,7 +4,7 @@ use super::Executor;
 use crate::cell::{split_last_expression, Split};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyCode, PyTuple};
 use pyo3::{ffi, intern};
 use std::ffi::{c_int, CStr};
 
@@ -18,10 +18,7 @@ pub(super) fn holds_code(code: &Bound<'_, PyAny>) -> bool {
     let Ok(consts) = consts.cast_into::<PyTuple>() else {
         return true;
     };
-    // SAFETY: the GIL is held (`code` is bound); PyCode_Check only reads the object's type.
-    consts
-        .iter()
-        .any(|c| unsafe { ffi::PyCode_Check(c.as_ptr()) } != 0)
+    consts.iter().any(|c| c.is_instance_of::<PyCode>())
 }
 
 // Values from CPython's compile.h (not exported by pyo3-ffi).
@@ -53,8 +50,8 @@ impl Executor {
             }
             // Not an expression after all, or the head does not compile alone: compile the
             // whole cell so that errors read as they would for the cell as written.
-            // SAFETY: GIL held; discards the failed attempt's exception.
-            unsafe { ffi::PyErr_Clear() };
+            // The failed attempt's exception, if one is still set, is not this cell's.
+            drop(PyErr::take(py));
         }
         Ok((
             Some(self.compile_text(py, code, name, ffi::Py_file_input)?),
@@ -81,8 +78,8 @@ impl Executor {
             && split.tail.contains('*')
             && !split.tail.contains(":=")
         {
-            // SAFETY: GIL held; drops the first attempt's exception.
-            unsafe { ffi::PyErr_Clear() };
+            // The first attempt's exception, if one is still set, is not this cell's.
+            drop(PyErr::take(py));
             return self.compile_tail_as(py, split, name, true);
         }
         plain

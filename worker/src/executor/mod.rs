@@ -313,7 +313,7 @@ impl Executor {
     /// The executor stays usable (with an empty namespace).
     pub fn finish(&mut self) {
         self.attached(|me, py, held| {
-            clear_pending_signals();
+            clear_pending_signals(py);
             if let Some(c) = held {
                 c.namespace_reset(py);
             }
@@ -323,8 +323,7 @@ impl Executor {
             }
             me.rebaseline(py);
         });
-        // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
-        unsafe { libc::fflush(std::ptr::null_mut()) };
+        crate::sys::flush_c_stdio();
         self.discard_output();
     }
 

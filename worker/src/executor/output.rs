@@ -19,8 +19,7 @@ impl Executor {
                     .push(format!("flushing sys.stdout/sys.stderr failed: {e}"));
             }
         }
-        // SAFETY: fflush(NULL) flushes every C stdio stream; no preconditions.
-        unsafe { libc::fflush(std::ptr::null_mut()) };
+        crate::sys::flush_c_stdio();
         if let Some(streamer) = self.streamer.clone() {
             return self.stream_output(&streamer, out);
         }

@@ -84,7 +84,7 @@ impl Executor {
         let t0 = Instant::now();
         // A SIGINT that arrived while idle must not interrupt this cell. (A signal not yet
         // delivered cannot be pending: delivery happens on the way back from any syscall.)
-        clear_pending_signals();
+        clear_pending_signals(py);
         let mark = self.usage.begin();
         if let Some(s) = &self.streamer {
             s.begin([self.capture.stdout.cursor(), self.capture.stderr.cursor()]);
@@ -134,7 +134,7 @@ impl Executor {
                 let stopped = self.monitor.end();
                 if stopped.any() {
                     // The SIGINT may still be on its way; take it here, not in the next cell.
-                    absorb_pending_signals();
+                    absorb_pending_signals(py);
                 }
                 match r {
                     Ok((repr, _)) => out.report.result = repr,

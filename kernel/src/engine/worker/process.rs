@@ -220,8 +220,8 @@ impl WorkerProcess {
         // The worker is gone; whatever its cells started goes with it.
         self.kill_group();
         if let Some(g) = self.guard.take() {
-            // SAFETY: our own child, killed above (it is in the group).
-            unsafe { libc::waitpid(g, std::ptr::null_mut(), 0) };
+            // Our own child, killed above (it is in the group).
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(g), None);
         }
         if r != self.pid {
             return Ended {
