@@ -117,6 +117,42 @@ impl RpcError {
 /// How much of an over-long request line is kept to find its id ([`id_in_prefix`]).
 pub const ID_SEARCH_BYTES: usize = 64 << 10;
 
+/// A request line over the limit, as both fronts' readers keep it while they read it to its
+/// end: its length, and its first [`ID_SEARCH_BYTES`] (where a client writes the `id`), never
+/// more, so memory stays bounded however long the line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OversizedLine {
+    /// Bytes of the line so far.
+    pub len: u64,
+    /// Its head.
+    pub head: Vec<u8>,
+}
+
+impl OversizedLine {
+    /// A line found over the limit, whose bytes so far are `start`.
+    pub fn new(start: &[u8]) -> OversizedLine {
+        let mut line = OversizedLine::default();
+        line.push(start);
+        line
+    }
+
+    /// More of the line.
+    pub fn push(&mut self, more: &[u8]) {
+        self.len += more.len() as u64;
+        self.keep(more);
+    }
+
+    fn keep(&mut self, bytes: &[u8]) {
+        let room = ID_SEARCH_BYTES.saturating_sub(self.head.len());
+        self.head.extend_from_slice(&bytes[..room.min(bytes.len())]);
+    }
+
+    /// The answer both fronts give it: -32001, with the request's id when its head holds it.
+    pub fn error(&self, limit: usize) -> RpcError {
+        RpcError::request_too_large(self.len, limit).with_id(id_in_prefix(&self.head))
+    }
+}
+
 /// The `id` of a request from the first bytes of its line (which may end anywhere), when the
 /// id comes before the cut: clients write `jsonrpc`, `id` and `method` before `params`.
 pub fn id_in_prefix(prefix: &[u8]) -> Option<Id> {

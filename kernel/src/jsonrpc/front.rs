@@ -69,10 +69,10 @@ impl Item {
     fn from_line(line: Line<'_>, max_request_bytes: usize) -> Item {
         match line {
             Line::Eof => Item::Eof,
-            Line::TooLong { len, head } => {
-                let id = flowrepl_protocol::jsonrpc::id_in_prefix(head);
-                tracing::warn!(len, ?id, "request line over the limit discarded");
-                Item::Bad(RpcError::request_too_large(len, max_request_bytes).with_id(id))
+            Line::TooLong(over) => {
+                let err = over.error(max_request_bytes);
+                tracing::warn!(len = over.len, id = ?err.id, "request line over the limit discarded");
+                Item::Bad(err)
             }
             Line::Complete(l) if l.iter().all(u8::is_ascii_whitespace) => Item::Blank,
             Line::Complete(l) => match Request::parse(l) {

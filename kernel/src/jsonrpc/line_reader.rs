@@ -1,9 +1,9 @@
 //! Reading request lines of any length without trusting them.
 //!
 //! Lines up to `max` bytes are returned whole (a 50 MB cell is fine). A longer line is read
-//! to its end and discarded, all but its first [`ID_SEARCH_BYTES`] (where a client writes the
-//! request's `id`: the answer carries it, as the MCP transport's does), and reported as
-//! [`Line::TooLong`], so the next line is read normally. A final line without `\n` still
+//! to its end and discarded but for its head, where a client writes the request's `id`
+//! ([`OversizedLine`], which the MCP transport keeps and answers the same way), and reported
+//! as [`Line::TooLong`], so the next line is read normally. A final line without `\n` still
 //! counts.
 //!
 //! The reader is incremental: [`LineReader::buffered_line`] hands out a complete line from
@@ -12,6 +12,8 @@
 //! thread blocks in [`LineReader::next_line`] while idle; the busy-time watcher takes lines
 //! only after `poll(2)` said data is there).
 
+use flowrepl_protocol::jsonrpc::OversizedLine;
+#[cfg(test)]
 use flowrepl_protocol::jsonrpc::ID_SEARCH_BYTES;
 use memchr::memchr;
 use std::io::{self, Read};
@@ -25,13 +27,8 @@ const READ_CHUNK: usize = 64 << 10;
 pub enum Line<'a> {
     /// A complete line, without its `\n`.
     Complete(&'a [u8]),
-    /// A line longer than the limit; it was discarded but for its head.
-    TooLong {
-        /// Its length in bytes.
-        len: u64,
-        /// Its first bytes (at most [`ID_SEARCH_BYTES`]).
-        head: &'a [u8],
-    },
+    /// A line longer than the limit: its length, and its head (the rest was discarded).
+    TooLong(&'a OversizedLine),
     /// End of input.
     Eof,
 }
@@ -50,6 +47,8 @@ pub struct LineReader<R> {
     /// Length of the current line so far (including discarded bytes).
     len: u64,
     too_long: bool,
+    /// The line over the limit being read (while `too_long`).
+    over: OversizedLine,
     eof: bool,
     /// The line last handed out lives in `line` (true) or at `buf[out..out_end]`.
     out: (usize, usize),
@@ -73,6 +72,7 @@ impl<R: Read> LineReader<R> {
             line: Vec::new(),
             len: 0,
             too_long: false,
+            over: OversizedLine::default(),
             eof: false,
             out: (0, 0),
             out_in_line: false,
@@ -152,23 +152,23 @@ impl<R: Read> LineReader<R> {
         self.len += chunk_len as u64;
         let from = self.start;
         self.start += chunk_len + usize::from(done);
-        if !self.too_long {
+        let chunk = &self.buf[from..from + chunk_len];
+        if self.too_long {
+            self.over.push(chunk);
+        } else {
             if self.line.len() + chunk_len > self.max {
                 self.too_long = true;
                 // Keep only the head, where the id is.
-                self.line.truncate(ID_SEARCH_BYTES);
-                let more = ID_SEARCH_BYTES
-                    .saturating_sub(self.line.len())
-                    .min(chunk_len);
-                self.line.extend_from_slice(&self.buf[from..from + more]);
+                self.over = OversizedLine::new(&self.line);
+                self.over.push(chunk);
+                self.line.clear();
             } else if done && self.line.is_empty() {
                 // The whole line is in `buf`: hand it out from there, no copy.
                 self.out = (from, from + chunk_len);
                 self.out_in_line = false;
                 return Ok(true);
             } else {
-                self.line
-                    .extend_from_slice(&self.buf[from..from + chunk_len]);
+                self.line.extend_from_slice(chunk);
             }
         }
         if done {
@@ -179,13 +179,10 @@ impl<R: Read> LineReader<R> {
 
     /// The line just completed.
     fn last(&mut self) -> Line<'_> {
-        let len = std::mem::take(&mut self.len);
+        self.len = 0;
         if std::mem::take(&mut self.too_long) {
             self.out_in_line = true;
-            return Line::TooLong {
-                len,
-                head: &self.line,
-            };
+            return Line::TooLong(&self.over);
         }
         if self.out_in_line {
             Line::Complete(&self.line)
@@ -215,10 +212,10 @@ mod tests {
         assert_eq!(r.next_line().unwrap(), Line::Complete(b""));
         assert_eq!(
             r.next_line().unwrap(),
-            Line::TooLong {
+            Line::TooLong(&OversizedLine {
                 len: 12,
-                head: b"bbbbbbbbbbbb"
-            }
+                head: b"bbbbbbbbbbbb".to_vec()
+            })
         );
         assert_eq!(r.next_line().unwrap(), Line::Complete(b"ccc"));
         assert_eq!(r.next_line().unwrap(), Line::Complete(b"last"));
@@ -239,9 +236,9 @@ mod tests {
         assert_eq!(r.next_line().unwrap(), Line::Complete(b"ok"));
         let mut r = LineReader::new(&input[..], 1000);
         match r.next_line().unwrap() {
-            Line::TooLong { len, head } => {
-                assert_eq!(len, 200_000);
-                assert_eq!(head, &input[..ID_SEARCH_BYTES]);
+            Line::TooLong(over) => {
+                assert_eq!(over.len, 200_000);
+                assert_eq!(over.head, &input[..ID_SEARCH_BYTES]);
             }
             other => panic!("{other:?}"),
         }

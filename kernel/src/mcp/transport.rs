@@ -10,9 +10,10 @@
 //! to `FLOWREPL_MAX_REQUEST_BYTES` (rmcp's own stdio transport drops lines over 16 MiB without
 //! a word, so a 50 MB cell never got an answer). A longer line is not stored: it is read to
 //! its end and answered with error -32001 carrying its id when the id is within the line's
-//! first [`ID_SEARCH_BYTES`], and the server goes on. Memory stays bounded by the limit.
+//! head ([`OversizedLine`]: the JSON-RPC front's reader keeps and answers such a line the
+//! same way), and the server goes on. Memory stays bounded by the limit.
 
-use flowrepl_protocol::jsonrpc::{id_in_prefix, ErrorResponse, ID_SEARCH_BYTES};
+use flowrepl_protocol::jsonrpc::{ErrorResponse, OversizedLine};
 use flowrepl_protocol::RpcError;
 use rmcp::service::{RoleServer, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
@@ -96,19 +97,13 @@ impl<R: AsyncRead + Unpin> AsyncRead for AtEof<R> {
     }
 }
 
-/// Bytes of a line over the limit, until its end.
-struct Oversized {
-    len: u64,
-    head: Vec<u8>,
-}
-
 /// The MCP server's transport: bounded NDJSON lines in, serialized messages out.
 pub struct LineTransport<R, W> {
     read: BufReader<R>,
     /// The line being read (kept across cancelled `receive` calls: rmcp polls it inside
     /// `select!`).
     line: Vec<u8>,
-    over: Option<Oversized>,
+    over: Option<OversizedLine>,
     max: usize,
     write: Arc<tokio::sync::Mutex<W>>,
 }
@@ -148,14 +143,13 @@ where
     }
 
     /// Answers a line that was over the limit.
-    fn too_large(&self, over: Oversized) {
-        let id = id_in_prefix(&over.head);
+    fn too_large(&self, over: OversizedLine) {
+        let err = over.error(self.max);
         tracing::warn!(
             len = over.len,
-            ?id,
+            id = ?err.id,
             "MCP request line over the limit discarded"
         );
-        let err = RpcError::request_too_large(over.len, self.max).with_id(id);
         let bytes = serde_json::to_vec(&ErrorResponse::new(&err)).expect("errors serialize");
         self.reply_raw(bytes);
     }
@@ -194,19 +188,12 @@ where
             let take = newline.map_or(available.len(), |i| i + 1);
             let content = &available[..newline.unwrap_or(available.len())];
             if let Some(over) = &mut self.over {
-                over.len += content.len() as u64;
-                let room = ID_SEARCH_BYTES.saturating_sub(over.head.len());
-                over.head
-                    .extend_from_slice(&content[..room.min(content.len())]);
+                over.push(content);
             } else if self.line.len() + content.len() > self.max {
-                let len = (self.line.len() + content.len()) as u64;
                 // Drops the buffered part (memory stays bounded by the limit).
-                let mut head = std::mem::take(&mut self.line);
-                head.truncate(ID_SEARCH_BYTES);
-                head.shrink_to_fit();
-                let room = ID_SEARCH_BYTES.saturating_sub(head.len());
-                head.extend_from_slice(&content[..room.min(content.len())]);
-                self.over = Some(Oversized { len, head });
+                let mut over = OversizedLine::new(&std::mem::take(&mut self.line));
+                over.push(content);
+                self.over = Some(over);
             } else {
                 self.line.extend_from_slice(content);
             }
