@@ -371,6 +371,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_oversized_line_keeps_only_its_head_and_answers_with_its_id() {
+        let start = br#"{"jsonrpc":"2.0","id":"big-1","method":"execute_code","params":{"code":"#;
+        let mut over = OversizedLine::new(start);
+        for _ in 0..10 {
+            over.push(&[b'x'; 20_000]);
+        }
+        assert_eq!(over.len, start.len() as u64 + 200_000);
+        assert_eq!(over.head.len(), ID_SEARCH_BYTES);
+        assert_eq!(&over.head[..start.len()], start);
+        let err = over.error(1000);
+        assert_eq!(err.code, ErrorCode::RequestTooLarge);
+        assert_eq!(err.id, Some(Id::String("big-1".into())));
+    }
+
+    #[test]
     fn ids_from_cut_lines() {
         let line =
             br#"{"jsonrpc":"2.0","id":"req_7","method":"tools/call","params":{"code":"xxxxxxxx"#;
