@@ -50,6 +50,7 @@ fn main() {
         "task-logger",
         "pythons",
         "cli",
+        "exec",
         "Cargo.toml",
         "Cargo.lock",
     ] {

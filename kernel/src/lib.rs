@@ -57,7 +57,7 @@ pub fn run(cli: Cli) -> ExitCode {
     if let Some(Command::Log(args)) = &cli.command {
         return logcmd::run(&cli.log_globals(), args);
     }
-    let stdio = match flowrepl_worker::stdio::take_protocol_stdio() {
+    let stdio = match flowrepl_exec::stdio::take_protocol_stdio() {
         Ok(s) => s,
         Err(e) => {
             // Nothing is redirected yet, so stderr is still the real one.

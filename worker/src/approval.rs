@@ -13,7 +13,7 @@
 //! while a cell runs.
 
 use crate::events::Emitter;
-use crate::monitor::CellClock;
+use flowrepl_exec::monitor::CellClock;
 use flowrepl_protocol::{ApprovalAnswer, ApprovalRequest, EventData};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;

@@ -31,7 +31,7 @@ impl Checks {
 }
 
 fn main() {
-    let stdio = flowrepl_worker::stdio::take_protocol_stdio().expect("stdio");
+    let stdio = flowrepl_exec::stdio::take_protocol_stdio().expect("stdio");
     let mut checks = Checks {
         out: stdio.diagnostics,
         failed: 0,

@@ -7,10 +7,12 @@
 use super::{CellRun, Control, Engine, EngineError};
 use crate::approvals::{Approvals, InProcessApprover};
 use crate::config::Config;
+use flowrepl_exec::monitor::Interrupter;
+use flowrepl_exec::tail::OutputTail;
 use flowrepl_protocol::{
     CheckpointSummary, Mode, PythonInfo, RestartReply, RestoreReport, VariableInfo, AUTO_CHECKPOINT,
 };
-use flowrepl_worker::{Executor, ExecutorConfig, ExecutorError, Interrupter, OutputTail};
+use flowrepl_worker::{Executor, ExecutorConfig, ExecutorError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

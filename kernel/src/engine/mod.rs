@@ -17,10 +17,11 @@ pub mod worker;
 
 use crate::approvals::Approvals;
 use crate::config::Config;
+use flowrepl_exec::tail::OutputTail;
 use flowrepl_protocol::{
     CheckpointSummary, Mode, PythonInfo, RestartReply, RestoreReport, StoppedBy, VariableInfo,
 };
-use flowrepl_worker::{CellOutcome, OutputTail};
+use flowrepl_worker::CellOutcome;
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -8,12 +8,12 @@ use super::schema;
 use super::store::{Page, ReadError, StreamName};
 use super::{Job, Shared, Ticket};
 use crate::session::{not_stopped, unstoppable_for, Answer};
+use flowrepl_exec::tail::OutputTail;
 use flowrepl_protocol::call::MAX_TIMEOUT_MS;
 use flowrepl_protocol::{
     Call, CheckpointParams, CheckpointSummary, CheckpointsReply, ExecuteMethod, ExecuteParams,
     RestartParams, RestartReply, RestoreReport, VariableInfo, VariablesReply,
 };
-use flowrepl_worker::OutputTail;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::schema_for_input;
 use rmcp::handler::server::wrapper::Parameters;

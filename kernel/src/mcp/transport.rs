@@ -1,5 +1,5 @@
 //! The MCP channel: the kernel's saved stdin and stdout (fds 0 and 1 themselves are the
-//! cells' capture files, see [`flowrepl_worker::stdio`]) as tokio streams.
+//! cells' capture files, see [`flowrepl_exec::stdio`]) as tokio streams.
 //!
 //! When they are pipes, as MCP clients launch servers, they are reopened through
 //! `/proc/self/fd` with `O_NONBLOCK` on new open file descriptions (so the flag stays ours,

@@ -1,7 +1,7 @@
 //! Compiling a cell from its text: the C API, no AST; a final expression compiled apart.
 
 use super::Executor;
-use crate::cell::{split_last_expression, Split};
+use flowrepl_exec::cell::{split_last_expression, Split};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyCode, PyTuple};

@@ -1,7 +1,7 @@
 //! How the executor is started, and why it may not start.
 
 use crate::interpreter::InitError;
-use crate::sink::OutputSink;
+use flowrepl_exec::sink::OutputSink;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -30,7 +30,7 @@ impl Executor {
         if self.own_imports.is_empty() || !code.contains("import") {
             return;
         }
-        for name in crate::cell::imported_modules(code) {
+        for name in flowrepl_exec::cell::imported_modules(code) {
             let mut end = name.len();
             loop {
                 let module = &name[..end];

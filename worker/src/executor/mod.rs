@@ -2,7 +2,7 @@
 //!
 //! One cell, on the thread that initialised Python (`run.rs`, [`Executor::execute`]):
 //! 1. absorb a stray SIGINT that arrived while idle (`signals.rs`);
-//! 2. split off a final expression ([`crate::cell`]) and compile from text (`compile.rs`: C
+//! 2. split off a final expression ([`flowrepl_exec::cell`]) and compile from text (`compile.rs`: C
 //!    API, no AST);
 //! 3. tell the [`Monitor`] (timeout, output limit), run, take the `repr` of the value;
 //! 4. flush Python and C stdio, collect fds 1 and 2 from the capture files, or stream them to
@@ -33,14 +33,14 @@ pub use run::CellOutcome;
 
 use signals::clear_pending_signals;
 
-use crate::capture::Capture;
 use crate::checkpoint::{Checkpointer, Held};
 use crate::interpreter;
 use crate::key_diff::KeyDiff;
-use crate::monitor::Monitor;
-use crate::sink::Streamer;
 use crate::support::CallError;
-use crate::usage::UsageMeter;
+use flowrepl_exec::capture::Capture;
+use flowrepl_exec::monitor::Monitor;
+use flowrepl_exec::sink::Streamer;
+use flowrepl_exec::usage::UsageMeter;
 use flowrepl_protocol::{Mode, PythonInfo, VariableInfo};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -115,7 +115,7 @@ pub struct Executor {
 
 impl Executor {
     /// Starts Python on the calling thread and prepares the namespace. Fds 1 and 2 are
-    /// captured from here on: save the originals first ([`crate::stdio::take_protocol_stdio`]).
+    /// captured from here on: save the originals first ([`flowrepl_exec::stdio::take_protocol_stdio`]).
     pub fn start(config: &ExecutorConfig) -> Result<Executor, ExecutorError> {
         crate::sys::tune_malloc();
         let given = match &config.capture {
@@ -243,7 +243,7 @@ impl Executor {
     }
 
     /// A handle other threads use to interrupt the running cell.
-    pub fn interrupter(&self) -> crate::monitor::Interrupter {
+    pub fn interrupter(&self) -> flowrepl_exec::monitor::Interrupter {
         self.monitor.interrupter()
     }
 

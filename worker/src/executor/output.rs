@@ -2,8 +2,8 @@
 //! images.
 
 use super::{CellOutcome, Executor, ImageLimits};
-use crate::capture::Collected;
-use crate::sink::Streamer;
+use flowrepl_exec::capture::Collected;
+use flowrepl_exec::sink::Streamer;
 use flowrepl_protocol::{Image, ImageInfo};
 use pyo3::prelude::*;
 use pyo3::{ffi, intern};
@@ -50,7 +50,7 @@ impl Executor {
                     .warnings
                     .push(format!("reading captured {label} failed: {e}")),
             }
-            *target = crate::capture::decode_output(bytes, label, &mut out.report.warnings);
+            *target = flowrepl_exec::capture::decode_output(bytes, label, &mut out.report.warnings);
         }
     }
 

@@ -186,7 +186,7 @@ impl Executor {
                 match &self.streamer {
                     Some(s) => s.send_text(OutputStream::Stderr, &err.traceback),
                     None => {
-                        crate::capture::append_traceback(&mut out.stderr, &err.traceback);
+                        flowrepl_exec::capture::append_traceback(&mut out.stderr, &err.traceback);
                     }
                 }
                 // Formatting may import traceback/linecache: not the cell's imports.

@@ -3,8 +3,8 @@
 
 use super::FLUSH_AT;
 use crate::approval::Approver;
-use crate::sink::OutputSink;
 use crate::sys::lock;
+use flowrepl_exec::sink::OutputSink;
 use flowrepl_protocol::frame::{self, Frame, FrameReader, OutputStream};
 use flowrepl_protocol::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};
 use std::borrow::Cow;

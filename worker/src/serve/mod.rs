@@ -65,7 +65,7 @@ fn done_report(o: CellOutcome) -> DoneReport {
 /// or the channel breaks, 2 for bad arguments.
 pub fn run(args: WorkerArgs) -> ExitCode {
     crate::sys::reset_inherited_signals();
-    let stdio = match crate::stdio::take_protocol_stdio() {
+    let stdio = match flowrepl_exec::stdio::take_protocol_stdio() {
         Ok(s) => s,
         Err(e) => {
             eprintln!("flowrepl-worker: cannot set up stdio: {e}");

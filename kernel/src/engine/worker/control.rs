@@ -2,9 +2,9 @@
 //! cell, its output so far, the checkpoint's health.
 
 use crate::engine::Control;
+use flowrepl_exec::tail::OutputTail;
+use flowrepl_exec::tail::{last_line, TAIL_BYTES};
 use flowrepl_os::lock;
-use flowrepl_worker::tail::{last_line, TAIL_BYTES};
-use flowrepl_worker::OutputTail;
 use nix::sys::signal::Signal;
 use std::os::fd::AsFd;
 use std::sync::{Mutex, MutexGuard};
@@ -79,7 +79,7 @@ impl Control for WorkerControl {
     }
 
     fn output_tail(&self) -> Option<OutputTail> {
-        use flowrepl_worker::capture::{file_size, pread_into};
+        use flowrepl_exec::capture::{file_size, pread_into};
         let st = self.lock();
         if !st.running {
             return None;

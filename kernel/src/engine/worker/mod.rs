@@ -122,7 +122,7 @@ impl Worker {
             .open("/dev/null")
             .map_err(super::StartError::Stdio)?;
         for fd in [1, 2] {
-            flowrepl_worker::stdio::dup2(null.as_fd(), fd).map_err(super::StartError::Stdio)?;
+            flowrepl_exec::stdio::dup2(null.as_fd(), fd).map_err(super::StartError::Stdio)?;
         }
         let mut w = Worker {
             spawn: SpawnConfig {

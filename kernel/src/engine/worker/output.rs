@@ -2,7 +2,7 @@
 
 use super::cell::Collecting;
 use super::Worker;
-use flowrepl_worker::tail::{last_line, TAIL_BYTES};
+use flowrepl_exec::tail::{last_line, TAIL_BYTES};
 use std::os::fd::AsFd;
 
 impl Worker {
@@ -12,7 +12,7 @@ impl Worker {
     /// the worker applies it: the kept head, the marker, the last quarter. One `pread` per
     /// range, straight into the buffer the reply is made from.
     pub(super) fn read_output(&self, received: [usize; 2], ends: Option<[u64; 2]>) -> [Vec<u8>; 2] {
-        use flowrepl_worker::capture::{drop_marker, file_size, kept_ranges, pread_into};
+        use flowrepl_exec::capture::{drop_marker, file_size, kept_ranges, pread_into};
         let Some(p) = self.state.process() else {
             return Default::default();
         };

@@ -1,6 +1,6 @@
 //! The latest output of a running cell, for progress reports (MCP `notifications/progress`).
 //!
-//! In-process, [`crate::Interrupter::output_tail`] reads the end of the capture files; in
+//! In-process, [`crate::monitor::Interrupter::output_tail`] reads the end of the capture files; in
 //! worker mode the kernel keeps one from the Output frames it receives. Either way the reader
 //! compares byte counts between two looks to tell which stream moved.
 
