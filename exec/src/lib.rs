@@ -10,15 +10,21 @@
 //! - [`sink`]: worker mode: output streamed in chunks while a cell runs.
 //! - [`tail`]: the last line of a running cell's output, for progress reports.
 //! - [`usage`]: CPU time and peak RSS per cell.
+//! - [`worker_args`]: the `flowrepl-worker` command line, which the kernel writes and the
+//!   worker reads.
+//! - [`setup`]: the executor's interface in types: its config, a cell's outcome, its errors,
+//!   the approver it asks through.
 #![warn(missing_docs)]
 
 pub mod capture;
 pub mod cell;
 pub mod monitor;
+pub mod setup;
 pub mod sink;
 pub mod stdio;
 pub mod tail;
 pub mod usage;
+pub mod worker_args;
 
 /// The OS helpers, under the name these modules use.
 pub(crate) use flowrepl_os as sys;

@@ -16,9 +16,9 @@
 //! waiting ([`Approvals::close`]: timed out or interrupted), which also withdraws the
 //! question from the asker.
 
+use flowrepl_exec::setup::Approver;
 use flowrepl_os::lock;
 use flowrepl_protocol::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};
-use flowrepl_worker::approval::Approver;
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;

@@ -68,13 +68,13 @@ pub struct Config {
     /// `flowrepl mcp`, when serving MCP.
     pub mcp: Option<flowrepl_cli::args::McpArgs>,
     /// What the session starts from (drop-in `sys.argv` and `sys.path[0]`, startup files).
-    pub setup: flowrepl_worker::SessionSetup,
+    pub setup: flowrepl_exec::setup::SessionSetup,
     /// Answer failing `execute` calls as JSON-RPC errors (drop-in mode, `--compat json-repl`).
     pub legacy_errors: bool,
     /// Environment variables that carry drop-in interpreter flags to Python.
     pub python_env: Vec<(&'static str, String)>,
     /// Checkpoints of the namespace beside the task log; `None` with `FLOWREPL_SNAPSHOT=off`.
-    pub snapshots: Option<flowrepl_worker::SnapshotConfig>,
+    pub snapshots: Option<flowrepl_exec::setup::SnapshotConfig>,
     /// The task's snapshot folder (`<log_dir>/<plan>/<task>.snapshot`).
     pub snapshot_root: PathBuf,
     /// `--resume`: start from the automatic checkpoint, if there is one.
@@ -83,9 +83,9 @@ pub struct Config {
 
 impl Config {
     /// Figure collection limits (MCP mode with images on).
-    pub fn image_limits(&self) -> Option<flowrepl_worker::executor::ImageLimits> {
+    pub fn image_limits(&self) -> Option<flowrepl_exec::setup::ImageLimits> {
         let m = self.mcp.as_ref()?;
-        (m.max_images > 0).then_some(flowrepl_worker::executor::ImageLimits {
+        (m.max_images > 0).then_some(flowrepl_exec::setup::ImageLimits {
             max_images: m.max_images,
             max_pixels: m.max_image_pixels,
         })
@@ -241,14 +241,14 @@ impl Config {
             .map(|f| std::path::absolute(&f).unwrap_or(f))
             .collect();
         let dropin = cli.dropin.as_ref();
-        let setup = flowrepl_worker::SessionSetup {
+        let setup = flowrepl_exec::setup::SessionSetup {
             argv: dropin.map(|d| d.argv()),
             path0: dropin.map(|d| {
                 let dir = d.script.parent().unwrap_or(std::path::Path::new(""));
                 std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())
             }),
             startup,
-            flow: flowrepl_worker::flow::FlowSetup {
+            flow: flowrepl_exec::setup::FlowSetup {
                 plan_id: Some(identity.plan_id.clone()),
                 task_id: Some(identity.task_id.clone()),
                 task_name: identity.task_name.clone(),
@@ -269,7 +269,7 @@ impl Config {
         }
         let snapshot_root = flowrepl_task_logger::snapshot::snapshot_root(&log_file);
         let snapshots = (cli.snapshot != flowrepl_protocol::SnapshotPolicy::Off).then(|| {
-            flowrepl_worker::SnapshotConfig {
+            flowrepl_exec::setup::SnapshotConfig {
                 root: snapshot_root.clone(),
                 policy: cli.snapshot,
                 max_bytes: cli.snapshot_max_mb.saturating_mul(1 << 20),

@@ -51,10 +51,7 @@ impl Ledger {
 
     fn note_names(&mut self, cell: u64, names: &[String], how: How) {
         // `__warningregistry__` and the like are the interpreter's, not the session's.
-        for n in names
-            .iter()
-            .filter(|n| !flowrepl_worker::key_diff::is_dunder(n))
-        {
+        for n in names.iter().filter(|n| !flowrepl_exec::setup::is_dunder(n)) {
             match self.changes.get_mut(n.as_str()) {
                 Some(c) => *c = (cell, how),
                 None => {

@@ -490,8 +490,8 @@ impl Session {
 /// A failed `restart`, `checkpoint` or `restore`: a bad or unknown checkpoint name is the
 /// caller's (-32602), anything else the kernel's (-32603).
 fn snapshot_error(what: &str, e: &EngineError) -> RpcError {
+    use flowrepl_exec::setup::CheckpointError;
     use flowrepl_task_logger::snapshot::SnapshotError;
-    use flowrepl_worker::CheckpointError;
     match e {
         EngineError::Checkpoint(CheckpointError::Snapshot(
             SnapshotError::BadName(_) | SnapshotError::Missing(_),

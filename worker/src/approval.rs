@@ -14,7 +14,8 @@
 
 use crate::events::Emitter;
 use flowrepl_exec::monitor::CellClock;
-use flowrepl_protocol::{ApprovalAnswer, ApprovalRequest, EventData};
+use flowrepl_exec::setup::Approver;
+use flowrepl_protocol::{ApprovalRequest, EventData};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use serde::Serialize;
@@ -25,17 +26,6 @@ use std::time::{Duration, Instant};
 
 /// How often a waiting cell looks for its answer and for signals.
 pub const POLL: Duration = Duration::from_millis(50);
-
-/// Carries approval requests to whoever can answer them, and their answers back.
-pub trait Approver: Send + Sync {
-    /// Sends the request on. An answer that comes at once (nobody can be asked) is returned
-    /// by the next [`Approver::wait`].
-    fn request(&self, request: &ApprovalRequest);
-    /// Waits up to `wait` for the answer to `approval_id`.
-    fn wait(&self, approval_id: &str, wait: Duration) -> Option<ApprovalAnswer>;
-    /// The cell no longer waits for `approval_id` (answered, timed out or interrupted).
-    fn ended(&self, approval_id: &str);
-}
 
 /// What `flow.request_approval` needs.
 pub struct Approvals {

@@ -36,14 +36,14 @@
 //! 640 lines, a quarter of them the policy's docs and the writer thread's handshake, plus a
 //! unit test against the journal reader; the Python side is in `snapshot.py`.
 
-use crate::support::CallError;
+use crate::support::py_err;
+use flowrepl_exec::setup::{CallError, CheckpointError, SnapshotConfig};
 use flowrepl_protocol::{
     CheckpointFailure, CheckpointHealth, CheckpointSummary, RestoreReport, SnapshotPolicy,
 };
-use flowrepl_task_logger::snapshot::{self, Checkpoint, SnapshotError};
+use flowrepl_task_logger::snapshot::{self, Checkpoint};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -99,32 +99,6 @@ fn rebound<'py>(
         }
     }
     Ok((changed, gone))
-}
-
-/// Where and when checkpoints are written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotConfig {
-    /// The task's snapshot folder (`<log_dir>/<plan>/<task>.snapshot`).
-    pub root: PathBuf,
-    /// When the automatic checkpoint is written.
-    pub policy: SnapshotPolicy,
-    /// Names whose pickle is larger are not saved (and listed).
-    pub max_bytes: u64,
-}
-
-/// Why a checkpoint was not written or restored.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CheckpointError {
-    /// `FLOWREPL_SNAPSHOT=off`, or no task log folder.
-    #[error("checkpoints are off (FLOWREPL_SNAPSHOT=off)")]
-    Off,
-    /// The checkpoint folder or journal.
-    #[error(transparent)]
-    Snapshot(#[from] SnapshotError),
-    /// The Python side raised.
-    #[error(transparent)]
-    Python(#[from] CallError),
 }
 
 /// The checkpoint state, behind the lock cells hold, and the thread that writes the automatic
@@ -322,16 +296,6 @@ fn write_when_idle(s: &Shared) {
     }
 }
 
-impl SnapshotConfig {
-    /// Whether cells make the automatic checkpoint pending (and a thread writes it).
-    fn tracks_cells(&self) -> bool {
-        matches!(
-            self.policy,
-            SnapshotPolicy::OnSuccess | SnapshotPolicy::EveryCell
-        )
-    }
-}
-
 /// The checkpoint state of one executor.
 pub(crate) struct Checkpoints {
     config: SnapshotConfig,
@@ -450,11 +414,15 @@ impl Checkpoints {
         if let Some(m) = &self.module {
             return Ok(m.bind(py).clone());
         }
-        let m = crate::support::load_source(py, &crate::support::SNAPSHOT)?.into_any();
-        // Its by-value pickler: private to it, never in sys.modules.
-        let cp = crate::support::load_source(py, &crate::support::CLOUDPICKLE)?;
-        cp.setattr("__version__", crate::support::CLOUDPICKLE_VERSION)?;
-        m.setattr("_cloudpickle", cp)?;
+        let load = || -> PyResult<Bound<'py, PyAny>> {
+            let m = crate::support::load_source(py, &crate::support::SNAPSHOT)?.into_any();
+            // Its by-value pickler: private to it, never in sys.modules.
+            let cp = crate::support::load_source(py, &crate::support::CLOUDPICKLE)?;
+            cp.setattr("__version__", crate::support::CLOUDPICKLE_VERSION)?;
+            m.setattr("_cloudpickle", cp)?;
+            Ok(m)
+        };
+        let m = load().map_err(py_err)?;
         self.module = Some(m.clone().unbind());
         Ok(m)
     }
@@ -472,7 +440,7 @@ impl Checkpoints {
         let store = self.new_store(py, globals, &root.join(flowrepl_protocol::AUTO_CHECKPOINT))?;
         store
             .setattr("session", self.session.as_deref())
-            .map_err(CallError::from)?;
+            .map_err(py_err)?;
         self.store = Some(store.clone().unbind());
         Ok(store)
     }
@@ -485,12 +453,10 @@ impl Checkpoints {
         dir: &std::path::Path,
     ) -> Result<Bound<'py, PyAny>, CallError> {
         let (max, verify) = (self.config.max_bytes, VERIFY_BYTES);
-        Ok(self.module(py)?.getattr("Store")?.call1((
-            globals,
-            dir.display().to_string(),
-            max,
-            verify,
-        ))?)
+        self.module(py)?
+            .getattr("Store")
+            .and_then(|store| store.call1((globals, dir.display().to_string(), max, verify)))
+            .map_err(py_err)
     }
 
     /// Writes the pending automatic checkpoint (nothing if none is pending).
@@ -528,24 +494,21 @@ impl Checkpoints {
         globals: &Bound<'_, PyDict>,
         full: bool,
     ) -> Result<CheckpointSummary, CheckpointError> {
-        let codes = PyList::new(py, self.codes.drain(..)).map_err(CallError::from)?;
+        let codes = PyList::new(py, self.codes.drain(..)).map_err(py_err)?;
         let store = self.store(py, globals)?;
-        let ctx = self
-            .module(py)?
-            .call_method0("context")
-            .map_err(CallError::from)?;
+        let ctx = self.module(py)?.call_method0("context").map_err(py_err)?;
         let saved = store
             .getattr("saved")
             .and_then(|s| Ok(s.cast_into::<PyDict>()?))
-            .map_err(CallError::from)?;
-        let (rebound, removed) = rebound(py, globals, &saved).map_err(CallError::from)?;
+            .map_err(py_err)?;
+        let (rebound, removed) = rebound(py, globals, &saved).map_err(py_err)?;
         let json: String = store
             .call_method1(
                 "checkpoint_json",
                 (codes, full, self.last_count, ctx, rebound, removed),
             )
             .and_then(|j| j.extract())
-            .map_err(CallError::from)?;
+            .map_err(py_err)?;
         Ok(serde_json::from_str(&json).map_err(|e| CallError(e.to_string()))?)
     }
 
@@ -574,7 +537,7 @@ impl Checkpoints {
         }
         let root = snapshot::open_root(&self.config.root)?;
         let module = self.module(py)?;
-        let ctx = module.call_method0("context").map_err(CallError::from)?;
+        let ctx = module.call_method0("context").map_err(py_err)?;
         let json: String = module
             .call_method1(
                 "save_named_json",
@@ -589,7 +552,7 @@ impl Checkpoints {
                 ),
             )
             .and_then(|j| j.extract())
-            .map_err(CallError::from)?;
+            .map_err(py_err)?;
         Ok(serde_json::from_str(&json).map_err(|e| CallError(e.to_string()))?)
     }
 
@@ -622,7 +585,7 @@ impl Checkpoints {
         let (restored, lost): (Vec<String>, std::collections::BTreeMap<String, String>) = target
             .call_method1("restore_json", (state, dir.display().to_string()))
             .and_then(|r| r.extract())
-            .map_err(CallError::from)?;
+            .map_err(py_err)?;
         // What the next automatic write compares against is what was just loaded.
         self.codes.clear();
         self.pending = None;

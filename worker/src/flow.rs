@@ -5,6 +5,7 @@
 
 use crate::approval::Approvals;
 use crate::events::{data_json, dict_json, Emitter};
+use flowrepl_exec::setup::FlowSetup;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyCFunction, PyDict, PyList, PyString, PyTuple};
@@ -133,21 +134,4 @@ fn json_to_py(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
             d.into_any().unbind()
         }
     })
-}
-
-/// What `flow` starts with: who the session belongs to (`flow.plan_id` and the like) and the
-/// task's context.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FlowSetup {
-    /// `FLOW_PLAN_ID`.
-    pub plan_id: Option<String>,
-    /// `FLOW_TASK_ID`.
-    pub task_id: Option<String>,
-    /// `FLOW_TASK_NAME`.
-    pub task_name: Option<String>,
-    /// The kernel run.
-    pub session_id: Option<String>,
-    /// The task's context when the session starts (a JSON object's text).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub context: Option<String>,
 }

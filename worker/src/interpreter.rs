@@ -6,27 +6,16 @@
 //! embedded libpython's (the launcher starts the kernel built for it). Its `sys.executable`
 //! then names that python, which is what `subprocess` and `multiprocessing` start.
 
+use flowrepl_exec::setup::InitError;
 use pyo3::ffi;
 use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The interpreter flowrepl was built against (its real executable, not a shim).
 pub const BUILD_PYTHON: &str = env!("FLOWREPL_BUILD_PYTHON");
 /// Its `major.minor`.
 pub const BUILD_PYTHON_VERSION: &str = env!("FLOWREPL_BUILD_PYTHON_VERSION");
-
-/// Why the interpreter could not be started.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum InitError {
-    /// CPython refused to start.
-    #[error("python initialisation failed: {0}")]
-    Python(String),
-    /// A path contains a NUL byte.
-    #[error("path contains a NUL byte: {0}")]
-    Nul(PathBuf),
-}
 
 fn status_error(status: ffi::PyStatus) -> Option<String> {
     // SAFETY: PyStatus_Exception only reads the struct.

@@ -40,10 +40,7 @@ pub struct KeyDiff {
 // (every method takes `Python`).
 unsafe impl Send for KeyDiff {}
 
-/// `__name__`-style names, left out of `variable_count`.
-pub fn is_dunder(name: &str) -> bool {
-    name.len() > 4 && name.starts_with("__") && name.ends_with("__")
-}
+use flowrepl_exec::setup::is_dunder;
 
 fn key_name(py: Python<'_>, key: *mut ffi::PyObject) -> String {
     // SAFETY: `key` is a live object (we hold a reference) and the GIL is held.

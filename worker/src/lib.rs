@@ -13,8 +13,8 @@
 //! - [`approval`]: `flow.request_approval`: asking a person while the cell waits.
 //! - [`events`]: `flow`: events cells report, timestamped and placed in their output.
 //! - [`executor`]: [`Executor`], which ties these together for one cell at a time.
-//! - [`serve`]: the `flowrepl-worker` process: frames in, cells run, frames out (`args.rs`:
-//!   its command line; `channel.rs`: the pipe to the kernel, and approvals over it).
+//! - [`serve`]: the `flowrepl-worker` process: frames in, cells run, frames out (its command line is
+//!   `flowrepl_exec::worker_args`; `channel.rs`: the pipe to the kernel, and approvals over it).
 //!
 //! # Threads
 //! The thread that calls [`Executor::start`] becomes Python's main thread and must run every
@@ -34,10 +34,7 @@ pub mod key_diff;
 pub mod serve;
 pub mod support;
 
-pub use checkpoint::{CheckpointError, SnapshotConfig};
-pub use executor::{CellOutcome, Executor, ExecutorConfig, ExecutorError, SessionSetup};
-pub use interpreter::InitError;
-pub use support::CallError;
+pub use executor::Executor;
 
 /// The OS helpers, under the name the worker's modules use.
 pub(crate) use flowrepl_os as sys;

@@ -10,20 +10,14 @@
 //! back to compiling, and a cache that cannot be written is simply not used. The file is
 //! written to a temporary name and renamed, so a reader never sees half of one.
 
+use flowrepl_exec::setup::CallError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCode, PyCodeMethods, PyModule};
 use std::path::PathBuf;
 
-/// Python code the executor runs for the kernel (not a cell: this support code, checkpoints)
-/// raised: its `str`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct CallError(pub String);
-
-impl From<PyErr> for CallError {
-    fn from(e: PyErr) -> CallError {
-        CallError(e.to_string())
-    }
+/// A [`CallError`] from what the executor's own Python code raised: its `str`.
+pub fn py_err(e: PyErr) -> CallError {
+    CallError(e.to_string())
 }
 
 /// A Python module of the executor's, compiled from source embedded in the binary.

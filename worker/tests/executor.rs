@@ -5,7 +5,8 @@
 //! (no test harness, which reports on fd 1) and reports on a private copy of stderr: one line
 //! per check, and exit status 1 if any failed.
 
-use flowrepl_worker::{CellOutcome, Executor, ExecutorConfig, SessionSetup};
+use flowrepl_exec::setup::{CellOutcome, ExecutorConfig, SessionSetup};
+use flowrepl_worker::Executor;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -5,5 +5,5 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    flowrepl_worker::serve::run(flowrepl_worker::serve::WorkerArgs::parse())
+    flowrepl_worker::serve::run(flowrepl_exec::worker_args::WorkerArgs::parse())
 }

@@ -8,11 +8,12 @@ use super::{CellRun, Control, Engine, EngineError};
 use crate::approvals::{Approvals, InProcessApprover};
 use crate::config::Config;
 use flowrepl_exec::monitor::Interrupter;
+use flowrepl_exec::setup::{ExecutorConfig, ExecutorError};
 use flowrepl_exec::tail::OutputTail;
 use flowrepl_protocol::{
     CheckpointSummary, Mode, PythonInfo, RestartReply, RestoreReport, VariableInfo, AUTO_CHECKPOINT,
 };
-use flowrepl_worker::{Executor, ExecutorConfig, ExecutorError};
+use flowrepl_worker::Executor;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -17,11 +17,11 @@ pub mod worker;
 
 use crate::approvals::Approvals;
 use crate::config::Config;
+use flowrepl_exec::setup::CellOutcome;
 use flowrepl_exec::tail::OutputTail;
 use flowrepl_protocol::{
     CheckpointSummary, Mode, PythonInfo, RestartReply, RestoreReport, StoppedBy, VariableInfo,
 };
-use flowrepl_worker::CellOutcome;
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,7 +57,7 @@ impl CellRun {
 pub enum EngineError {
     /// The executor's Python code raised.
     #[error(transparent)]
-    Python(#[from] flowrepl_worker::CallError),
+    Python(#[from] flowrepl_exec::setup::CallError),
     /// Worker mode: the worker could not be started or used.
     #[error(transparent)]
     Worker(#[from] worker::WorkerError),
@@ -74,7 +74,7 @@ pub enum EngineError {
     Timeout(Duration),
     /// A checkpoint was not written or restored.
     #[error(transparent)]
-    Checkpoint(#[from] flowrepl_worker::CheckpointError),
+    Checkpoint(#[from] flowrepl_exec::setup::CheckpointError),
     /// Worker mode: the worker restarted but could not restore the checkpoint.
     #[error("the checkpoint was not restored: {0}")]
     NotRestored(String),
@@ -181,7 +181,7 @@ pub fn restored_message(r: &RestoreReport) -> String {
 pub enum StartError {
     /// Embedded Python did not start.
     #[error(transparent)]
-    Executor(#[from] flowrepl_worker::ExecutorError),
+    Executor(#[from] flowrepl_exec::setup::ExecutorError),
     /// The worker did not start.
     #[error(transparent)]
     Worker(#[from] worker::WorkerError),

@@ -1,7 +1,8 @@
 //! The bridge to the checkpoints of the namespace.
 
 use super::Executor;
-use crate::checkpoint::{CheckpointError, Checkpointer, Checkpoints};
+use crate::checkpoint::{Checkpointer, Checkpoints};
+use flowrepl_exec::setup::CheckpointError;
 use flowrepl_protocol::{CheckpointSummary, RestoreReport};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

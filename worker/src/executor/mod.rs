@@ -13,32 +13,29 @@
 //!    (`traceback.rs`).
 //!
 //! This file holds the executor's lifecycle: start (Python, capture, monitor, the support
-//! code, `flow`, startup files), reset, listing, finish. `config.rs` says how it is started;
-//! `checkpoints.rs` is the bridge to [`crate::checkpoint`].
+//! code, `flow`, startup files), reset, listing, finish. `checkpoints.rs` is the bridge to [`crate::checkpoint`].
 //!
 //! No thread, temp file or pipe is created per cell; the hot path allocates only the output
 //! strings and the names that changed.
 
 mod checkpoints;
 mod compile;
-mod config;
 mod imports;
 mod output;
 mod run;
 mod signals;
 mod traceback;
 
-pub use config::{ExecutorConfig, ExecutorError, ImageLimits, SessionSetup};
-pub use run::CellOutcome;
+use flowrepl_exec::setup::{CellOutcome, ExecutorConfig, ExecutorError, ImageLimits};
 
 use signals::clear_pending_signals;
 
 use crate::checkpoint::{Checkpointer, Held};
 use crate::interpreter;
 use crate::key_diff::KeyDiff;
-use crate::support::CallError;
 use flowrepl_exec::capture::Capture;
 use flowrepl_exec::monitor::Monitor;
+use flowrepl_exec::setup::CallError;
 use flowrepl_exec::sink::Streamer;
 use flowrepl_exec::usage::UsageMeter;
 use flowrepl_protocol::{Mode, PythonInfo, VariableInfo};
@@ -265,7 +262,7 @@ impl Executor {
             }
             me.rebaseline(py);
             me.discard_output();
-            r.map(drop).map_err(CallError::from)
+            r.map(drop).map_err(crate::support::py_err)
         })
     }
 
@@ -337,7 +334,8 @@ impl Executor {
                 .list_variables
                 .bind(py)
                 .call1((globals,))
-                .and_then(|j| j.extract())?;
+                .and_then(|j| j.extract())
+                .map_err(crate::support::py_err)?;
             // Modules imported to list (json, reprlib) are not the next cell's imports (unless
             // it imports them itself).
             self.absorb_own_imports(py);

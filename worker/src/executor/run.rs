@@ -5,51 +5,15 @@ use super::signals::{absorb_pending_signals, clear_pending_signals};
 use super::traceback::MAX_REGISTERED_SOURCE;
 use super::Executor;
 use crate::checkpoint::Checkpoints;
+use flowrepl_exec::setup::CellOutcome;
 use flowrepl_protocol::frame::OutputStream;
-use flowrepl_protocol::{CellReport, ExecutionKind, Image, Mode, PhaseTimings};
+use flowrepl_protocol::{ExecutionKind, PhaseTimings};
 use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::ffi::CString;
 use std::time::{Duration, Instant};
-
-/// Everything a cell produced: its output and images, and the [`CellReport`] of what it did.
-#[derive(Debug, Clone)]
-pub struct CellOutcome {
-    /// fd 1 output (empty in worker mode: it was streamed to the sink).
-    pub stdout: String,
-    /// fd 2 output, then the traceback on error (likewise).
-    pub stderr: String,
-    /// Figures and rich values ([`ExecutorConfig::images`](super::ExecutorConfig::images)).
-    pub images: Vec<Image>,
-    /// What the cell did.
-    pub report: CellReport,
-    /// Events the cell reported through `flow` (in-process; a worker sends them as they come).
-    pub events: Vec<flowrepl_protocol::CellEvent>,
-    /// The task's context after each change the cell made (in-process; likewise).
-    pub contexts: Vec<String>,
-    /// CPU time of the process so far, in milliseconds, read as the cell ended.
-    pub cpu_total_ms: f64,
-    /// How the automatic checkpoint is doing, when that changed since the last cell.
-    pub checkpoint: Option<flowrepl_protocol::CheckpointHealth>,
-}
-
-impl CellOutcome {
-    /// A successful cell that did and printed nothing (the start of every outcome).
-    pub fn empty(mode: Mode) -> CellOutcome {
-        CellOutcome {
-            stdout: String::new(),
-            stderr: String::new(),
-            images: Vec::new(),
-            report: CellReport::new(mode),
-            events: Vec::new(),
-            contexts: Vec::new(),
-            cpu_total_ms: 0.0,
-            checkpoint: None,
-        }
-    }
-}
 
 impl Executor {
     /// Runs one cell with a wall-clock `timeout`.

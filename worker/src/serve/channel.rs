@@ -2,8 +2,8 @@
 //! that runs cells and from the monitor, and approval answers in.
 
 use super::FLUSH_AT;
-use crate::approval::Approver;
 use crate::sys::lock;
+use flowrepl_exec::setup::Approver;
 use flowrepl_exec::sink::OutputSink;
 use flowrepl_protocol::frame::{self, Frame, FrameReader, OutputStream};
 use flowrepl_protocol::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};

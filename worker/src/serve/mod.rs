@@ -13,15 +13,14 @@
 //! cannot land while a frame is being written; one that arrives between cells stays pending
 //! and is discarded when the next cell starts.
 
-mod args;
 mod channel;
 
-use args::inherited_capture;
-pub use args::WorkerArgs;
 use channel::{Channel, PipeApprover};
+use flowrepl_exec::worker_args::{inherited_capture, WorkerArgs};
 
-use crate::executor::{CellOutcome, Executor, ExecutorConfig};
+use crate::executor::Executor;
 use crate::sys::lock;
+use flowrepl_exec::setup::{CellOutcome, ExecutorConfig};
 use flowrepl_protocol::frame::{
     self, CheckpointOutcome, DoneReport, Frame, FrameReader, VariablesReport, WorkerHello,
 };

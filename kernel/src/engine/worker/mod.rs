@@ -190,7 +190,7 @@ impl Engine for Worker {
         )?;
         match report.error {
             None => Ok(report.variables),
-            Some(e) => Err(flowrepl_worker::CallError(e).into()),
+            Some(e) => Err(flowrepl_exec::setup::CallError(e).into()),
         }
     }
 
@@ -221,7 +221,7 @@ impl Engine for Worker {
         self.restored = None;
         let from = if restore {
             if self.auto_journal.is_none() {
-                return Err(flowrepl_worker::CheckpointError::Off.into());
+                return Err(flowrepl_exec::setup::CheckpointError::Off.into());
             }
             Some(self.after_death().ok_or_else(|| {
                 EngineError::NotRestored(
@@ -259,7 +259,7 @@ impl Engine for Worker {
 
     fn checkpoint(&mut self, name: &str) -> Result<CheckpointSummary, EngineError> {
         if self.auto_journal.is_none() {
-            return Err(flowrepl_worker::CheckpointError::Off.into());
+            return Err(flowrepl_exec::setup::CheckpointError::Off.into());
         }
         let outcome = self.ask(
             |id| Frame::Checkpoint { id, name },
@@ -282,12 +282,12 @@ impl Engine for Worker {
 
     fn restore(&mut self, name: &str) -> Result<RestoreReport, EngineError> {
         let Some(snapshots) = &self.spawn.snapshots else {
-            return Err(flowrepl_worker::CheckpointError::Off.into());
+            return Err(flowrepl_exec::setup::CheckpointError::Off.into());
         };
         // Read before the worker is replaced: a bad name, a missing checkpoint or a folder
         // that is not private keeps it.
         flowrepl_task_logger::snapshot::load(&snapshots.root, name)
-            .map_err(flowrepl_worker::CheckpointError::from)?;
+            .map_err(flowrepl_exec::setup::CheckpointError::from)?;
         self.stop_worker();
         self.restored = None;
         self.spawn_worker(Some(name))?;

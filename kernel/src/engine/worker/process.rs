@@ -39,11 +39,11 @@ pub struct SpawnConfig {
     /// Limits.
     pub limits: Limits,
     /// MCP mode: collect figures as images after each cell.
-    pub images: Option<flowrepl_worker::executor::ImageLimits>,
+    pub images: Option<flowrepl_exec::setup::ImageLimits>,
     /// What each worker's session starts from.
-    pub setup: flowrepl_worker::SessionSetup,
+    pub setup: flowrepl_exec::setup::SessionSetup,
     /// Checkpoints, when on.
-    pub snapshots: Option<flowrepl_worker::SnapshotConfig>,
+    pub snapshots: Option<flowrepl_exec::setup::SnapshotConfig>,
 }
 
 /// A running worker.
@@ -112,7 +112,7 @@ impl WorkerProcess {
     ) -> io::Result<WorkerProcess> {
         let mut cmd = Command::new(&config.exe);
         cmd.args(
-            flowrepl_worker::serve::WorkerArgs::new(
+            flowrepl_exec::worker_args::WorkerArgs::new(
                 config.python.clone(),
                 config.max_output_bytes,
                 config.limits.cpu_seconds,

@@ -1,7 +1,6 @@
 //! The worker's command line: what the kernel passes, and its defaults.
 
-use crate::checkpoint::SnapshotConfig;
-use crate::executor::{ImageLimits, SessionSetup};
+use crate::setup::{ImageLimits, SessionSetup, SnapshotConfig};
 use flowrepl_protocol::SnapshotPolicy;
 use std::io;
 use std::path::PathBuf;
@@ -57,7 +56,7 @@ pub struct WorkerArgs {
 
 /// Takes fds 3 and 4 as the capture files (`--capture-fds`), close-on-exec from now on (the
 /// cells' processes inherit fds 1 and 2 instead).
-pub(super) fn inherited_capture() -> io::Result<[Arc<std::os::fd::OwnedFd>; 2]> {
+pub fn inherited_capture() -> io::Result<[Arc<std::os::fd::OwnedFd>; 2]> {
     use nix::fcntl::{fcntl, FcntlArg, FdFlag};
     use std::os::fd::{FromRawFd, OwnedFd};
     let take = |fd: i32| -> io::Result<Arc<OwnedFd>> {
