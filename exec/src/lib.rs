@@ -7,6 +7,7 @@
 //! - [`cell`]: finds a cell's final expression by scanning text, without an AST.
 //! - [`monitor`]: the one helper thread: timeouts (SIGINT to the executing thread) and the
 //!   output limit.
+//! - [`python`]: the seam to the Python executor: a build's table and the executor's trait.
 //! - [`sink`]: worker mode: output streamed in chunks while a cell runs.
 //! - [`tail`]: the last line of a running cell's output, for progress reports.
 //! - [`usage`]: CPU time and peak RSS per cell.
@@ -19,6 +20,7 @@
 pub mod capture;
 pub mod cell;
 pub mod monitor;
+pub mod python;
 pub mod setup;
 pub mod sink;
 pub mod stdio;

@@ -180,7 +180,7 @@ impl Config {
             return Err(ConfigError::WrongKernel {
                 program: chosen.program.display().to_string(),
                 version: chosen.version,
-                embedded: flowrepl_worker::interpreter::BUILD_PYTHON_VERSION.to_owned(),
+                embedded: crate::PYTHON.python_version.to_owned(),
             });
         }
         // Started by the launcher: it says why it chose this interpreter.

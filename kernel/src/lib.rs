@@ -38,11 +38,15 @@ use flowrepl_cli::args::{Cli, Command};
 use flowrepl_cli::logcmd;
 use std::process::ExitCode;
 
+/// The executor this kernel runs cells with, built against one CPython: the kernel's one
+/// way into the pyo3 crate ([`flowrepl_exec::python`]).
+pub static PYTHON: &flowrepl_exec::python::PythonBuild = &flowrepl_worker::PYTHON;
+
 /// What this build knows about Python, for the launcher and the flags: the interpreter the
 /// kernel embeds, where the kernels of other versions are (`kernel/build.rs`), the MCP tools.
 pub const BUILD: flowrepl_cli::launcher::Build = flowrepl_cli::launcher::Build {
-    python: flowrepl_worker::interpreter::BUILD_PYTHON,
-    python_version: flowrepl_worker::interpreter::BUILD_PYTHON_VERSION,
+    python: PYTHON.python,
+    python_version: PYTHON.python_version,
     kernels_dir: option_env!("FLOWREPL_KERNELS_DIR"),
     kernels_profile: option_env!("FLOWREPL_KERNELS_PROFILE"),
     mcp_tools: mcp::tools::tool_names,

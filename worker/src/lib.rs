@@ -12,6 +12,7 @@
 //!   the kernel.
 //! - [`approval`]: `flow.request_approval`: asking a person while the cell waits.
 //! - [`events`]: `flow`: events cells report, timestamped and placed in their output.
+//! - [`python`]: [`PYTHON`], this build as the kernel reaches it (the only way it does).
 //! - [`executor`]: [`Executor`], which ties these together for one cell at a time.
 //! - [`serve`]: the `flowrepl-worker` process: frames in, cells run, frames out (its command line is
 //!   `flowrepl_exec::worker_args`; `channel.rs`: the pipe to the kernel, and approvals over it).
@@ -31,10 +32,12 @@ pub mod executor;
 pub mod flow;
 pub mod interpreter;
 pub mod key_diff;
+pub mod python;
 pub mod serve;
 pub mod support;
 
 pub use executor::Executor;
+pub use python::PYTHON;
 
 /// The OS helpers, under the name the worker's modules use.
 pub(crate) use flowrepl_os as sys;

@@ -1,9 +1,9 @@
 //! `flowrepl-worker`: the keep-alive subprocess of flowrepl's worker mode. Started by the
-//! kernel, spoken to in frames on stdin/stdout; see [`flowrepl_worker::serve`].
+//! kernel, spoken to in frames on stdin/stdout; see `flowrepl_worker::serve`.
 
 use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    flowrepl_worker::serve::run(flowrepl_exec::worker_args::WorkerArgs::parse())
+    (flowrepl::PYTHON.serve)(flowrepl_exec::worker_args::WorkerArgs::parse())
 }

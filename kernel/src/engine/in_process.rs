@@ -8,18 +8,18 @@ use super::{CellRun, Control, Engine, EngineError};
 use crate::approvals::{Approvals, InProcessApprover};
 use crate::config::Config;
 use flowrepl_exec::monitor::Interrupter;
+use flowrepl_exec::python::PythonExecutor;
 use flowrepl_exec::setup::{ExecutorConfig, ExecutorError};
 use flowrepl_exec::tail::OutputTail;
 use flowrepl_protocol::{
     CheckpointSummary, Mode, PythonInfo, RestartReply, RestoreReport, VariableInfo, AUTO_CHECKPOINT,
 };
-use flowrepl_worker::Executor;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Embedded CPython.
 pub struct InProcess {
-    executor: Executor,
+    executor: Box<dyn PythonExecutor>,
     control: Arc<InProcessControl>,
     /// `--resume`: what came back, for the first cell.
     restored: Option<Result<RestoreReport, String>>,
@@ -28,7 +28,7 @@ pub struct InProcess {
 impl InProcess {
     /// Starts Python on the calling thread, which must run every cell from then on.
     pub fn start(config: &Config, approvals: Arc<Approvals>) -> Result<InProcess, ExecutorError> {
-        let executor = Executor::start(&ExecutorConfig {
+        let executor = (crate::PYTHON.start)(&ExecutorConfig {
             python: config.python.clone(),
             max_output_bytes: config.max_output_bytes,
             sink: None,

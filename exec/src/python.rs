@@ -1,0 +1,55 @@
+//! The seam between the kernel and the Python executor: what the kernel's in-process engine
+//! and the worker binary need from a build of the executor against one CPython, as a table
+//! ([`PythonBuild`]) and a trait ([`PythonExecutor`]) in types without Python.
+//!
+//! Today the kernel links the executor of the build's Python statically and reaches it
+//! through this seam only. It is where the per-version shared library of docs/design.md
+//! ("Every Python version") plugs in: one kernel, and the table of the version asked for.
+
+use crate::monitor::Interrupter;
+use crate::setup::{CallError, CellOutcome, CheckpointError, ExecutorConfig, ExecutorError};
+use crate::worker_args::WorkerArgs;
+use flowrepl_protocol::{
+    CheckpointHealth, CheckpointSummary, PythonInfo, RestoreReport, VariableInfo,
+};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The embedded executor, as the in-process engine drives it. It lives on the thread that
+/// started it (Python's main thread), which runs every call.
+pub trait PythonExecutor {
+    /// The interpreter cells run in.
+    fn info(&self) -> &PythonInfo;
+    /// Reaches the running cell from other threads (interrupt, output so far).
+    fn interrupter(&self) -> Interrupter;
+    /// How the automatic checkpoint is doing, for other threads (`None`: checkpoints off).
+    fn checkpoint_health(&self) -> Option<Arc<Mutex<CheckpointHealth>>>;
+    /// Runs one cell with a wall-clock `timeout`.
+    fn execute(&mut self, code: &str, timeout: Duration, execution_count: u64) -> CellOutcome;
+    /// The namespace's names with type, short repr and size.
+    fn list_variables(&mut self) -> Result<Vec<VariableInfo>, CallError>;
+    /// Empties the namespace as a fresh interpreter has it (modules stay loaded).
+    fn reset_namespace(&mut self) -> Result<(), CallError>;
+    /// Writes checkpoint `name` now, with every name.
+    fn checkpoint(&mut self, name: &str) -> Result<CheckpointSummary, CheckpointError>;
+    /// Replaces the namespace with checkpoint `name`'s (`fresh`: nothing ran yet).
+    fn restore(&mut self, name: &str, fresh: bool) -> Result<RestoreReport, CheckpointError>;
+    /// Writes the pending automatic checkpoint now, if one is.
+    fn write_pending_checkpoint(&mut self);
+    /// The session ends: exit handlers, finalizers, flushes.
+    fn finish(&mut self);
+}
+
+/// A build of the executor against one CPython version.
+#[derive(Debug, Clone, Copy)]
+pub struct PythonBuild {
+    /// The interpreter it was built against.
+    pub python: &'static str,
+    /// Its `major.minor.micro`.
+    pub python_version: &'static str,
+    /// Starts Python on the calling thread (which must run every later call).
+    pub start: fn(&ExecutorConfig) -> Result<Box<dyn PythonExecutor>, ExecutorError>,
+    /// The `flowrepl-worker` process: runs until the kernel closes the channel.
+    pub serve: fn(WorkerArgs) -> ExitCode,
+}
