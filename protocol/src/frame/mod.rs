@@ -38,7 +38,7 @@ mod codec;
 mod reader;
 
 pub use bodies::{CheckpointOutcome, DoneReport, OutputStream, VariablesReport, WorkerHello};
-pub use codec::{Direction, Part};
+pub use codec::Direction;
 pub use reader::{FrameReader, ReadError};
 
 use crate::approval::{ApprovalAnswer, ApprovalRequest};
