@@ -6,10 +6,8 @@ use std::path::PathBuf;
 /// The environment variables that code other than the flags sets or reads (the launcher, the
 /// replayer), each written once.
 pub mod env {
-    /// `--python`; the launcher also passes the interpreter it chose in it.
+    /// `--python`.
     pub const PYTHON: &str = "FLOWREPL_PYTHON";
-    /// Why the launcher chose that interpreter (`flowrepl_pythons::Source::as_str`).
-    pub const PYTHON_SOURCE: &str = "FLOWREPL_PYTHON_SOURCE";
     /// `--no-log`.
     pub const NO_LOG: &str = "FLOWREPL_NO_LOG";
     /// `--resume`.

@@ -21,6 +21,10 @@ pub struct WorkerArgs {
     /// The interpreter or venv to emulate.
     #[arg(long, value_name = "PATH")]
     pub python: PathBuf,
+    /// The Python library of its version (`libflowrepl_pylib.so`); without it, the executor
+    /// linked into this binary (`static-python`).
+    #[arg(long, value_name = "PATH")]
+    pub python_lib: Option<PathBuf>,
     /// Output kept per stream and cell, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_OUTPUT_BYTES)]
     pub max_output_bytes: u64,
@@ -82,6 +86,7 @@ impl WorkerArgs {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         python: PathBuf,
+        python_lib: Option<PathBuf>,
         max_output_bytes: u64,
         cpu_seconds: Option<u64>,
         images: Option<ImageLimits>,
@@ -96,6 +101,7 @@ impl WorkerArgs {
         });
         WorkerArgs {
             python,
+            python_lib,
             max_output_bytes,
             cpu_seconds,
             max_images: images.max_images,
@@ -127,6 +133,9 @@ impl WorkerArgs {
             "--snapshot-max-mb".into(),
             self.snapshot_max_mb.to_string().into(),
         ];
+        if let Some(lib) = &self.python_lib {
+            a.extend(["--python-lib".into(), lib.clone().into()]);
+        }
         if let Some(s) = self.cpu_seconds {
             a.extend(["--cpu-seconds".into(), s.to_string().into()]);
         }
@@ -180,6 +189,7 @@ mod tests {
         };
         let full = WorkerArgs::new(
             "/usr/bin/python3".into(),
+            Some("/opt/flowrepl/libflowrepl_pylib.so".into()),
             1234,
             Some(7),
             Some(ImageLimits {
@@ -193,6 +203,7 @@ mod tests {
         );
         let bare = WorkerArgs::new(
             "/usr/bin/python3".into(),
+            None,
             DEFAULT_MAX_OUTPUT_BYTES,
             None,
             None,
@@ -210,6 +221,7 @@ mod tests {
         // checkpoints, whatever its policy says).
         let mut bare = WorkerArgs::new(
             "/usr/bin/python3".into(),
+            None,
             DEFAULT_MAX_OUTPUT_BYTES,
             None,
             None,

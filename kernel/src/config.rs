@@ -1,6 +1,7 @@
 //! Everything the kernel needs to know at start, from the command line and the environment.
 
 use flowrepl_cli::args::Cli;
+use flowrepl_cli::served::{Choice, Executor};
 use std::path::PathBuf;
 
 /// The default cell timeout.
@@ -60,6 +61,8 @@ pub struct Config {
     pub python: PathBuf,
     /// Why it was chosen.
     pub python_source: flowrepl_pythons::Source,
+    /// What runs cells for its version.
+    pub executor: Executor,
     /// Worker mode, when set.
     pub worker: Option<WorkerConfig>,
     /// After SIGINT, how long a cell has to stop: then worker mode kills the worker, and
@@ -121,19 +124,6 @@ pub enum ConfigError {
     /// The log directory cannot be made absolute (no working directory).
     #[error("cannot resolve the log directory")]
     LogDir(#[source] std::io::Error),
-    /// The python cannot be served.
-    #[error(transparent)]
-    Python(#[from] flowrepl_pythons::PythonError),
-    /// This kernel embeds another Python version (`flowrepl-kernel` started directly).
-    #[error("{program} is Python {version}, but this kernel embeds Python {embedded}; start `flowrepl`, which runs the kernel built for each version")]
-    WrongKernel {
-        /// The interpreter.
-        program: String,
-        /// Its version.
-        version: flowrepl_pythons::Version,
-        /// The embedded version.
-        embedded: String,
-    },
     /// A `--startup` file is missing.
     #[error("startup file {0} not found")]
     StartupMissing(String),
@@ -165,8 +155,9 @@ impl Config {
         }
     }
 
-    /// Resolves the command line and environment.
-    pub fn resolve(cli: &Cli) -> Result<Config, ConfigError> {
+    /// Resolves the command line and environment, for the interpreter chosen
+    /// ([`flowrepl_cli::served::choose`]).
+    pub fn resolve(cli: &Cli, choice: Choice) -> Result<Config, ConfigError> {
         let worker_env = std::env::var("USE_SUBPROCESS_WORKER")
             .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
         let identity = Identity::from_env();
@@ -174,21 +165,9 @@ impl Config {
         let log_dir = std::path::absolute(&cli.log_dir).map_err(ConfigError::LogDir)?;
         let log_file =
             flowrepl_task_logger::task_log_path(&log_dir, &identity.plan_id, &identity.task_id);
-        let chosen = flowrepl_cli::launcher::choose(cli, &crate::BUILD)?;
-        let embedded = crate::BUILD.python().1;
-        if embedded != Some(chosen.version) {
-            return Err(ConfigError::WrongKernel {
-                program: chosen.program.display().to_string(),
-                version: chosen.version,
-                embedded: crate::PYTHON.python_version.to_owned(),
-            });
-        }
-        // Started by the launcher: it says why it chose this interpreter.
-        let python_source = std::env::var(flowrepl_cli::args::env::PYTHON_SOURCE)
-            .ok()
-            .and_then(|s| flowrepl_pythons::Source::from_name(&s))
-            .unwrap_or(chosen.source);
-        let python = chosen.program;
+        let python_source = choice.interpreter.source;
+        let python = choice.interpreter.program;
+        let executor = choice.executor;
         let limits = Limits {
             memory_mb: cli.memory_mb,
             cpu_seconds: cli.cpu_seconds,
@@ -296,6 +275,7 @@ impl Config {
             logging: !cli.no_log,
             python,
             python_source,
+            executor,
             mcp: cli.command.as_ref().and_then(|c| match c {
                 flowrepl_cli::args::Command::Mcp(m) => Some(m.clone()),
                 flowrepl_cli::args::Command::Log(_) => None,

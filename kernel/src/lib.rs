@@ -13,9 +13,10 @@
 //! - [`jsonrpc`]: the JSON-RPC front (request loop, busy-time watcher, reply writer).
 //! - [`mcp`]: the MCP front (`flowrepl mcp`).
 //!
-//! Dependencies point one way: fronts → session → engine. The flags, the launcher and
+//! Dependencies point one way: fronts → session → engine. The flags, the choice of Python and
 //! `flowrepl log` are in `flowrepl-cli` (no Python); [`BUILD`] is what they need to know
-//! about this build.
+//! about this build. The kernel links no Python: it loads the executor of the session's
+//! Python version from that version's library ([`python`]).
 //!
 //! # Start-up order
 //! The real stdio is moved out of reach first (so nothing, not even a panic message, can write
@@ -36,21 +37,34 @@ pub mod terminate;
 
 use flowrepl_cli::args::{Cli, Command};
 use flowrepl_cli::logcmd;
+use flowrepl_cli::served::{Build, Executor};
+use flowrepl_exec::python::library::LoadError;
+use flowrepl_exec::python::PythonBuild;
 use std::process::ExitCode;
 
-/// The executor this kernel runs cells with, built against one CPython: the kernel's one
-/// way into the pyo3 crate ([`flowrepl_exec::python`]).
-pub static PYTHON: &flowrepl_exec::python::PythonBuild = &flowrepl_worker::PYTHON;
-
-/// What this build knows about Python, for the launcher and the flags: the interpreter the
-/// kernel embeds, where the kernels of other versions are (`kernel/build.rs`), the MCP tools.
-pub const BUILD: flowrepl_cli::launcher::Build = flowrepl_cli::launcher::Build {
-    python: PYTHON.python,
-    python_version: PYTHON.python_version,
-    kernels_dir: option_env!("FLOWREPL_KERNELS_DIR"),
-    kernels_profile: option_env!("FLOWREPL_KERNELS_PROFILE"),
+/// What this build knows about Python, for choosing the executor and for the flags: the
+/// interpreter it was built with, whether that version's executor is linked in, where the
+/// Python libraries of the versions are (`kernel/build.rs`), the MCP tools.
+pub const BUILD: Build = Build {
+    python: env!("FLOWREPL_BUILD_PYTHON"),
+    python_version: env!("FLOWREPL_BUILD_PYTHON_VERSION"),
+    linked: cfg!(feature = "static-python"),
+    versions_dir: option_env!("FLOWREPL_VERSIONS_DIR"),
+    profile: option_env!("FLOWREPL_VERSIONS_PROFILE"),
     mcp_tools: mcp::tools::tool_names,
 };
+
+/// The executor that serves a version ([`flowrepl_cli::served::serving`]): the kernel's one
+/// way into the pyo3 crate ([`flowrepl_exec::python`]). A library is loaded on first use.
+pub fn python(executor: &Executor) -> Result<&'static PythonBuild, LoadError> {
+    match executor {
+        Executor::Library(path) => flowrepl_exec::python::library::load(path),
+        #[cfg(feature = "static-python")]
+        Executor::Linked => Ok(&flowrepl_worker::PYTHON),
+        #[cfg(not(feature = "static-python"))]
+        Executor::Linked => Err(LoadError::NoneNamed),
+    }
+}
 
 /// Runs the kernel until `shutdown` or EOF. Exit codes: 0 after shutdown/EOF, 1 when Python
 /// or the protocol channel fails, 2 for a configuration error.
@@ -61,6 +75,14 @@ pub fn run(cli: Cli) -> ExitCode {
     if let Some(Command::Log(args)) = &cli.command {
         return logcmd::run(&cli.log_globals(), args);
     }
+    // Before stdio is taken: an interpreter this build cannot serve is one plain line.
+    let choice = match flowrepl_cli::served::choose(&cli, &BUILD) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("flowrepl: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let stdio = match flowrepl_exec::stdio::take_protocol_stdio() {
         Ok(s) => s,
         Err(e) => {
@@ -77,7 +99,7 @@ pub fn run(cli: Cli) -> ExitCode {
         }
     };
     flowrepl_os::logging::init(stdio.diagnostics);
-    let config = match config::Config::resolve(&cli) {
+    let config = match config::Config::resolve(&cli, choice) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("{e}");

@@ -1,8 +1,10 @@
-//! `flowrepl`: finds the Python the user means and starts the kernel built for its version
-//! (`flowrepl_cli::launcher`).
+//! `flowrepl`: the kernel. It picks the Python the user means, loads the executor built for
+//! that version (`flowrepl_cli::served`) and serves the session.
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    flowrepl_cli::launcher::main(&flowrepl::BUILD)
+    flowrepl::run(flowrepl_cli::args::Cli::from_args(
+        flowrepl::BUILD.mcp_tools,
+    ))
 }

@@ -27,15 +27,16 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Path of the `flowrepl` binary that this build made: `cargo test --workspace` builds it and
-/// `flowrepl-worker` into the same target directory as this test (the `kernel` and `worker`
-/// packages have integration tests of their own, so cargo builds their binaries first).
+/// Path of the `flowrepl` binary that this build made: `cargo test --workspace` builds it,
+/// `flowrepl-worker` and the build Python's library into the same target directory as this
+/// test (the `kernel` and `worker` packages have integration tests of their own, so cargo
+/// builds their binaries first; the library is a workspace member).
 pub fn flowrepl_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let exe = std::env::current_exe().unwrap();
         let profile_dir = exe.parent().unwrap().parent().unwrap(); // target/<profile>/deps/..
-        for name in ["flowrepl", "flowrepl-kernel", "flowrepl-worker"] {
+        for name in ["flowrepl", "flowrepl-worker", "libflowrepl_pylib.so"] {
             assert!(
                 profile_dir.join(name).is_file(),
                 "{name} is not in {}: run the tests with `cargo test --workspace`, which builds it",
@@ -44,6 +45,11 @@ pub fn flowrepl_bin() -> &'static Path {
         }
         profile_dir.join("flowrepl")
     })
+}
+
+/// The build Python's library (`libflowrepl_pylib.so`), next to [`flowrepl_bin`].
+pub fn python_lib() -> PathBuf {
+    flowrepl_bin().with_file_name("libflowrepl_pylib.so")
 }
 
 /// The real interpreter the kernel was built against (for making venvs in tests).

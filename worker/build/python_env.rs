@@ -47,11 +47,45 @@ fn build_python() -> String {
     std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".to_owned())
 }
 
-fn emit_python_link_facts() -> PythonFacts {
+/// The build's interpreter, as `FLOWREPL_BUILD_PYTHON` and `FLOWREPL_BUILD_PYTHON_VERSION`
+/// for the crate being built.
+fn emit_python_facts() -> PythonFacts {
     let python = build_python();
     let facts = python_facts(&python).unwrap_or_else(|e| panic!("locating libpython: {e}"));
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", facts.libdir);
     println!("cargo:rustc-env=FLOWREPL_BUILD_PYTHON={}", facts.executable);
     println!("cargo:rustc-env=FLOWREPL_BUILD_PYTHON_VERSION={}", facts.version);
     facts
+}
+
+/// [`emit_python_facts`], and the rpath to the build interpreter's libpython for what this
+/// crate links.
+#[allow(dead_code)]
+fn emit_python_link_facts() -> PythonFacts {
+    let facts = emit_python_facts();
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", facts.libdir);
+    facts
+}
+
+/// `<target>/flowrepl-python`: the per-version Python libraries, one folder per version
+/// (`<major.minor>/<profile>/`), and the nested builds' shared target directory (`build/`).
+#[allow(dead_code)]
+fn versions_dir() -> std::path::PathBuf {
+    use std::path::{Path, PathBuf};
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(t) => PathBuf::from(t),
+        None => {
+            // OUT_DIR is <target>/[<triple>/]<profile>/build/<pkg>/out.
+            let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+            out.ancestors()
+                .find(|a| a.join("CACHEDIR.TAG").is_file())
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| {
+                    out.ancestors()
+                        .nth(4)
+                        .expect("OUT_DIR is deep")
+                        .to_path_buf()
+                })
+        }
+    };
+    std::path::absolute(target.join("flowrepl-python")).expect("absolute target dir")
 }

@@ -17,6 +17,7 @@ pub static PYTHON: PythonBuild = PythonBuild {
     python: crate::interpreter::BUILD_PYTHON,
     python_version: crate::interpreter::BUILD_PYTHON_VERSION,
     start,
+    logging: crate::sys::logging::init,
     serve: crate::serve::run,
 };
 

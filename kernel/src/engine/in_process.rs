@@ -9,7 +9,7 @@ use crate::approvals::{Approvals, InProcessApprover};
 use crate::config::Config;
 use flowrepl_exec::monitor::Interrupter;
 use flowrepl_exec::python::PythonExecutor;
-use flowrepl_exec::setup::{ExecutorConfig, ExecutorError};
+use flowrepl_exec::setup::ExecutorConfig;
 use flowrepl_exec::tail::OutputTail;
 use flowrepl_protocol::{
     CheckpointSummary, Mode, PythonInfo, RestartReply, RestoreReport, VariableInfo, AUTO_CHECKPOINT,
@@ -26,9 +26,16 @@ pub struct InProcess {
 }
 
 impl InProcess {
-    /// Starts Python on the calling thread, which must run every cell from then on.
-    pub fn start(config: &Config, approvals: Arc<Approvals>) -> Result<InProcess, ExecutorError> {
-        let executor = (crate::PYTHON.start)(&ExecutorConfig {
+    /// Starts Python on the calling thread, which must run every cell from then on; the
+    /// executor's own diagnostics go to `diagnostics`.
+    pub fn start(
+        config: &Config,
+        diagnostics: std::fs::File,
+        approvals: Arc<Approvals>,
+    ) -> Result<InProcess, super::StartError> {
+        let python = crate::python(&config.executor)?;
+        (python.logging)(diagnostics);
+        let executor = (python.start)(&ExecutorConfig {
             python: config.python.clone(),
             max_output_bytes: config.max_output_bytes,
             sink: None,

@@ -138,7 +138,11 @@ pub fn start(
     approvals: Arc<Approvals>,
 ) -> Result<Box<dyn Engine>, StartError> {
     match &config.worker {
-        None => Ok(Box::new(in_process::InProcess::start(config, approvals)?)),
+        None => Ok(Box::new(in_process::InProcess::start(
+            config,
+            diagnostics,
+            approvals,
+        )?)),
         Some(w) => Ok(Box::new(worker::Worker::start(
             config,
             w,
@@ -179,6 +183,9 @@ pub fn restored_message(r: &RestoreReport) -> String {
 /// Why no engine could be started.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// The Python library of the interpreter's version cannot be used.
+    #[error(transparent)]
+    Library(#[from] flowrepl_exec::python::library::LoadError),
     /// Embedded Python did not start.
     #[error(transparent)]
     Executor(#[from] flowrepl_exec::setup::ExecutorError),

@@ -4,7 +4,7 @@
 //! `FLOWREPL_REQUIRE_PYTHONS=N` (CI sets 3) fails the matrix when fewer than N versions are
 //! found, so that a machine without them cannot pass it by testing one.
 
-use flowrepl_tests::{flowrepl_bin, Kernel, MODES};
+use flowrepl_tests::{flowrepl_bin, python_lib, Kernel, MODES};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -226,35 +226,89 @@ fn interpreters_it_cannot_serve_get_one_clear_line_and_exit_2() {
     }
 }
 
-#[test]
-fn a_kernel_started_directly_for_another_version_says_to_use_the_launcher() {
-    let kernel = flowrepl_bin().with_file_name("flowrepl-kernel");
-    let mut served = Vec::new();
-    for f in flowrepl_pythons::discover() {
-        let log = tempfile::tempdir().unwrap();
-        let out = Command::new(&kernel)
-            .arg("--python")
-            .arg(&f.program)
-            .env("FLOWREPL_LOG_DIR", log.path())
-            .env_remove("VIRTUAL_ENV")
-            .env_remove("FLOWREPL_PYTHON")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        if out.status.success() {
-            served.push(f.version);
-            continue;
-        }
-        assert_eq!(out.status.code(), Some(2), "{f:?}: {err}");
-        assert!(out.stdout.is_empty(), "{f:?}");
-        assert!(
-            err.contains(&format!("is Python {}", f.version)) && err.contains("start `flowrepl`"),
-            "{f:?}: {err}"
-        );
+/// `flowrepl` and `flowrepl-worker` copied into a folder of their own, beside `library` under
+/// the build Python's library name: what they load for the build's Python.
+fn kernel_with_library(dir: &Path, library: &[u8]) -> PathBuf {
+    for exe in ["flowrepl", "flowrepl-worker"] {
+        std::fs::copy(flowrepl_bin().with_file_name(exe), dir.join(exe)).unwrap();
     }
-    served.dedup();
-    assert_eq!(served.len(), 1, "one kernel serves one version: {served:?}");
+    std::fs::write(dir.join("libflowrepl_pylib.so"), library).unwrap();
+    dir.join("flowrepl")
+}
+
+/// The kernel loads a Python library only when it was built from the same sources by the
+/// same compiler (Rust has no stable ABI): a library of another build, or a shared library
+/// that is not flowrepl's, is refused with one clear error in both modes, before any of its
+/// code runs; the same copy with the build's own library serves.
+#[test]
+fn a_python_library_of_another_build_is_refused() {
+    let ours = std::fs::read(python_lib()).unwrap();
+    let abi = flowrepl_exec::python::library::ABI.to_bytes();
+    let other: Vec<u8> = abi
+        .iter()
+        .map(|b| if *b == b'0' { b'1' } else { b'0' })
+        .collect();
+    let mut patched = ours.clone();
+    let mut found = 0;
+    for at in 0..patched.len() - abi.len() {
+        if &patched[at..at + abi.len()] == abi && patched[at + abi.len()] == 0 {
+            patched[at..at + abi.len()].copy_from_slice(&other);
+            found += 1;
+        }
+    }
+    assert!(found > 0, "the library holds its ABI hash");
+    let not_ours = [
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib64",
+    ]
+    .iter()
+    .map(|d| Path::new(d).join("libm.so.6"))
+    .find(|p| p.is_file())
+    .map(|p| std::fs::read(p).unwrap());
+    let mut cases = vec![
+        (ours, None),
+        (patched, Some("belongs to another flowrepl build")),
+    ];
+    if let Some(lib) = not_ours {
+        cases.push((lib, Some("is not a flowrepl Python library")));
+    }
+    for (library, refused) in cases {
+        for worker in ["0", "1"] {
+            let dir = tempfile::tempdir().unwrap();
+            let exe = kernel_with_library(dir.path(), &library);
+            let mut child = Command::new(&exe)
+                .args(["--no-log", "--python", &flowrepl_tests::base_python()])
+                .env("USE_SUBPROCESS_WORKER", worker)
+                .env("FLOWREPL_LOG_DIR", dir.path().join("logs"))
+                .env_remove("VIRTUAL_ENV")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"execute\",\"params\":{\"code\":\"6 * 7\"}}\n")
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            let (stdout, stderr) = (
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+            );
+            let what = format!("worker={worker} {refused:?}: {stdout} {stderr}");
+            match refused {
+                None => assert!(stdout.contains("\"result\":\"42\""), "{what}"),
+                Some(says) => {
+                    assert!(stderr.contains(says), "{what}");
+                    assert!(!stdout.contains("\"result\":\"42\""), "{what}");
+                }
+            }
+        }
+    }
 }
 
 /// A checkpoint written under one Python version restores nothing under another (its pickles

@@ -2,7 +2,7 @@
 //! streamed over the frame pipe.
 
 use flowrepl_protocol::frame::{self, Frame, FrameReader, OutputStream};
-use flowrepl_tests::{alive, base_python, flowrepl_bin, read_log, Kernel, MODES};
+use flowrepl_tests::{alive, base_python, flowrepl_bin, python_lib, read_log, Kernel, MODES};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
@@ -127,6 +127,8 @@ fn worker_streams_output_while_the_cell_runs() {
     let worker = flowrepl_bin().with_file_name("flowrepl-worker");
     let mut child = Command::new(worker)
         .args(["--python", &base_python()])
+        .arg("--python-lib")
+        .arg(python_lib())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

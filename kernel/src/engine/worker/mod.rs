@@ -128,6 +128,7 @@ impl Worker {
             spawn: SpawnConfig {
                 exe: worker.exe.clone(),
                 python: config.python.clone(),
+                python_lib: config.executor.library().map(Into::into),
                 max_output_bytes: config.max_output_bytes,
                 limits: worker.limits,
                 images: config.image_limits(),

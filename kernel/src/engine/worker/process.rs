@@ -34,6 +34,8 @@ pub struct SpawnConfig {
     pub exe: PathBuf,
     /// `--python` for the worker.
     pub python: PathBuf,
+    /// `--python-lib` for the worker (`None`: the executor linked into it).
+    pub python_lib: Option<PathBuf>,
     /// Output limit per stream and cell.
     pub max_output_bytes: u64,
     /// Limits.
@@ -114,6 +116,7 @@ impl WorkerProcess {
         cmd.args(
             flowrepl_exec::worker_args::WorkerArgs::new(
                 config.python.clone(),
+                config.python_lib.clone(),
                 config.max_output_bytes,
                 config.limits.cpu_seconds,
                 config.images,

@@ -2,9 +2,14 @@
 //! and the worker binary need from a build of the executor against one CPython, as a table
 //! ([`PythonBuild`]) and a trait ([`PythonExecutor`]) in types without Python.
 //!
-//! Today the kernel links the executor of the build's Python statically and reaches it
-//! through this seam only. It is where the per-version shared library of docs/design.md
-//! ("Every Python version") plugs in: one kernel, and the table of the version asked for.
+//! The kernel is built once, without Python; each CPython version's executor is a shared
+//! library (`libflowrepl_pylib.so`, the `pylib` crate) that exports its [`PythonBuild`] with
+//! [`export_python!`], and the kernel loads the one the session's interpreter needs
+//! ([`library::load`]). A `pip install` links the one version it serves into the kernel
+//! instead (the kernel's `static-python` feature); both reach the executor through this seam
+//! only. docs/design.md, "Every Python version", has the layout and the figures.
+
+pub mod library;
 
 use crate::monitor::Interrupter;
 use crate::setup::{CallError, CellOutcome, CheckpointError, ExecutorConfig, ExecutorError};
@@ -12,6 +17,7 @@ use crate::worker_args::WorkerArgs;
 use flowrepl_protocol::{
     CheckpointHealth, CheckpointSummary, PythonInfo, RestoreReport, VariableInfo,
 };
+use std::fs::File;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,6 +56,10 @@ pub struct PythonBuild {
     pub python_version: &'static str,
     /// Starts Python on the calling thread (which must run every later call).
     pub start: fn(&ExecutorConfig) -> Result<Box<dyn PythonExecutor>, ExecutorError>,
+    /// Sends the executor's tracing events and panic messages to `diagnostics` (a library
+    /// has its own copy of `tracing` and of the panic hook, which the kernel's set-up does
+    /// not reach). Called by the kernel before [`PythonBuild::start`].
+    pub logging: fn(File),
     /// The `flowrepl-worker` process: runs until the kernel closes the channel.
     pub serve: fn(WorkerArgs) -> ExitCode,
 }
