@@ -3,8 +3,8 @@
 use clap::Parser;
 use std::path::PathBuf;
 
-/// The environment variables that code other than the flags sets or reads (the launcher, the
-/// replayer), each written once.
+/// The environment variables that code other than the flags sets or reads (the replayer,
+/// tests), each written once.
 pub mod env {
     /// `--python`.
     pub const PYTHON: &str = "FLOWREPL_PYTHON";

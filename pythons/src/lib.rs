@@ -76,7 +76,7 @@ pub enum Source {
 }
 
 impl Source {
-    /// Its stable name (in `status` and between the launcher and the kernel).
+    /// Its stable name (in `status` and `ready`).
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Flag => "flag",

@@ -3,7 +3,7 @@
 //! The interpreter derives `sys.prefix` (and so the stdlib and site-packages) from its program
 //! name. We initialise through `PyConfig` with `program_name` set to the python to emulate:
 //! the interpreter or venv the kernel chose (`flowrepl_pythons`), whose `major.minor` is the
-//! embedded libpython's (the launcher starts the kernel built for it). Its `sys.executable`
+//! embedded libpython's (the kernel loads the Python library built for it). Its `sys.executable`
 //! then names that python, which is what `subprocess` and `multiprocessing` start.
 
 use flowrepl_exec::setup::InitError;

@@ -421,8 +421,8 @@ fn each_record(file: &Path, mut f: impl FnMut(Record)) -> usize {
     })
 }
 
-/// Writes a line of the command's output. `flowrepl log` runs without a kernel (in the
-/// launcher or `flowrepl-kernel`, before any Python starts), so stdout is its own here and
+/// Writes a line of the command's output. `flowrepl log` runs without a session (before
+/// stdio is taken or any Python is loaded), so stdout is its own here and
 /// never the protocol channel; all of its output goes through this one place, and a closed stdout (`| head`) ends the command quietly.
 fn say(text: impl std::fmt::Display) -> Result<(), LogCmdError> {
     use std::io::Write;
