@@ -11,6 +11,7 @@
 //! - [`logging`]: the task log's and the checkpoints' cost per cell.
 //! - [`versions`]: every Python version the build serves.
 //! - [`ab`]: an interleaved A/B against another kernel build (`--baseline`).
+//! - [`sandbox`]: a worker with and without `--sandbox` (`--sandbox`).
 
 mod ab;
 mod echo;
@@ -18,6 +19,7 @@ mod flow;
 mod kernel;
 mod logging;
 mod peer;
+mod sandbox;
 mod stats;
 mod versions;
 mod worker;
@@ -54,6 +56,9 @@ pub struct Args {
     /// Only the automatic checkpoints' cost per cell.
     #[arg(long)]
     pub snapshots: bool,
+    /// Only the sandbox's cost (a worker with and without `--sandbox`).
+    #[arg(long)]
+    pub sandbox: bool,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -85,6 +90,7 @@ fn main() {
         None if args.versions => versions::run(&args, &logs),
         None if args.logging => logging::run(&args, &logs),
         None if args.snapshots => logging::snapshots(&args, &logs),
+        None if args.sandbox => sandbox::run(&args, &logs),
         None => {
             let python = peer::real_python();
             let anchors = kernel::run(&args, &python, &logs);
@@ -93,6 +99,7 @@ fn main() {
             logging::run(&args, &logs);
             logging::snapshots(&args, &logs);
             versions::run(&args, &logs);
+            sandbox::run(&args, &logs);
         }
     }
     let _ = std::fs::remove_dir_all(&logs);

@@ -14,6 +14,31 @@ pub mod env {
     pub const RESUME: &str = "FLOWREPL_RESUME";
     /// `--snapshot`.
     pub const SNAPSHOT: &str = "FLOWREPL_SNAPSHOT";
+    /// `--sandbox`.
+    pub const SANDBOX: &str = "FLOWREPL_SANDBOX";
+    /// Sandbox layers to leave out, comma-separated (diagnostics and tests; a skipped layer
+    /// is reported as not enforced).
+    pub const SANDBOX_SKIP: &str = "FLOWREPL_SANDBOX_SKIP";
+}
+
+/// `--sandbox`: how the worker is confined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxLevel {
+    /// Not confined.
+    Off,
+    /// Every layer the host accepts; the others are reported as not enforced.
+    BestEffort,
+    /// Every layer, or the kernel does not start (exit 2).
+    Strict,
+}
+
+fn parse_sandbox(s: &str) -> Result<SandboxLevel, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "" | "1" | "on" | "true" | "yes" | "best-effort" => Ok(SandboxLevel::BestEffort),
+        "strict" => Ok(SandboxLevel::Strict),
+        "0" | "off" | "false" | "no" => Ok(SandboxLevel::Off),
+        other => Err(format!("{other:?}: expected on, strict or off")),
+    }
 }
 
 /// A persistent Python kernel speaking JSON-RPC 2.0, one JSON object per line on stdio.
@@ -101,6 +126,23 @@ pub struct Cli {
     /// user's processes, and Linux does not apply it to root).
     #[arg(global = true, long, env = "FLOWREPL_MAX_PROCS", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_procs: Option<u64>,
+
+    /// Run cells in a confined worker (implies worker mode): no network, writes only in the
+    /// workspace, no reach into the kernel or other processes (docs/sandbox.md). `strict`:
+    /// refuse to start (exit 2) unless the host enforces every layer.
+    #[arg(global = true, long, env = env::SANDBOX, value_name = "LEVEL", num_args = 0..=1,
+          default_missing_value = "on", value_parser = parse_sandbox)]
+    pub sandbox: Option<SandboxLevel>,
+
+    /// With `--sandbox`: keep the host's network (nothing else loosens).
+    #[arg(global = true, long, env = "FLOWREPL_SANDBOX_NET", action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub sandbox_net: bool,
+
+    /// With `--sandbox`: the one folder cells may write, and their working directory
+    /// (default: the current directory).
+    #[arg(global = true, long, env = "FLOWREPL_WORKSPACE", value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
 
     /// Worker mode: the `flowrepl-worker` executable (default: next to `flowrepl`).
     #[arg(global = true, long, env = "FLOWREPL_WORKER_BIN", value_name = "PATH")]

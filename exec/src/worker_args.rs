@@ -1,6 +1,7 @@
 //! The worker's command line: what the kernel passes, and its defaults.
 
 use crate::setup::{ImageLimits, SessionSetup, SnapshotConfig};
+use flowrepl_protocol::sandbox::{SandboxPolicy, SandboxReport};
 use flowrepl_protocol::SnapshotPolicy;
 use std::io;
 use std::path::PathBuf;
@@ -56,6 +57,13 @@ pub struct WorkerArgs {
     /// Restore this checkpoint before reporting ready.
     #[arg(long, value_name = "NAME")]
     pub restore: Option<String>,
+    /// Confine the worker before Python starts ([`SandboxPolicy`] as JSON).
+    #[arg(long, value_name = "JSON", value_parser = parse_sandbox)]
+    pub sandbox: Option<SandboxPolicy>,
+    /// What the sandbox enforced (set by the worker's `main` after applying it, for the
+    /// Ready frame; not a flag).
+    #[arg(skip)]
+    pub sandboxed: Option<SandboxReport>,
 }
 
 /// Takes fds 3 and 4 as the capture files (`--capture-fds`), close-on-exec from now on (the
@@ -76,6 +84,10 @@ pub fn inherited_capture() -> io::Result<[Arc<std::os::fd::OwnedFd>; 2]> {
     Ok([take(3)?, take(4)?])
 }
 
+fn parse_sandbox(s: &str) -> Result<SandboxPolicy, String> {
+    serde_json::from_str(s).map_err(|e| e.to_string())
+}
+
 fn parse_setup(s: &str) -> Result<SessionSetup, String> {
     serde_json::from_str(s).map_err(|e| e.to_string())
 }
@@ -94,6 +106,7 @@ impl WorkerArgs {
         snapshots: Option<&SnapshotConfig>,
         restore: Option<&str>,
         capture_fds: bool,
+        sandbox: Option<SandboxPolicy>,
     ) -> WorkerArgs {
         let images = images.unwrap_or(ImageLimits {
             max_images: 0,
@@ -113,6 +126,8 @@ impl WorkerArgs {
             snapshot_max_mb: snapshots
                 .map_or(DEFAULT_SNAPSHOT_MAX_MB, |s| (s.max_bytes >> 20).max(1)),
             restore: snapshots.and(restore).map(str::to_owned),
+            sandbox,
+            sandboxed: None,
         }
     }
 
@@ -145,6 +160,10 @@ impl WorkerArgs {
         }
         if let Some(d) = &self.snapshot_dir {
             a.extend(["--snapshot-dir".into(), d.clone().into()]);
+        }
+        if let Some(p) = &self.sandbox {
+            let json = serde_json::to_string(p).expect("a policy serializes");
+            a.extend(["--sandbox".into(), json.into()]);
         }
         if let Some(r) = &self.restore {
             a.extend(["--restore".into(), r.into()]);
@@ -200,6 +219,16 @@ mod tests {
             Some(&snapshots),
             Some("auto"),
             true,
+            Some(SandboxPolicy {
+                strict: true,
+                network: false,
+                workspace: "/work/space".into(),
+                writable: vec!["/tmp/t.snapshot".into()],
+                readable: vec!["/opt/python".into()],
+                hidden: vec!["/work/space/.flowrepl/logs".into()],
+                tmp: "/tmp/private".into(),
+                skip: vec!["seccomp".into()],
+            }),
         );
         let bare = WorkerArgs::new(
             "/usr/bin/python3".into(),
@@ -211,6 +240,7 @@ mod tests {
             None,
             Some("ignored without snapshots"),
             false,
+            None,
         );
         for args in [full, bare] {
             let mut argv = vec![std::ffi::OsString::from("flowrepl-worker")];
@@ -229,6 +259,7 @@ mod tests {
             None,
             None,
             false,
+            None,
         );
         bare.snapshot = SnapshotPolicy::OnSuccess;
         assert_eq!(

@@ -113,6 +113,23 @@ pub struct WorkerConfig {
     pub exe: PathBuf,
     /// Limits of the worker.
     pub limits: Limits,
+    /// `--sandbox`: how the worker is confined.
+    pub sandbox: Option<SandboxConfig>,
+}
+
+/// `--sandbox` and its options (docs/sandbox.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxConfig {
+    /// `--sandbox=strict`: every layer, or no session.
+    pub strict: bool,
+    /// `--sandbox-net`: the host's network stays.
+    pub network: bool,
+    /// The one folder cells may write, and their working directory (absolute).
+    pub workspace: PathBuf,
+    /// Layers left out (`FLOWREPL_SANDBOX_SKIP`).
+    pub skip: Vec<String>,
+    /// The log folder, hidden from cells (absolute).
+    pub log_dir: PathBuf,
 }
 
 /// Why the configuration is unusable.
@@ -124,6 +141,12 @@ pub enum ConfigError {
     /// The log directory cannot be made absolute (no working directory).
     #[error("cannot resolve the log directory")]
     LogDir(#[source] std::io::Error),
+    /// `--workspace` is not a folder.
+    #[error("--workspace {0}: not a folder")]
+    Workspace(String),
+    /// `FLOWREPL_SANDBOX_SKIP` names a layer that does not exist.
+    #[error("FLOWREPL_SANDBOX_SKIP: no sandbox layer {0:?} (the layers: {1})")]
+    SandboxLayer(String, String),
     /// A `--startup` file is missing.
     #[error("startup file {0} not found")]
     StartupMissing(String),
@@ -155,6 +178,47 @@ impl Config {
         }
     }
 
+    /// `--sandbox` and its options, checked.
+    fn sandbox(cli: &Cli, log_dir: &std::path::Path) -> Result<Option<SandboxConfig>, ConfigError> {
+        use flowrepl_cli::args::SandboxLevel;
+        let strict = match cli.sandbox {
+            None | Some(SandboxLevel::Off) => return Ok(None),
+            Some(SandboxLevel::BestEffort) => false,
+            Some(SandboxLevel::Strict) => true,
+        };
+        let workspace = match &cli.workspace {
+            Some(w) => w.clone(),
+            None => std::env::current_dir().map_err(ConfigError::LogDir)?,
+        };
+        let workspace = std::fs::canonicalize(&workspace)
+            .ok()
+            .filter(|w| w.is_dir())
+            .ok_or_else(|| ConfigError::Workspace(workspace.display().to_string()))?;
+        let skip: Vec<String> = std::env::var(flowrepl_cli::args::env::SANDBOX_SKIP)
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if let Some(bad) = skip
+            .iter()
+            .find(|l| !flowrepl_sandbox::LAYERS.contains(&l.as_str()))
+        {
+            return Err(ConfigError::SandboxLayer(
+                bad.clone(),
+                flowrepl_sandbox::LAYERS.join(", "),
+            ));
+        }
+        Ok(Some(SandboxConfig {
+            strict,
+            network: cli.sandbox_net,
+            workspace,
+            skip,
+            log_dir: log_dir.to_path_buf(),
+        }))
+    }
+
     /// Resolves the command line and environment, for the interpreter chosen
     /// ([`flowrepl_cli::served::choose`]).
     pub fn resolve(cli: &Cli, choice: Choice) -> Result<Config, ConfigError> {
@@ -174,7 +238,8 @@ impl Config {
             max_procs: cli.max_procs,
         };
         let mut max_request_bytes = cli.max_request_bytes;
-        let worker = if cli.worker || worker_env {
+        let sandbox = Self::sandbox(cli, &log_dir)?;
+        let worker = if cli.worker || worker_env || sandbox.is_some() {
             let exe = match &cli.worker_bin {
                 Some(p) => p.clone(),
                 None => std::env::current_exe()
@@ -192,7 +257,11 @@ impl Config {
                     "worker mode: FLOWREPL_MAX_REQUEST_BYTES is capped at the largest cell a worker frame carries"
                 );
             }
-            Some(WorkerConfig { exe, limits })
+            Some(WorkerConfig {
+                exe,
+                limits,
+                sandbox,
+            })
         } else {
             if limits != Default::default() {
                 tracing::warn!("FLOWREPL_MEMORY_MB / FLOWREPL_CPU_SECONDS / FLOWREPL_MAX_PROCS apply to the worker only; they are ignored in-process");

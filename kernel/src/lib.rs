@@ -124,6 +124,10 @@ pub fn run(cli: Cli) -> ExitCode {
     }
     let engine = match engine::start(&config, diagnostics, std::sync::Arc::clone(&approvals)) {
         Ok(e) => e,
+        Err(engine::StartError::Worker(engine::worker::WorkerError::SandboxRefused)) => {
+            // The worker's one line on stderr says which layer is missing.
+            return ExitCode::from(2);
+        }
         Err(e) => {
             tracing::error!(error = %flowrepl_os::chain(&e), "cannot start Python");
             return ExitCode::from(1);

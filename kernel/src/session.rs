@@ -164,6 +164,7 @@ impl StatusBoard {
             cells: end.then(|| self.executions()),
             failures: end.then(|| self.failures.load(Ordering::Relaxed)),
             duration_ms: end.then(|| (self.started.elapsed().as_micros() as f64) / 1000.0),
+            sandbox: t.sandbox.clone(),
         }
     }
 
@@ -239,6 +240,7 @@ impl Session {
                 log_file: config.log_file.display().to_string(),
                 default_timeout_ms: config.default_timeout_ms,
                 checkpoint: None,
+                sandbox: engine.sandbox(),
             },
             executions: AtomicU64::new(0),
             failures: AtomicU64::new(0),

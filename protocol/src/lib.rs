@@ -30,6 +30,7 @@ pub mod frame;
 pub mod json;
 pub mod jsonrpc;
 pub mod limits;
+pub mod sandbox;
 pub mod snapshot;
 pub mod status;
 

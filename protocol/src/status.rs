@@ -64,4 +64,7 @@ pub struct StatusInfo {
     /// the worker's last reply); absent when checkpoints are off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<crate::CheckpointHealth>,
+    /// Worker mode with `--sandbox`: what the worker's sandbox enforces, layer by layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<crate::sandbox::SandboxReport>,
 }

@@ -297,6 +297,9 @@ pub struct SessionRecord<'a> {
     /// At the end: how long the kernel ran, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<f64>,
+    /// `--sandbox`: what the worker's sandbox enforces, layer by layer (docs/sandbox.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<flowrepl_protocol::sandbox::SandboxReport>,
 }
 
 /// The limits of a session, as configured.

@@ -550,6 +550,26 @@ async def figures(s, opts):
 SCENARIO_SECONDS = 150
 
 
+@scenario
+async def sandboxed(s, opts):
+    """`flowrepl mcp --sandbox`: the instructions say what is enforced; no TCP leaves the
+    cell; numpy and matplotlib figures still work; files land in the workspace."""
+    ins = opts.init.instructions or ""
+    assert "sandboxed" in ins and "Enforced:" in ins and "seccomp" in ins, ins
+    port = opts.env_map["SANDBOX_TEST_PORT"]
+    res = await run_cell(s, "import socket\ntry:\n    socket.create_connection(('127.0.0.1', "
+                         + port + "), timeout=5)\n    r = 'connected'\n"
+                         "except OSError as e:\n    r = f'refused {e.errno}'\nr")
+    assert "refused" in text_of(res), text_of(res)
+    res = await run_cell(s, "import numpy as np, matplotlib.pyplot as plt, os\n"
+                         "plt.plot(np.arange(5) ** 2)\n"
+                         "open('made-in-sandbox.txt', 'w').write('x')\nos.getcwd()")
+    images = [c for c in res.content if c.type == "image"]
+    assert images, res.content
+    assert res.structured_content["success"] is True, res.structured_content
+    return {"cwd": res.structured_content["result"], "instructions": ins}
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", choices=sorted(SCENARIOS))

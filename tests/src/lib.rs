@@ -36,6 +36,7 @@ pub fn flowrepl_bin() -> &'static Path {
     BIN.get_or_init(|| {
         let exe = std::env::current_exe().unwrap();
         let profile_dir = exe.parent().unwrap().parent().unwrap(); // target/<profile>/deps/..
+        sync_python_lib(profile_dir);
         for name in ["flowrepl", "flowrepl-worker", "libflowrepl_pylib.so"] {
             assert!(
                 profile_dir.join(name).is_file(),
@@ -45,6 +46,23 @@ pub fn flowrepl_bin() -> &'static Path {
         }
         profile_dir.join("flowrepl")
     })
+}
+
+/// `cargo test` builds the Python library as a dependency of its integration test, into
+/// `deps/`, and copies to `target/<profile>/` only what was asked for by name (the binaries);
+/// `cargo build` puts it there. The kernel looks next to its executable, so the library of
+/// this build is put there when `deps/` has a newer one (through a rename: tests run at once).
+fn sync_python_lib(profile_dir: &Path) {
+    let built = profile_dir.join("deps/libflowrepl_pylib.so");
+    let used = profile_dir.join("libflowrepl_pylib.so");
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if let Some(b) = mtime(&built) {
+        if mtime(&used).is_none_or(|u| u < b) {
+            let tmp = profile_dir.join(format!("libflowrepl_pylib.so.{}", std::process::id()));
+            std::fs::copy(&built, &tmp).unwrap();
+            std::fs::rename(&tmp, &used).unwrap();
+        }
+    }
 }
 
 /// The build Python's library (`libflowrepl_pylib.so`), next to [`flowrepl_bin`].
@@ -94,9 +112,16 @@ impl KernelOptions {
         self.args.push(a.into());
         self
     }
-    /// Runs cells in a worker subprocess (`USE_SUBPROCESS_WORKER=1`).
+    /// Runs cells in a worker subprocess (`USE_SUBPROCESS_WORKER=1`); sandboxed, with the
+    /// kernel's folder as the workspace, when the tests run with `FLOWREPL_TEST_SANDBOX=1`
+    /// (`.ci/run` runs the worker suites again so: everything must keep working inside).
     pub fn worker(self) -> Self {
-        self.env("USE_SUBPROCESS_WORKER", "1")
+        let o = self.env("USE_SUBPROCESS_WORKER", "1");
+        if std::env::var_os("FLOWREPL_TEST_SANDBOX").is_some() {
+            o.env("FLOWREPL_SANDBOX", "1")
+        } else {
+            o
+        }
     }
     /// `worker()` when `mode` is `"worker"`, else unchanged (`"in_process"`).
     pub fn mode(self, mode: &str) -> Self {

@@ -4,7 +4,7 @@
 //!
 //! The kernel is built once, without Python; each CPython version's executor is a shared
 //! library (`libflowrepl_pylib.so`, the `pylib` crate) that exports its [`PythonBuild`] with
-//! [`export_python!`], and the kernel loads the one the session's interpreter needs
+//! [`export_python!`](crate::export_python), and the kernel loads the one the session's interpreter needs
 //! ([`library::load`]). A `pip install` links the one version it serves into the kernel
 //! instead (the kernel's `static-python` feature); both reach the executor through this seam
 //! only. docs/design.md, "Every Python version", has the layout and the figures.

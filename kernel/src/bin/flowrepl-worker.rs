@@ -1,9 +1,11 @@
 //! `flowrepl-worker`: the keep-alive subprocess of flowrepl's worker mode. Started by the
 //! kernel, spoken to in frames on stdin/stdout; see `flowrepl_worker::serve`. It loads the
-//! Python library the kernel names (`--python-lib`), as the kernel does in-process.
+//! Python library the kernel names (`--python-lib`), as the kernel does in-process, then,
+//! with `--sandbox`, confines itself (`flowrepl_sandbox::apply`) before Python starts: the
+//! library and libpython are mapped by then, and nothing of Python has run.
 //!
 //! It uses nothing of the kernel crate, so that its link (thin LTO) takes in only the
-//! executor's interface, not the kernel's fronts.
+//! executor's interface and the sandbox, not the kernel's fronts.
 
 use clap::Parser;
 use flowrepl_exec::python::library::LoadError;
@@ -12,19 +14,29 @@ use flowrepl_exec::worker_args::WorkerArgs;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let args = WorkerArgs::parse();
+    let mut args = WorkerArgs::parse();
     let python = match &args.python_lib {
         Some(lib) => flowrepl_exec::python::library::load(lib),
         None => linked(),
     };
-    match python {
-        Ok(python) => (python.serve)(args),
+    let python = match python {
+        Ok(p) => p,
         Err(e) => {
             // Fd 2 is still the kernel's capture of this worker's stderr: it reports it.
             eprintln!("flowrepl-worker: {e}");
-            ExitCode::from(2)
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(policy) = &args.sandbox {
+        match flowrepl_sandbox::apply(policy) {
+            Ok(report) => args.sandboxed = Some(report),
+            Err(refused) => {
+                eprintln!("flowrepl: {refused}");
+                return ExitCode::from(flowrepl_sandbox::REFUSED_EXIT);
+            }
         }
     }
+    (python.serve)(args)
 }
 
 /// The executor linked into this binary (`static-python`), if any.

@@ -87,6 +87,10 @@ pub trait Engine {
     fn mode(&self) -> Mode;
     /// The interpreter cells run in.
     fn python(&self) -> PythonInfo;
+    /// What the worker's sandbox enforces (`--sandbox`; `None` otherwise).
+    fn sandbox(&self) -> Option<flowrepl_protocol::sandbox::SandboxReport> {
+        None
+    }
     /// A handle for other threads to reach the running cell.
     fn control(&self) -> Arc<dyn Control>;
     /// Runs a cell with a wall-clock `timeout`; `execution_count` is the session's number

@@ -33,6 +33,7 @@ pub mod transport;
 use crate::config::Config;
 use crate::engine::Control;
 use crate::session::{Answer, Responder, Session};
+use flowrepl_protocol::sandbox::SandboxReport;
 use flowrepl_protocol::{Call, ExecuteResult, Image, RpcError};
 use rmcp::model::CallToolResult;
 use rmcp::ServiceExt;
@@ -204,7 +205,7 @@ pub fn serve(
         max_chars: mcp.max_chars as usize,
         default_timeout_ms: config.default_timeout_ms,
         log_file: config.log_file.display().to_string(),
-        instructions: instructions(config),
+        instructions: instructions(config, session.board().status(false).sandbox.as_ref()),
         closing: AtomicBool::new(false),
         kill_grace: config.kill_grace,
         mode: session.mode(),
@@ -333,15 +334,43 @@ impl Responder for McpReply<'_> {
     }
 }
 
-/// The `instructions` of the initialize result: what the session is, for the model.
-fn instructions(config: &Config) -> String {
+/// The `instructions` of the initialize result: what the session is, for the model (and,
+/// sandboxed, what the sandbox enforces, as the worker reported it).
+fn instructions(config: &Config, sandbox: Option<&SandboxReport>) -> String {
     let mcp = config.mcp.as_ref();
-    format!(
+    let mut text = format!(
         "A persistent Python {mode} session (flowrepl). Code runs with execute_code; variables and imports persist between calls until restart_session. Output over {chars} characters per call is cut in the middle; read the rest with read_output. Default cell timeout: {timeout} ms. Figures: up to {images} matplotlib figures per cell are returned as PNG images. Every cell is logged to {log}.",
         mode = if config.worker.is_some() { "(worker subprocess)" } else { "(in-process)" },
         chars = mcp.map_or(0, |m| m.max_chars),
         timeout = config.default_timeout_ms,
         images = mcp.map_or(0, |m| m.max_images),
         log = config.log_file.display(),
-    )
+    );
+    if let Some(sb) = sandbox {
+        let names = |enforced: bool| {
+            sb.layers
+                .iter()
+                .filter(|l| l.enforced == enforced && (enforced || l.wanted))
+                .map(|l| l.layer.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let workspace = config
+            .worker
+            .as_ref()
+            .and_then(|w| w.sandbox.as_ref())
+            .map(|s| s.workspace.display().to_string())
+            .unwrap_or_default();
+        text.push_str(&format!(
+            " The code runs sandboxed ({level}; network: {network}): files may be written only in {workspace} (the working directory) and /tmp. Enforced: {on}.",
+            level = sb.level,
+            network = sb.network,
+            on = names(true),
+        ));
+        let off = names(false);
+        if !off.is_empty() {
+            text.push_str(&format!(" Not enforced on this host: {off}."));
+        }
+    }
+    text
 }

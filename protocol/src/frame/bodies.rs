@@ -30,6 +30,9 @@ pub struct WorkerHello {
     /// Started with `--restore`, and the checkpoint could not be restored at all: why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_error: Option<String>,
+    /// Started with `--sandbox`: what its sandbox enforces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<crate::sandbox::SandboxReport>,
 }
 
 /// The answer to a Checkpoint frame: the summary, or why there is none.

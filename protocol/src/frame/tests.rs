@@ -95,6 +95,16 @@ fn one_of_each() -> Vec<Frame<'static>> {
         capture_starts: [1, 2],
         restored: None,
         restore_error: Some("gone".into()),
+        sandbox: Some(crate::sandbox::SandboxReport {
+            level: "strict".into(),
+            network: "none".into(),
+            layers: vec![crate::sandbox::SandboxLayer {
+                layer: "seccomp".into(),
+                enforced: true,
+                wanted: true,
+                detail: "33 calls denied".into(),
+            }],
+        }),
     };
     vec![
         Frame::Execute {

@@ -31,40 +31,48 @@ fn assert_exited_like_python(dir: &Path, mode: &str) {
     );
 }
 
+/// A folder for the cells' files in the kernel's folder (the workspace when the worker suites
+/// run sandboxed), removed with the kernel.
+fn workspace_dir(k: &Kernel) -> std::path::PathBuf {
+    let dir = k.dir.path().join("exit");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[test]
 fn shutdown_runs_exit_handlers_and_flushes_files() {
     for mode in MODES {
-        let dir = tempfile::tempdir().unwrap();
         let mut k = Kernel::options().mode(mode).start();
-        arm(&mut k, dir.path());
+        let dir = workspace_dir(&k);
+        arm(&mut k, &dir);
         assert_eq!(
             k.call("shutdown", json!(null))["result"]["shutting_down"],
             true
         );
         assert!(k.wait().success());
-        assert_exited_like_python(dir.path(), mode);
+        assert_exited_like_python(&dir, mode);
     }
 }
 
 #[test]
 fn eof_runs_exit_handlers_and_flushes_files() {
     for mode in MODES {
-        let dir = tempfile::tempdir().unwrap();
         let mut k = Kernel::options().mode(mode).start();
-        arm(&mut k, dir.path());
+        let dir = workspace_dir(&k);
+        arm(&mut k, &dir);
         assert!(k.close().success());
-        assert_exited_like_python(dir.path(), mode);
+        assert_exited_like_python(&dir, mode);
     }
 }
 
 #[test]
 fn worker_restart_runs_the_old_workers_exit_handlers() {
-    let dir = tempfile::tempdir().unwrap();
     let mut k = Kernel::options().worker().start();
-    arm(&mut k, dir.path());
+    let dir = workspace_dir(&k);
+    arm(&mut k, &dir);
     let r = k.call("restart", json!(null));
     assert_eq!(r["result"]["restarted"], true, "{r}");
-    assert_exited_like_python(dir.path(), "worker");
+    assert_exited_like_python(&dir, "worker");
     // The new worker is a fresh interpreter.
     let r = k.execute("f");
     assert_eq!(r["error"]["type"], "NameError", "{r}");

@@ -15,6 +15,7 @@ mod mcp;
 mod protocol;
 mod python_env;
 mod results;
+mod sandbox;
 mod snapshots;
 mod support_code;
 mod task_log;

@@ -129,6 +129,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         capture_starts: executor.capture_cursors(),
         restored,
         restore_error,
+        sandbox: args.sandboxed.clone(),
     };
     if let Err(e) = channel.put(&Frame::Ready {
         hello: Cow::Owned(hello),

@@ -134,6 +134,11 @@ impl Worker {
                 Wait::Frames | Wait::Timeout => {}
                 Wait::Eof => {
                     let ended = self.drop_worker();
+                    if ended
+                        .is_some_and(|e| e.code == Some(i32::from(flowrepl_sandbox::REFUSED_EXIT)))
+                    {
+                        return Err(WorkerError::SandboxRefused);
+                    }
                     let how = ended.map(|e| e.describe()).unwrap_or_default();
                     return Err(WorkerError::DiedAtStart(how));
                 }

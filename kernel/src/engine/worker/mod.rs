@@ -35,6 +35,7 @@ mod control;
 mod lifecycle;
 mod output;
 mod pump;
+mod sandbox;
 
 pub use control::WorkerControl;
 pub use lifecycle::State;
@@ -74,6 +75,10 @@ pub enum WorkerError {
         #[source]
         source: io::Error,
     },
+    /// `--sandbox=strict`, and the host does not enforce every layer (the worker said which
+    /// on stderr).
+    #[error("the worker's sandbox is missing a layer (--sandbox=strict)")]
+    SandboxRefused,
     /// It died or spoke nonsense before it was ready.
     #[error("the worker {0} before it was ready (see the kernel's stderr)")]
     DiedAtStart(String),
@@ -134,6 +139,7 @@ impl Worker {
                 images: config.image_limits(),
                 setup: config.setup.clone(),
                 snapshots: config.snapshots.clone(),
+                sandbox: worker.sandbox.clone(),
             },
             diagnostics,
             grace: config.kill_grace,
@@ -169,6 +175,13 @@ impl Engine for Worker {
 
     fn python(&self) -> PythonInfo {
         self.python.clone()
+    }
+
+    fn sandbox(&self) -> Option<flowrepl_protocol::sandbox::SandboxReport> {
+        match &self.state {
+            State::Ready { hello, .. } => hello.sandbox.clone(),
+            _ => None,
+        }
     }
 
     fn control(&self) -> Arc<dyn Control> {

@@ -46,6 +46,8 @@ pub struct SpawnConfig {
     pub setup: flowrepl_exec::setup::SessionSetup,
     /// Checkpoints, when on.
     pub snapshots: Option<flowrepl_exec::setup::SnapshotConfig>,
+    /// `--sandbox`: how the worker is confined.
+    pub sandbox: Option<crate::config::SandboxConfig>,
 }
 
 /// A running worker.
@@ -62,6 +64,8 @@ pub struct WorkerProcess {
     pub capture: [std::os::fd::OwnedFd; 2],
     guard: Option<libc::pid_t>,
     reaped: bool,
+    /// A sandboxed worker's private `/tmp`, removed with this value.
+    _tmp: Option<tempfile::TempDir>,
 }
 
 /// How a worker ended, with what it used (from `wait4`).
@@ -113,6 +117,40 @@ impl WorkerProcess {
         restore: Option<&str>,
     ) -> io::Result<WorkerProcess> {
         let mut cmd = Command::new(&config.exe);
+        let mut tmp = None;
+        let sandbox = match &config.sandbox {
+            None => None,
+            Some(sb) => {
+                let dir = super::sandbox::private_tmp()?;
+                // It must exist to be granted (made as the worker would make it); when it
+                // cannot be made (a full or read-only disk), the worker says so at its first
+                // checkpoint, as without the sandbox.
+                let root = config
+                    .snapshots
+                    .as_ref()
+                    .map(|s| s.root.as_path())
+                    .filter(|root| flowrepl_task_logger::snapshot::open_root(root).is_ok());
+                let policy = super::sandbox::policy(
+                    sb,
+                    &config.python,
+                    config.python_lib.as_deref(),
+                    &config.setup,
+                    root,
+                    dir.path(),
+                );
+                // Only what a cell needs of the kernel's environment (the worker checks it).
+                if !sb
+                    .skip
+                    .iter()
+                    .any(|l| l == flowrepl_sandbox::environment::LAYER)
+                {
+                    cmd.env_clear().envs(flowrepl_sandbox::environment::kept());
+                }
+                cmd.current_dir(&sb.workspace);
+                tmp = Some(dir);
+                Some(policy)
+            }
+        };
         cmd.args(
             flowrepl_exec::worker_args::WorkerArgs::new(
                 config.python.clone(),
@@ -124,6 +162,7 @@ impl WorkerProcess {
                 config.snapshots.as_ref(),
                 restore,
                 true,
+                sandbox,
             )
             .to_args(),
         );
@@ -187,6 +226,7 @@ impl WorkerProcess {
             capture,
             guard,
             reaped: false,
+            _tmp: tmp,
         })
     }
 

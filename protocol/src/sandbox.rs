@@ -1,0 +1,68 @@
+//! The worker's sandbox on the wire: what the kernel asks for ([`SandboxPolicy`], on the
+//! worker's command line) and what the worker could enforce ([`SandboxReport`], in its Ready
+//! frame, then in `status`, `ready` and the session record). The layers themselves are
+//! applied by `flowrepl-sandbox`; docs/sandbox.md has the threat model.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// What the kernel asks the worker's sandbox to be.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxPolicy {
+    /// Refuse to start unless every layer is in force (`--sandbox=strict`).
+    pub strict: bool,
+    /// Keep the host's network (`--sandbox-net`); nothing else loosens.
+    pub network: bool,
+    /// The one place cells may write, besides the private `/tmp` and [`Self::writable`].
+    pub workspace: PathBuf,
+    /// Also writable: the task's checkpoint folder.
+    pub writable: Vec<PathBuf>,
+    /// Readable (and executable) beyond the system: the interpreter's prefixes, the venv,
+    /// the Python library, `PYTHONPATH` entries.
+    pub readable: Vec<PathBuf>,
+    /// Hidden: the log folder (the task log and every other task's). In the mount namespace
+    /// an empty folder covers it, and the checkpoint folder inside is bound back; without the
+    /// mount namespace, Landlock hides it unless it is inside the workspace.
+    #[serde(default)]
+    pub hidden: Vec<PathBuf>,
+    /// A private temporary directory the kernel made: the worker's `/tmp` when the mount
+    /// namespace is refused (`TMPDIR` points to it either way).
+    pub tmp: PathBuf,
+    /// Layers left out on purpose (`FLOWREPL_SANDBOX_SKIP`, for diagnostics and for the
+    /// tests that show each layer is what stops an attempt). A skipped layer is reported as
+    /// not enforced, so it is never claimed.
+    #[serde(default)]
+    pub skip: Vec<String>,
+}
+
+/// What one layer of the sandbox is doing in this worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxLayer {
+    /// Its name (`flowrepl_sandbox::LAYERS`).
+    pub layer: String,
+    /// In force: the host accepted it and it applies to every cell from the first.
+    pub enforced: bool,
+    /// The policy asks for it (`--sandbox-net` asks for no network layer, a skipped layer is
+    /// not asked for): `--sandbox=strict` refuses to start when one asked for is missing.
+    pub wanted: bool,
+    /// What it holds (when enforced) or why it is not.
+    pub detail: String,
+}
+
+/// What the worker's sandbox enforces, layer by layer, as the host accepted it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxReport {
+    /// `strict` or `best-effort`.
+    pub level: String,
+    /// `none` (a network namespace of its own: only `lo`, down) or `host` (`--sandbox-net`).
+    pub network: String,
+    /// Every layer, enforced or not.
+    pub layers: Vec<SandboxLayer>,
+}
+
+impl SandboxReport {
+    /// The layers asked for and not in force.
+    pub fn missing(&self) -> impl Iterator<Item = &SandboxLayer> {
+        self.layers.iter().filter(|l| l.wanted && !l.enforced)
+    }
+}

@@ -1,0 +1,194 @@
+//! Landlock: which files the sandbox may read and write, TCP, and the scopes (signals and
+//! abstract Unix sockets).
+//!
+//! Readable: the system (`/usr`, `/lib*`, `/bin`, `/sbin`, `/etc` without its secrets,
+//! `/proc`, `/sys`, a few devices), the interpreter's prefixes, the venv and the Python
+//! library ([`SandboxPolicy::readable`]). Writable: the workspace, the private `/tmp`, the
+//! checkpoint folder ([`SandboxPolicy::writable`]), and with the mount namespace the private
+//! `/dev/shm` and `/var/tmp`. Nothing else: the user's home, other users' files, the task log
+//! and the rest of the log folder are neither readable nor writable. Landlock checks at
+//! `open()` and on every path walk's result, so a symlink or a hard link made in the workspace
+//! that leads outside opens nothing outside (a hard link to a file needs the right to the
+//! file where it is, and cross-directory links are `LANDLOCK_ACCESS_FS_REFER`-checked).
+
+use flowrepl_protocol::sandbox::{SandboxLayer, SandboxPolicy};
+use landlock::{
+    path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+use std::path::{Path, PathBuf};
+
+/// The filesystem rules.
+pub const FILESYSTEM: &str = "landlock_filesystem";
+/// TCP bind and connect denied.
+pub const NETWORK: &str = "landlock_network";
+/// Signals and abstract Unix sockets scoped to the sandbox.
+pub const SCOPES: &str = "landlock_scopes";
+
+/// The newest ABI these rules are written for.
+const ABI_USED: ABI = ABI::V6;
+
+/// System folders readable (and executable).
+const SYSTEM: [&str; 8] = [
+    "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/sys",
+];
+
+/// Entries of `/etc` a user expects hidden (password hashes, sudo rules, host keys).
+const ETC_HIDDEN: [&str; 8] = [
+    "shadow",
+    "shadow-",
+    "gshadow",
+    "gshadow-",
+    "sudoers",
+    "sudoers.d",
+    "ssh",
+    "security",
+];
+
+/// Devices readable and writable.
+const DEVICES: [&str; 6] = [
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+];
+
+/// Restricts this process (and every process it starts) to `policy`'s files; one report per
+/// Landlock layer.
+pub fn restrict(
+    policy: &SandboxPolicy,
+    mount_ns: bool,
+    skip: &dyn Fn(&str) -> bool,
+) -> Vec<SandboxLayer> {
+    if skip(FILESYSTEM) {
+        return vec![
+            crate::skipped(FILESYSTEM),
+            crate::skipped(NETWORK),
+            crate::skipped(SCOPES),
+        ];
+    }
+    let deny_tcp = !policy.network && !skip(NETWORK);
+    let scoped = !skip(SCOPES);
+    let read: Vec<PathBuf> = SYSTEM
+        .iter()
+        .map(PathBuf::from)
+        .chain(etc_entries())
+        .chain(std::iter::once(PathBuf::from("/proc")))
+        .chain(policy.readable.iter().cloned())
+        .filter(|p| p.exists())
+        .collect();
+    let mut write: Vec<PathBuf> = std::iter::once(policy.workspace.clone())
+        .chain(policy.writable.iter().cloned())
+        .chain([policy.tmp.clone(), PathBuf::from("/tmp")])
+        .chain(DEVICES.iter().map(PathBuf::from))
+        .collect();
+    if !mount_ns {
+        // Without the mount namespace `/tmp` is the host's: only the private folder.
+        write.retain(|p| p != Path::new("/tmp"));
+    } else {
+        write.extend(["/dev/shm", "/var/tmp"].map(PathBuf::from));
+    }
+    // The worker resets its peak RSS per cell there (`usage`).
+    write.push(PathBuf::from("/proc/self/clear_refs"));
+    write.retain(|p| p.exists());
+    let outcome = (|| -> Result<landlock::RestrictionStatus, landlock::RulesetError> {
+        let mut ruleset = Ruleset::default()
+            .set_compatibility(CompatLevel::BestEffort)
+            .handle_access(AccessFs::from_all(ABI_USED))?;
+        if deny_tcp {
+            ruleset = ruleset.handle_access(AccessNet::from_all(ABI_USED))?;
+        }
+        if scoped {
+            ruleset = ruleset.scope(Scope::from_all(ABI_USED))?;
+        }
+        ruleset
+            .create()?
+            .add_rules(path_beneath_rules(&read, AccessFs::from_read(ABI_USED)))?
+            .add_rules(path_beneath_rules(&write, AccessFs::from_all(ABI_USED)))?
+            .restrict_self()
+    })();
+    let status = match outcome {
+        Ok(s) => s,
+        Err(e) => {
+            let why = format!("Landlock refused the ruleset: {e}");
+            return vec![
+                crate::layer(FILESYSTEM, true, Err(why.clone())),
+                crate::layer(NETWORK, deny_tcp, Err(why.clone())),
+                crate::layer(SCOPES, scoped, Err(why)),
+            ];
+        }
+    };
+    let abi = match status.landlock {
+        LandlockStatus::Available { effective_abi, .. } => Some(effective_abi),
+        _ => None,
+    };
+    let enforced = status.ruleset != RulesetStatus::NotEnforced;
+    let have = |min: ABI, what: &str| -> Result<String, String> {
+        match abi {
+            Some(a) if enforced && a >= min => Ok(format!("Landlock ABI {}: {what}", a as i32)),
+            Some(a) if enforced => Err(format!(
+                "this kernel's Landlock ABI is {}; {what} needs ABI {}",
+                a as i32, min as i32
+            )),
+            _ => Err(format!(
+                "Landlock is not enforced here ({:?})",
+                status.landlock
+            )),
+        }
+    };
+    vec![
+        crate::layer(
+            FILESYSTEM,
+            true,
+            have(
+                ABI::V1,
+                &format!(
+                    "{} readable, {} writable",
+                    read.len(),
+                    write
+                        .iter()
+                        .filter(|p| !p.starts_with("/dev/") && !p.starts_with("/proc/"))
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+        ),
+        if policy.network {
+            crate::layer(
+                NETWORK,
+                false,
+                Err("not asked for: --sandbox-net keeps the host's network".into()),
+            )
+        } else if !deny_tcp {
+            crate::skipped(NETWORK)
+        } else {
+            crate::layer(NETWORK, true, have(ABI::V4, "TCP bind and connect denied"))
+        },
+        if scoped {
+            crate::layer(
+                SCOPES,
+                true,
+                have(
+                    ABI::V6,
+                    "no signal to, and no abstract Unix socket of, a process outside",
+                ),
+            )
+        } else {
+            crate::skipped(SCOPES)
+        },
+    ]
+}
+
+/// The entries of `/etc` but [`ETC_HIDDEN`].
+fn etc_entries() -> Vec<PathBuf> {
+    std::fs::read_dir("/etc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| !ETC_HIDDEN.iter().any(|h| e.file_name() == *h))
+        .map(|e| e.path())
+        .collect()
+}

@@ -1,0 +1,113 @@
+//! The worker's sandbox: layers applied in `flowrepl-worker` before Python starts, each
+//! reported as the host enforced it ([`flowrepl_protocol::sandbox::SandboxReport`]).
+//!
+//! # Layers, in the order they are applied
+//! - [`namespaces`]: a user namespace, and in it a network namespace of its own (only `lo`,
+//!   down: no TCP even to the host's 127.0.0.1), an IPC namespace and a mount namespace whose
+//!   `/tmp` is the kernel's private folder and whose `/run`, `/var/tmp` and `/dev/shm` are
+//!   empty (the host's sockets there are out of reach).
+//! - [`environment`]: only the variables a cell needs (the kernel clears the rest when it
+//!   starts the worker; here `HOME` and `TMPDIR` are pointed inside and the result checked).
+//! - [`files`]: Landlock: the system, the interpreter and the venv readable, the workspace,
+//!   `/tmp` and the checkpoint folder writable, nothing else; TCP bind and connect denied
+//!   when the network is off; signals and abstract Unix sockets scoped to the sandbox.
+//! - [`syscalls`]: seccomp: what sandboxes are escaped through (`io_uring_*`, `ptrace`,
+//!   `process_vm_*`, `bpf`, mounts, new namespaces, `keyctl`, `perf_event_open`, ...), and
+//!   sockets other than `AF_UNIX` when the network is off. Last, since it forbids what the
+//!   layers before it use.
+//!
+//! A layer the host refuses (no user namespaces in some containers, an older Landlock ABI) is
+//! reported as not enforced with the host's reason, and the rest still apply; with
+//! `strict`, [`apply`] fails instead. Nothing is ever reported that was not applied.
+#![warn(missing_docs)]
+
+pub mod environment;
+pub mod files;
+pub mod namespaces;
+pub mod syscalls;
+
+use flowrepl_protocol::sandbox::{SandboxLayer, SandboxPolicy, SandboxReport};
+
+/// Every layer, by the name reports use.
+pub const LAYERS: [&str; 10] = [
+    namespaces::USER,
+    namespaces::NETWORK,
+    namespaces::IPC,
+    namespaces::MOUNT,
+    namespaces::PID,
+    environment::LAYER,
+    files::FILESYSTEM,
+    files::NETWORK,
+    files::SCOPES,
+    syscalls::LAYER,
+];
+
+/// The exit code of a worker whose `strict` sandbox is missing a layer: the kernel then exits
+/// 2 itself, with the worker's line.
+pub const REFUSED_EXIT: u8 = 78;
+
+/// `strict`, and the host did not enforce every layer asked for.
+#[derive(Debug, thiserror::Error)]
+#[error("--sandbox=strict: {} not enforced on this host ({})", .missing.join(", "), .why.join("; "))]
+pub struct Refused {
+    /// The missing layers.
+    pub missing: Vec<String>,
+    /// Why, one per layer.
+    pub why: Vec<String>,
+    /// The whole report.
+    pub report: SandboxReport,
+}
+
+/// Applies every layer of `policy` to this process, which must be single-threaded (a user
+/// namespace cannot be entered otherwise) and must not have started Python.
+pub fn apply(policy: &SandboxPolicy) -> Result<SandboxReport, Refused> {
+    let skip = |layer: &str| policy.skip.iter().any(|s| s == layer);
+    let mut layers = namespaces::enter(policy, &skip);
+    let mount_ns = layers
+        .iter()
+        .any(|l| l.layer == namespaces::MOUNT && l.enforced);
+    layers.push(environment::settle(policy, mount_ns, &skip));
+    layers.extend(files::restrict(policy, mount_ns, &skip));
+    layers.push(syscalls::install(policy, &skip));
+    let report = SandboxReport {
+        level: if policy.strict {
+            "strict"
+        } else {
+            "best-effort"
+        }
+        .into(),
+        network: if policy.network { "host" } else { "none" }.into(),
+        layers,
+    };
+    let missing: Vec<&SandboxLayer> = report.missing().collect();
+    if policy.strict && !missing.is_empty() {
+        return Err(Refused {
+            missing: missing.iter().map(|l| l.layer.clone()).collect(),
+            why: missing
+                .iter()
+                .map(|l| format!("{}: {}", l.layer, l.detail))
+                .collect(),
+            report: report.clone(),
+        });
+    }
+    Ok(report)
+}
+
+/// A layer's report.
+pub(crate) fn layer(name: &str, wanted: bool, outcome: Result<String, String>) -> SandboxLayer {
+    let (enforced, detail) = match outcome {
+        Ok(d) => (true, d),
+        Err(e) => (false, e),
+    };
+    SandboxLayer {
+        layer: name.into(),
+        enforced,
+        wanted,
+        detail,
+    }
+}
+
+/// A layer left out on purpose (`FLOWREPL_SANDBOX_SKIP`).
+pub(crate) fn skipped(name: &str) -> SandboxLayer {
+    layer(name, false, Err("skipped (FLOWREPL_SANDBOX_SKIP)".into()))
+}

@@ -1,0 +1,428 @@
+//! `--sandbox`: every layer, tried from inside a cell. Each attempt fails with the layer in
+//! force, and the same attempt is shown to get through with that layer left out
+//! (`FLOWREPL_SANDBOX_SKIP`), so that each test proves the layer is what stops it. The
+//! kernel keeps serving after every attempt. Network attempts target only a listener this
+//! test opens on the host's 127.0.0.1.
+
+use flowrepl_tests::Kernel;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// A sandboxed kernel on `workspace`, with `skip` layers left out and `extra` flags.
+fn sandboxed(workspace: &Path, skip: &[&str], extra: &[&str]) -> Kernel {
+    let mut o = Kernel::options()
+        .arg("--sandbox")
+        .arg("--workspace")
+        .arg(workspace.display().to_string())
+        .env("FLOWREPL_SANDBOX_SKIP", skip.join(","))
+        .env("FLOWREPL_TEST_SECRET", "s3cr3t-in-the-kernel");
+    for a in extra {
+        o = o.arg(*a);
+    }
+    o.start()
+}
+
+/// Runs `code`, whose last line is an expression, and returns its repr (the cell must not
+/// fail: attempts catch their own errors).
+fn attempt(k: &mut Kernel, code: &str) -> String {
+    let r = k.ok(code);
+    r["result"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The layers as the `ready` notification reports them: name → enforced.
+fn layers(k: &Kernel) -> Vec<(String, bool, bool)> {
+    k.ready["sandbox"]["layers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no sandbox report: {:#}", k.ready))
+        .iter()
+        .map(|l| {
+            (
+                l["layer"].as_str().unwrap().to_owned(),
+                l["enforced"] == Value::Bool(true),
+                l["wanted"] == Value::Bool(true),
+            )
+        })
+        .collect()
+}
+
+/// A folder in the user's home (outside every place the sandbox may touch), removed on drop.
+struct HomeDir(PathBuf);
+
+impl HomeDir {
+    fn new(tag: &str) -> HomeDir {
+        let home = std::env::var_os("HOME").expect("HOME");
+        let dir = Path::new(&home).join(format!(
+            ".flowrepl-sandbox-test-{tag}-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        HomeDir(dir)
+    }
+}
+
+impl Drop for HomeDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn the_ready_notification_and_status_name_every_layer_in_force() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut k = sandboxed(ws.path(), &[], &[]);
+    let all = layers(&k);
+    for name in [
+        "user_namespace",
+        "network_namespace",
+        "ipc_namespace",
+        "mount_namespace",
+        "environment",
+        "landlock_filesystem",
+        "landlock_network",
+        "landlock_scopes",
+        "seccomp",
+    ] {
+        assert!(
+            all.iter()
+                .any(|(n, enforced, wanted)| n == name && *enforced && *wanted),
+            "{name}: {all:?}"
+        );
+    }
+    assert!(all
+        .iter()
+        .any(|(n, enforced, _)| n == "pid_namespace" && !enforced));
+    assert_eq!(k.ready["mode"], "worker");
+    assert_eq!(
+        k.call("status", Value::Null)["result"]["sandbox"],
+        k.ready["sandbox"]
+    );
+    // The session record says the same.
+    let log = std::fs::read_to_string(k.log_file()).unwrap();
+    let start: Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    assert_eq!(start["type"], "session");
+    assert_eq!(start["sandbox"], k.ready["sandbox"]);
+    // A skipped layer is reported as not enforced, never claimed.
+    let mut k2 = sandboxed(ws.path(), &["seccomp"], &[]);
+    assert!(layers(&k2)
+        .iter()
+        .any(|(n, enforced, wanted)| n == "seccomp" && !enforced && !wanted));
+    assert_eq!(attempt(&mut k2, "6 * 7"), "42");
+    assert_eq!(attempt(&mut k, "6 * 7"), "42");
+}
+
+/// A TCP connect to a listener on the host's 127.0.0.1: each of the three network layers
+/// stops it alone (the network namespace: lo is down; Landlock: connect denied; seccomp: no
+/// AF_INET socket), and it gets through with all three left out or with `--sandbox-net`.
+#[test]
+fn no_tcp_reaches_the_host_unless_every_network_layer_is_left_out() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let ws = tempfile::tempdir().unwrap();
+    let code = format!(
+        "import socket\ntry:\n    s = socket.create_connection(('127.0.0.1', {port}), timeout=5)\n    r = 'connected'\nexcept OSError as e:\n    r = f'refused {{e.errno}}'\nr"
+    );
+    let net = ["network_namespace", "landlock_network", "seccomp"];
+    for (skip, expect) in [
+        (vec![], "refused"),
+        (vec![net[1], net[2]], "refused 101"), // ENETUNREACH: only lo, down
+        (vec![net[0], net[2]], "refused 13"),  // EACCES: Landlock
+        (vec![net[0], net[1]], "refused 97"),  // EAFNOSUPPORT: seccomp
+        (net.to_vec(), "connected"),
+    ] {
+        let mut k = sandboxed(ws.path(), &skip, &[]);
+        let got = attempt(&mut k, &code);
+        assert!(got.contains(expect), "skip {skip:?}: {got}");
+        assert_eq!(attempt(&mut k, "1 + 1"), "2");
+    }
+    let mut k = sandboxed(ws.path(), &[], &["--sandbox-net"]);
+    assert_eq!(k.ready["sandbox"]["network"], "host");
+    assert!(attempt(&mut k, &code).contains("connected"));
+    // Without the network: no interface but lo, and no route.
+    let mut k = sandboxed(ws.path(), &[], &[]);
+    let ifaces = attempt(
+        &mut k,
+        "sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]), open('/proc/net/route').read().splitlines()[1:]",
+    );
+    assert_eq!(ifaces, "(['lo'], [])");
+}
+
+/// Files: the user's home is not readable, nothing outside the workspace is writable
+/// (directly, through a symlink or a hard link made in the workspace), and the task log
+/// cannot be appended to; with the filesystem layers left out, the same attempts succeed.
+#[test]
+fn files_outside_the_workspace_are_out_of_reach() {
+    let home = HomeDir::new("files");
+    let secret = home.0.join("secret.txt");
+    std::fs::write(&secret, "private").unwrap();
+    let outside = home.0.join("out");
+    std::fs::create_dir_all(&outside).unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let code = format!(
+        r#"import os
+def tryit(f):
+    try:
+        f()
+        return 'ok'
+    except OSError as e:
+        return f'denied {{e.errno}}'
+secret, outside = {secret:?}, {outside:?}
+def write(p):
+    with open(p, 'w') as f:
+        f.write('x')
+def via_symlink():
+    os.symlink(outside, 'link')
+    write('link/through-symlink.txt')
+def via_hardlink():
+    os.link(secret, 'hard.txt')
+    write('hard.txt')
+r = dict(
+    read_home=tryit(lambda: open(secret).read()),
+    write_outside=tryit(lambda: write(os.path.join(outside, 'direct.txt'))),
+    symlink=tryit(via_symlink),
+    hardlink=tryit(via_hardlink),
+    workspace=tryit(lambda: write('inside.txt')),
+)
+r"#,
+        secret = secret.display().to_string(),
+        outside = outside.display().to_string(),
+    );
+    let mut k = sandboxed(ws.path(), &[], &[]);
+    let got = attempt(&mut k, &code);
+    for what in ["read_home", "write_outside", "symlink", "hardlink"] {
+        assert!(got.contains(&format!("'{what}': 'denied")), "{what}: {got}");
+    }
+    assert!(got.contains("'workspace': 'ok'"), "{got}");
+    assert!(!outside.join("direct.txt").exists());
+    assert!(!outside.join("through-symlink.txt").exists());
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "private");
+    // The task log: hidden (mount namespace: the path names a file of the private /tmp, or
+    // nothing) and not writable (Landlock). The real file never changes.
+    let append = |log: &Path| {
+        format!(
+            "try:\n    open({:?}, 'a').write('forged\\n')\n    r = 'appended'\nexcept OSError as e:\n    r = f'denied {{e.errno}}'\nr",
+            log.display().to_string()
+        )
+    };
+    let log = k.log_file();
+    attempt(&mut k, &append(&log));
+    k.sync();
+    // (The cell's code, with the word, is in the log as a record: only a line of its own
+    // would be the forgery.)
+    let forged = |log: &Path| {
+        std::fs::read_to_string(log)
+            .unwrap()
+            .lines()
+            .any(|l| l == "forged")
+    };
+    assert!(!forged(&log));
+    drop(k);
+    // The same, with the filesystem layers left out.
+    let ws2 = tempfile::tempdir().unwrap();
+    let mut k = sandboxed(ws2.path(), &["landlock_filesystem", "mount_namespace"], &[]);
+    let got = attempt(&mut k, &code);
+    for what in ["read_home", "write_outside", "symlink"] {
+        assert!(got.contains(&format!("'{what}': 'ok'")), "{what}: {got}");
+    }
+    assert!(outside.join("through-symlink.txt").exists());
+    let log = k.log_file();
+    assert!(attempt(&mut k, &append(&log)).contains("appended"));
+    assert!(forged(&log));
+}
+
+/// A Unix socket the test opens outside the workspace (in the host's /tmp): the private
+/// mount namespace hides it; without it, it is reached (Landlock does not cover connect()).
+#[test]
+fn a_unix_socket_of_the_host_is_out_of_reach() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let code = format!(
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect({:?})\n    r = 'connected'\nexcept OSError as e:\n    r = f'refused {{e.errno}}'\nr",
+        path.display().to_string()
+    );
+    let mut k = sandboxed(ws.path(), &[], &[]);
+    assert!(attempt(&mut k, &code).contains("refused"));
+    let mut k = sandboxed(ws.path(), &["mount_namespace"], &[]);
+    assert!(attempt(&mut k, &code).contains("connected"));
+    drop(listener);
+}
+
+/// The kernel's process: no signal (Landlock's signal scope), no `/proc/<pid>/environ`
+/// (Landlock's ptrace rule), and its variables are not the cell's (the environment layer).
+#[test]
+fn the_kernel_is_out_of_reach() {
+    let ws = tempfile::tempdir().unwrap();
+    let code = |pid: u32| {
+        format!(
+            r#"import os
+def tryit(f):
+    try:
+        return f'ok {{f()}}'
+    except OSError as e:
+        return f'denied {{e.errno}}'
+dict(
+    kill=tryit(lambda: os.kill({pid}, 0)),
+    environ=tryit(lambda: 's3cr3t' in open('/proc/{pid}/environ').read()),
+    secret='FLOWREPL_TEST_SECRET' in os.environ,
+)"#
+        )
+    };
+    let mut k = sandboxed(ws.path(), &[], &[]);
+    let pid = k.pid();
+    let got = attempt(&mut k, &code(pid));
+    assert!(got.contains("'kill': 'denied 1'"), "{got}");
+    assert!(got.contains("'environ': 'denied"), "{got}");
+    assert!(got.contains("'secret': False"), "{got}");
+    // Without Landlock, the user namespace alone still denies `environ` to a kernel that
+    // runs as root (its capabilities are out of the namespace's reach): leave both out.
+    let mut k = sandboxed(
+        ws.path(),
+        &[
+            "landlock_filesystem",
+            "landlock_network",
+            "landlock_scopes",
+            "user_namespace",
+            "environment",
+        ],
+        &[],
+    );
+    let pid = k.pid();
+    let got = attempt(&mut k, &code(pid));
+    assert!(got.contains("'kill': 'ok None'"), "{got}");
+    assert!(got.contains("'environ': 'ok True'"), "{got}");
+    assert!(got.contains("'secret': True"), "{got}");
+}
+
+/// The system calls sandboxes are escaped through answer EPERM (clone3: ENOSYS) from the
+/// filter; without it, the same calls reach the kernel, which answers otherwise.
+#[test]
+fn escape_syscalls_are_denied_by_the_filter() {
+    let ws = tempfile::tempdir().unwrap();
+    let code = r#"import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(*args):
+    r = libc.syscall(*[ctypes.c_long(a) for a in args])
+    return 0 if r >= 0 else ctypes.get_errno()
+SYS = dict(ptrace=101, io_uring_setup=425, clone3=435, unshare=272, bpf=321)
+import json
+json.dumps(dict(
+    ptrace=call(SYS['ptrace'], 16, 0x3fffffff, 0, 0),          # PTRACE_ATTACH, no such pid
+    io_uring_setup=call(SYS['io_uring_setup'], 1, 0),          # NULL params
+    clone3=call(SYS['clone3'], 0, 0),                          # NULL args
+    unshare=call(SYS['unshare'], 0x04000000),                  # CLONE_NEWUTS
+    bpf=call(SYS['bpf'], 0, 0, 0),
+))"#;
+    let errnos = |k: &mut Kernel| -> Value {
+        let text = attempt(k, code);
+        serde_json::from_str(text.trim_matches('\'')).unwrap_or_else(|e| panic!("{e}: {text}"))
+    };
+    let mut k = sandboxed(ws.path(), &[], &[]);
+    let got = errnos(&mut k);
+    for (call, errno) in [
+        ("ptrace", 1),
+        ("io_uring_setup", 1),
+        ("clone3", 38),
+        ("unshare", 1),
+        ("bpf", 1),
+    ] {
+        assert_eq!(got[call], errno, "{call}: {got}");
+    }
+    let mut k = sandboxed(ws.path(), &["seccomp"], &[]);
+    let got = errnos(&mut k);
+    for (call, errno) in [
+        ("ptrace", 3),          // ESRCH
+        ("io_uring_setup", 14), // EFAULT
+        ("clone3", 22),         // EINVAL
+        ("unshare", 0),         // allowed in its own user namespace
+    ] {
+        assert_eq!(got[call], errno, "{call}: {got}");
+    }
+}
+
+/// A host that refuses user namespaces, as many containers do: the kernel runs in a user
+/// namespace whose limit on nested ones is 0 (`user.max_user_namespaces`).
+const NO_USER_NAMESPACES: [&str; 7] = [
+    "unshare",
+    "--user",
+    "--map-root-user",
+    "sh",
+    "-c",
+    "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$@\"",
+    "sh",
+];
+
+/// On a host that refuses user namespaces, best-effort starts with what can be enforced
+/// (Landlock and seccomp) and reports the namespaces as not enforced, with the host's reason;
+/// `--sandbox=strict` exits 2 with one line naming what is missing.
+#[test]
+fn without_user_namespaces_best_effort_says_so_and_strict_refuses() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut k = Kernel::options()
+        .wrap(NO_USER_NAMESPACES.iter().map(|s| s.to_string()).collect())
+        .arg("--sandbox")
+        .arg("--workspace")
+        .arg(ws.path().display().to_string())
+        .start();
+    let all = layers(&k);
+    for ns in ["user_namespace", "network_namespace", "mount_namespace"] {
+        assert!(
+            all.iter().any(|(n, e, w)| n == ns && !e && *w),
+            "{ns}: {all:?}"
+        );
+    }
+    for layer in ["landlock_filesystem", "landlock_network", "seccomp"] {
+        assert!(
+            all.iter().any(|(n, e, _)| n == layer && *e),
+            "{layer}: {all:?}"
+        );
+    }
+    let detail = k.ready["sandbox"]["layers"][0]["detail"].to_string();
+    assert!(detail.contains("refused"), "{detail}");
+    // What still holds: no TCP (Landlock, seccomp), the home unreadable.
+    let got = attempt(
+        &mut k,
+        "import socket\ntry:\n    socket.socket()\n    r = 'socket'\nexcept OSError as e:\n    r = e.errno\nr",
+    );
+    assert_eq!(got, "97");
+    let log = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(NO_USER_NAMESPACES[0]);
+    cmd.args(&NO_USER_NAMESPACES[1..])
+        .arg(flowrepl_tests::flowrepl_bin())
+        .arg("--sandbox=strict")
+        .arg("--workspace")
+        .arg(ws.path())
+        .env("FLOWREPL_LOG_DIR", log.path())
+        .stdin(std::process::Stdio::null());
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(out.stdout.is_empty());
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("--sandbox=strict"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("user_namespace"), "{err}");
+}
+
+/// Over MCP (the official Python SDK): the instructions name the enforced layers, no TCP
+/// reaches a listener on the host, and numpy with a matplotlib figure still works, writing
+/// into the workspace.
+#[test]
+fn over_mcp_the_sandbox_holds_and_figures_still_work() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let (facts, _, _logs) = flowrepl_tests::mcp::Scenario::default()
+        .env("FLOWREPL_SANDBOX", "1")
+        .env("FLOWREPL_WORKSPACE", ws.path().display().to_string())
+        .env(
+            "SANDBOX_TEST_PORT",
+            listener.local_addr().unwrap().port().to_string(),
+        )
+        .run("sandboxed");
+    let real = std::fs::canonicalize(ws.path()).unwrap();
+    assert_eq!(facts["cwd"], format!("'{}'", real.display()));
+    assert!(real.join("made-in-sandbox.txt").is_file());
+}
