@@ -188,7 +188,8 @@ impl Config {
         };
         let workspace = match &cli.workspace {
             Some(w) => w.clone(),
-            None => std::env::current_dir().map_err(ConfigError::LogDir)?,
+            None => std::env::current_dir()
+                .map_err(|e| ConfigError::Workspace(format!("(the current directory: {e})")))?,
         };
         let workspace = std::fs::canonicalize(&workspace)
             .ok()

@@ -407,22 +407,70 @@ fn without_user_namespaces_best_effort_says_so_and_strict_refuses() {
     assert!(lines[0].contains("user_namespace"), "{err}");
 }
 
-/// Over MCP (the official Python SDK): the instructions name the enforced layers, no TCP
-/// reaches a listener on the host, and numpy with a matplotlib figure still works, writing
-/// into the workspace.
+/// Over MCP (the official Python SDK), with and without `--sandbox-net`: the instructions
+/// name the enforced layers, TCP to a listener on the host is refused (or, with the network
+/// kept, connects), and numpy with a matplotlib figure still works, writing into the
+/// workspace.
 #[test]
 fn over_mcp_the_sandbox_holds_and_figures_still_work() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let (facts, _, _logs) = flowrepl_tests::mcp::Scenario::default()
-        .env("FLOWREPL_SANDBOX", "1")
-        .env("FLOWREPL_WORKSPACE", ws.path().display().to_string())
-        .env(
-            "SANDBOX_TEST_PORT",
-            listener.local_addr().unwrap().port().to_string(),
-        )
-        .run("sandboxed");
-    let real = std::fs::canonicalize(ws.path()).unwrap();
-    assert_eq!(facts["cwd"], format!("'{}'", real.display()));
-    assert!(real.join("made-in-sandbox.txt").is_file());
+    for (net, expect) in [("0", "refused"), ("1", "connected")] {
+        let ws = tempfile::tempdir().unwrap();
+        let (facts, _, _logs) = flowrepl_tests::mcp::Scenario::default()
+            .env("FLOWREPL_SANDBOX", "1")
+            .env("FLOWREPL_SANDBOX_NET", net)
+            .env("FLOWREPL_WORKSPACE", ws.path().display().to_string())
+            .env(
+                "SANDBOX_TEST_PORT",
+                listener.local_addr().unwrap().port().to_string(),
+            )
+            .env("SANDBOX_TEST_EXPECT", expect)
+            .run("sandboxed");
+        let real = std::fs::canonicalize(ws.path()).unwrap();
+        assert_eq!(facts["cwd"], format!("'{}'", real.display()));
+        assert!(real.join("made-in-sandbox.txt").is_file());
+        let network = if net == "1" { "host" } else { "none" };
+        assert!(
+            facts["instructions"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("network: {network}")),
+            "{facts}"
+        );
+    }
+}
+
+/// Bad sandbox settings are a clear error and exit code 2, before any worker starts.
+#[test]
+fn bad_sandbox_settings_exit_2_with_a_clear_error() {
+    let log = tempfile::tempdir().unwrap();
+    for (args, env, says) in [
+        (
+            vec!["--sandbox", "--workspace", "/nonexistent/flowrepl-ws"],
+            ("FLOWREPL_SANDBOX_SKIP", ""),
+            "--workspace /nonexistent/flowrepl-ws: not a folder",
+        ),
+        (
+            vec!["--sandbox"],
+            ("FLOWREPL_SANDBOX_SKIP", "seccomp,firewall"),
+            "no sandbox layer \"firewall\"",
+        ),
+        (
+            vec!["--sandbox=maybe"],
+            ("FLOWREPL_SANDBOX_SKIP", ""),
+            "expected on, strict or off",
+        ),
+    ] {
+        let out = std::process::Command::new(flowrepl_tests::flowrepl_bin())
+            .args(&args)
+            .env("FLOWREPL_LOG_DIR", log.path())
+            .env(env.0, env.1)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }
