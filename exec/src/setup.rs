@@ -213,3 +213,20 @@ pub trait Approver: Send + Sync {
 pub fn is_dunder(name: &str) -> bool {
     name.len() > 4 && name.starts_with("__") && name.ends_with("__")
 }
+
+/// Where the executor keeps its compiled support code, set by the kernel for a sandboxed
+/// worker (whose `HOME` points inside the sandbox) so that it reads the user's cache there.
+pub const SUPPORT_CACHE_ENV: &str = "FLOWREPL_SUPPORT_CACHE";
+
+/// The folder of the compiled support code: [`SUPPORT_CACHE_ENV`], else
+/// `$XDG_CACHE_HOME/flowrepl`, else `~/.cache/flowrepl`.
+pub fn support_cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os(SUPPORT_CACHE_ENV).filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("flowrepl"))
+}

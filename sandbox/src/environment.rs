@@ -10,7 +10,7 @@ use std::ffi::OsString;
 pub const LAYER: &str = "environment";
 
 /// Variables kept by name.
-const KEPT: [&str; 14] = [
+const KEPT: [&str; 15] = [
     "PATH",
     "LANG",
     "LANGUAGE",
@@ -19,7 +19,8 @@ const KEPT: [&str; 14] = [
     "FLOW_PLAN_ID",
     "FLOW_TASK_ID",
     "FLOW_TASK_NAME",
-    "FLOWREPL_LOG",
+    flowrepl_os::logging::LOG_ENV,
+    flowrepl_exec::setup::SUPPORT_CACHE_ENV,
     "MPLBACKEND",
     "VIRTUAL_ENV",
     "HOME",

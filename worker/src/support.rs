@@ -3,8 +3,9 @@
 //! cloudpickle it uses (`_flowrepl_cloudpickle`, a pinned copy in `worker/vendor/`).
 //!
 //! Compiling it costs about 2 ms, on every kernel and every worker start. The compiled code is
-//! therefore kept, marshalled, in the user's cache directory (`$XDG_CACHE_HOME/flowrepl`, else
-//! `~/.cache/flowrepl`, made 0700), under a name that holds the source's hash and the
+//! therefore kept, marshalled, in the user's cache directory
+//! (`flowrepl_exec::setup::support_cache_dir`: `$XDG_CACHE_HOME/flowrepl`, else
+//! `~/.cache/flowrepl`, made 0700; a sandboxed worker reads it and cannot write it), under a name that holds the source's hash and the
 //! interpreter's bytecode magic number, so that another flowrepl build or Python version
 //! never reads it. Any miss or failure (no cache directory, a torn or foreign file) falls
 //! back to compiling, and a cache that cannot be written is simply not used. The file is
@@ -13,7 +14,6 @@
 use flowrepl_exec::setup::CallError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCode, PyCodeMethods, PyModule};
-use std::path::PathBuf;
 
 /// A [`CallError`] from what the executor's own Python code raised: its `str`.
 pub fn py_err(e: PyErr) -> CallError {
@@ -65,14 +65,6 @@ impl Source {
     }
 }
 
-fn cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("flowrepl"))
-}
-
 /// The module `_flowrepl`, from the cached code when there is one.
 pub fn load(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     load_source(py, &SUPPORT)
@@ -86,7 +78,7 @@ pub fn load_source<'py>(py: Python<'py>, src: &Source) -> PyResult<Bound<'py, Py
         .getattr("MAGIC_NUMBER")?
         .extract()?;
     let magic: String = magic.iter().map(|b| format!("{b:02x}")).collect();
-    let path = cache_dir().map(|d| {
+    let path = flowrepl_exec::setup::support_cache_dir().map(|d| {
         d.join(format!(
             "{}-{:016x}-{magic}.marshal",
             src.module,

@@ -156,6 +156,10 @@ fn files_outside_the_workspace_are_out_of_reach() {
     std::fs::write(&secret, "private").unwrap();
     let outside = home.0.join("out");
     std::fs::create_dir_all(&outside).unwrap();
+    // The support cache exists (as after any kernel ran), so that a denied write there is
+    // the sandbox's doing, not a missing folder's.
+    let cache = flowrepl_exec::setup::support_cache_dir().unwrap();
+    std::fs::create_dir_all(&cache).unwrap();
     let ws = tempfile::tempdir().unwrap();
     let code = format!(
         r#"import os
@@ -181,6 +185,8 @@ r = dict(
     symlink=tryit(via_symlink),
     hardlink=tryit(via_hardlink),
     workspace=tryit(lambda: write('inside.txt')),
+    # The compiled support code a kernel outside loads: readable, never writable.
+    support_cache=tryit(lambda: write(os.path.join(os.environ['FLOWREPL_SUPPORT_CACHE'], 'planted'))),
 )
 r"#,
         secret = secret.display().to_string(),
@@ -188,8 +194,19 @@ r"#,
     );
     let mut k = sandboxed(ws.path(), &[], &[]);
     let got = attempt(&mut k, &code);
-    for what in ["read_home", "write_outside", "symlink", "hardlink"] {
-        assert!(got.contains(&format!("'{what}': 'denied")), "{what}: {got}");
+    for what in [
+        "read_home",
+        "write_outside",
+        "symlink",
+        "hardlink",
+        "support_cache",
+    ] {
+        assert!(
+            got.contains(&format!("'{what}': 'denied 13'"))
+                || got.contains(&format!("'{what}': 'denied 1'"))
+                || got.contains(&format!("'{what}': 'denied 18'")),
+            "{what}: {got}"
+        );
     }
     assert!(got.contains("'workspace': 'ok'"), "{got}");
     assert!(!outside.join("direct.txt").exists());
@@ -224,6 +241,7 @@ r"#,
         assert!(got.contains(&format!("'{what}': 'ok'")), "{what}: {got}");
     }
     assert!(outside.join("through-symlink.txt").exists());
+    let _ = std::fs::remove_file(cache.join("planted"));
     let log = k.log_file();
     assert!(attempt(&mut k, &append(&log)).contains("appended"));
     assert!(forged(&log));

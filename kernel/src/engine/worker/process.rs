@@ -146,6 +146,10 @@ impl WorkerProcess {
                 {
                     cmd.env_clear().envs(flowrepl_sandbox::environment::kept());
                 }
+                if let Some(cache) = flowrepl_exec::setup::support_cache_dir() {
+                    // Its HOME will point inside the sandbox: the cache stays the user's.
+                    cmd.env(flowrepl_exec::setup::SUPPORT_CACHE_ENV, cache);
+                }
                 cmd.current_dir(&sb.workspace);
                 tmp = Some(dir);
                 Some(policy)

@@ -48,6 +48,9 @@ fn readable(python: &Path, python_lib: Option<&Path>, setup: &SessionSetup) -> V
         }
     }
     out.extend(python_lib.map(Path::to_path_buf));
+    // The compiled support code (read only: a cell must not plant code that a kernel outside
+    // the sandbox would load).
+    out.extend(flowrepl_exec::setup::support_cache_dir().filter(|d| d.is_dir()));
     out.extend(setup.startup.iter().cloned());
     out.extend(setup.path0.iter().cloned());
     if let Some(pp) = std::env::var_os("PYTHONPATH") {
