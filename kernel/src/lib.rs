@@ -55,7 +55,8 @@ pub const BUILD: Build = Build {
 };
 
 /// The executor that serves a version ([`flowrepl_cli::served::serving`]): the kernel's one
-/// way into the pyo3 crate ([`flowrepl_exec::python`]). A library is loaded on first use.
+/// way into the pyo3 crate ([`flowrepl_exec::python`]). A library is mapped for good when
+/// loaded (once per process: the in-process engine starts once).
 pub fn python(executor: &Executor) -> Result<&'static PythonBuild, LoadError> {
     match executor {
         Executor::Library(path) => flowrepl_exec::python::library::load(path),
