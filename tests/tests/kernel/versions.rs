@@ -277,16 +277,25 @@ fn a_python_library_of_another_build_is_refused() {
         for worker in ["0", "1"] {
             let dir = tempfile::tempdir().unwrap();
             let exe = kernel_with_library(dir.path(), &library);
-            let mut child = Command::new(&exe)
-                .args(["--no-log", "--python", &flowrepl_tests::base_python()])
+            let mut cmd = Command::new(&exe);
+            cmd.args(["--no-log", "--python", &flowrepl_tests::base_python()])
                 .env("USE_SUBPROCESS_WORKER", worker)
                 .env("FLOWREPL_LOG_DIR", dir.path().join("logs"))
                 .env_remove("VIRTUAL_ENV")
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
+                .stderr(Stdio::piped());
+            // The copy was just written: a child another test thread forks meanwhile holds
+            // its write fd until it execs, and exec then fails with ETXTBSY. Try again.
+            let mut child = (0..100)
+                .find_map(|_| match cmd.spawn() {
+                    Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        None
+                    }
+                    other => Some(other.unwrap()),
+                })
+                .expect("the copied kernel stays busy");
             use std::io::Write;
             child
                 .stdin
