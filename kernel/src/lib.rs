@@ -35,6 +35,8 @@ pub mod records;
 pub mod session;
 pub mod terminate;
 
+mod linked;
+
 use flowrepl_cli::args::{Cli, Command};
 use flowrepl_cli::logcmd;
 use flowrepl_cli::served::{Build, Executor};
@@ -60,10 +62,7 @@ pub const BUILD: Build = Build {
 pub fn python(executor: &Executor) -> Result<&'static PythonBuild, LoadError> {
     match executor {
         Executor::Library(path) => flowrepl_exec::python::library::load(path),
-        #[cfg(feature = "static-python")]
-        Executor::Linked => Ok(&flowrepl_worker::PYTHON),
-        #[cfg(not(feature = "static-python"))]
-        Executor::Linked => Err(LoadError::NoneNamed),
+        Executor::Linked => linked::linked(),
     }
 }
 

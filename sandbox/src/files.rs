@@ -16,7 +16,7 @@ use landlock::{
     path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus,
     Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// The filesystem rules.
 pub const FILESYSTEM: &str = "landlock_filesystem";
@@ -79,20 +79,21 @@ pub fn restrict(
         .chain(policy.readable.iter().cloned())
         .filter(|p| p.exists())
         .collect();
-    let mut write: Vec<PathBuf> = std::iter::once(policy.workspace.clone())
-        .chain(policy.writable.iter().cloned())
-        .chain([policy.tmp.clone(), PathBuf::from("/tmp")])
-        .chain(DEVICES.iter().map(PathBuf::from))
-        .collect();
-    if !mount_ns {
-        // Without the mount namespace `/tmp` is the host's: only the private folder.
-        write.retain(|p| p != Path::new("/tmp"));
+    // With the mount namespace these are private to the sandbox; without it they are the
+    // host's, and only the kernel's private folder stands for `/tmp`.
+    let private: &[&str] = if mount_ns {
+        &["/tmp", "/dev/shm", "/var/tmp"]
     } else {
-        write.extend(["/dev/shm", "/var/tmp"].map(PathBuf::from));
-    }
-    // The worker resets its peak RSS per cell there (`usage`).
-    write.push(PathBuf::from("/proc/self/clear_refs"));
-    write.retain(|p| p.exists());
+        &[]
+    };
+    let write: Vec<PathBuf> = std::iter::once(policy.workspace.clone())
+        .chain(policy.writable.iter().cloned())
+        .chain(std::iter::once(policy.tmp.clone()))
+        .chain(private.iter().chain(&DEVICES).map(PathBuf::from))
+        // The worker resets its peak RSS per cell there (`usage`).
+        .chain(std::iter::once(PathBuf::from("/proc/self/clear_refs")))
+        .filter(|p| p.exists())
+        .collect();
     let outcome = (|| -> Result<landlock::RestrictionStatus, landlock::RulesetError> {
         let mut ruleset = Ruleset::default()
             .set_compatibility(CompatLevel::BestEffort)
@@ -157,28 +158,18 @@ pub fn restrict(
             ),
         ),
         if policy.network {
-            crate::layer(
-                NETWORK,
-                false,
-                Err("not asked for: --sandbox-net keeps the host's network".into()),
-            )
-        } else if !deny_tcp {
-            crate::skipped(NETWORK)
+            crate::network_kept(NETWORK)
         } else {
-            crate::layer(NETWORK, true, have(ABI::V4, "TCP bind and connect denied"))
+            crate::unless_skipped(NETWORK, skip, || {
+                have(ABI::V4, "TCP bind and connect denied")
+            })
         },
-        if scoped {
-            crate::layer(
-                SCOPES,
-                true,
-                have(
-                    ABI::V6,
-                    "no signal to, and no abstract Unix socket of, a process outside",
-                ),
+        crate::unless_skipped(SCOPES, skip, || {
+            have(
+                ABI::V6,
+                "no signal to, and no abstract Unix socket of, a process outside",
             )
-        } else {
-            crate::skipped(SCOPES)
-        },
+        }),
     ]
 }
 

@@ -111,3 +111,25 @@ pub(crate) fn layer(name: &str, wanted: bool, outcome: Result<String, String>) -
 pub(crate) fn skipped(name: &str) -> SandboxLayer {
     layer(name, false, Err("skipped (FLOWREPL_SANDBOX_SKIP)".into()))
 }
+
+/// A layer the policy asks for: [`skipped`] when `skip` leaves it out, else applied by `apply`.
+pub(crate) fn unless_skipped(
+    name: &str,
+    skip: &dyn Fn(&str) -> bool,
+    apply: impl FnOnce() -> Result<String, String>,
+) -> SandboxLayer {
+    if skip(name) {
+        skipped(name)
+    } else {
+        layer(name, true, apply())
+    }
+}
+
+/// A network layer `--sandbox-net` does not ask for.
+pub(crate) fn network_kept(name: &str) -> SandboxLayer {
+    layer(
+        name,
+        false,
+        Err("not asked for: --sandbox-net keeps the host's network".into()),
+    )
+}

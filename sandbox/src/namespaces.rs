@@ -61,51 +61,30 @@ pub fn enter(policy: &SandboxPolicy, skip: &dyn Fn(&str) -> bool) -> Vec<Sandbox
     let entered = unshare(flags)
         .map_err(|e| format!("the host refused unshare(CLONE_NEWUSER|...): {e}"))
         .and_then(|()| map_ids(uid.as_raw(), gid.as_raw()));
-    let net_layer = |entered: &Result<(), String>| {
-        if policy.network {
-            crate::layer(
-                NETWORK,
-                false,
-                Err("not asked for: --sandbox-net keeps the host's network".into()),
-            )
-        } else if skip(NETWORK) {
-            crate::skipped(NETWORK)
-        } else {
-            crate::layer(
-                NETWORK,
-                true,
-                entered
-                    .clone()
-                    .map(|()| "a network namespace of its own: only lo, down".into()),
-            )
-        }
-    };
-    let mut out = vec![
-        crate::layer(
-            USER,
-            true,
-            entered.clone().map(|()| {
-                format!("uid {uid} and gid {gid} mapped to themselves; no capability outside")
-            }),
-        ),
-        net_layer(&entered),
-    ];
-    out.push(if want_ipc {
-        crate::layer(
-            IPC,
-            true,
+    let mut out = vec![crate::layer(
+        USER,
+        true,
+        entered.clone().map(|()| {
+            format!("uid {uid} and gid {gid} mapped to themselves; no capability outside")
+        }),
+    )];
+    out.push(if policy.network {
+        crate::network_kept(NETWORK)
+    } else {
+        crate::unless_skipped(NETWORK, skip, || {
             entered
                 .clone()
-                .map(|()| "System V IPC and POSIX message queues of its own".into()),
-        )
-    } else {
-        crate::skipped(IPC)
+                .map(|()| "a network namespace of its own: only lo, down".into())
+        })
     });
-    out.push(if want_mount {
-        crate::layer(MOUNT, true, entered.and_then(|()| private_mounts(policy)))
-    } else {
-        crate::skipped(MOUNT)
-    });
+    out.push(crate::unless_skipped(IPC, skip, || {
+        entered
+            .clone()
+            .map(|()| "System V IPC and POSIX message queues of its own".into())
+    }));
+    out.push(crate::unless_skipped(MOUNT, skip, || {
+        entered.and_then(|()| private_mounts(policy))
+    }));
     out.push(pid);
     out
 }

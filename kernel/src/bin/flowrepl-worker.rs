@@ -7,9 +7,10 @@
 //! It uses nothing of the kernel crate, so that its link (thin LTO) takes in only the
 //! executor's interface and the sandbox, not the kernel's fronts.
 
+#[path = "../linked.rs"]
+mod linked;
+
 use clap::Parser;
-use flowrepl_exec::python::library::LoadError;
-use flowrepl_exec::python::PythonBuild;
 use flowrepl_exec::worker_args::WorkerArgs;
 use std::process::ExitCode;
 
@@ -17,7 +18,7 @@ fn main() -> ExitCode {
     let mut args = WorkerArgs::parse();
     let python = match &args.python_lib {
         Some(lib) => flowrepl_exec::python::library::load(lib),
-        None => linked(),
+        None => linked::linked(),
     };
     let python = match python {
         Ok(p) => p,
@@ -37,12 +38,4 @@ fn main() -> ExitCode {
         }
     }
     (python.serve)(args)
-}
-
-/// The executor linked into this binary (`static-python`), if any.
-fn linked() -> Result<&'static PythonBuild, LoadError> {
-    #[cfg(feature = "static-python")]
-    return Ok(&flowrepl_worker::PYTHON);
-    #[cfg(not(feature = "static-python"))]
-    Err(LoadError::NoneNamed)
 }

@@ -117,43 +117,12 @@ impl WorkerProcess {
         restore: Option<&str>,
     ) -> io::Result<WorkerProcess> {
         let mut cmd = Command::new(&config.exe);
-        let mut tmp = None;
-        let sandbox = match &config.sandbox {
-            None => None,
+        let (sandbox, tmp) = match &config.sandbox {
             Some(sb) => {
-                let dir = super::sandbox::private_tmp()?;
-                // It must exist to be granted (made as the worker would make it); when it
-                // cannot be made (a full or read-only disk), the worker says so at its first
-                // checkpoint, as without the sandbox.
-                let root = config
-                    .snapshots
-                    .as_ref()
-                    .map(|s| s.root.as_path())
-                    .filter(|root| flowrepl_task_logger::snapshot::open_root(root).is_ok());
-                let policy = super::sandbox::policy(
-                    sb,
-                    &config.python,
-                    config.python_lib.as_deref(),
-                    &config.setup,
-                    root,
-                    dir.path(),
-                );
-                // Only what a cell needs of the kernel's environment (the worker checks it).
-                if !sb
-                    .skip
-                    .iter()
-                    .any(|l| l == flowrepl_sandbox::environment::LAYER)
-                {
-                    cmd.env_clear().envs(flowrepl_sandbox::environment::kept());
-                }
-                if let Some(cache) = flowrepl_exec::setup::support_cache_dir() {
-                    // Its HOME will point inside the sandbox: the cache stays the user's.
-                    cmd.env(flowrepl_exec::setup::SUPPORT_CACHE_ENV, cache);
-                }
-                cmd.current_dir(&sb.workspace);
-                tmp = Some(dir);
-                Some(policy)
+                let (policy, tmp) = super::sandbox::prepare(&mut cmd, sb, config)?;
+                (Some(policy), Some(tmp))
             }
+            None => (None, None),
         };
         cmd.args(
             flowrepl_exec::worker_args::WorkerArgs::new(

@@ -1,11 +1,14 @@
-//! `--sandbox`: the policy a worker is confined by, from the session's configuration, and the
-//! private folder that becomes its `/tmp`. The layers are applied by the worker itself
+//! `--sandbox`: the policy a worker is confined by, from the session's configuration, the
+//! private folder that becomes its `/tmp`, and the worker's environment. The layers are applied by the worker itself
 //! (`flowrepl-sandbox`), before Python starts.
 
+use super::process::SpawnConfig;
 use crate::config::SandboxConfig;
 use flowrepl_exec::setup::SessionSetup;
 use flowrepl_protocol::sandbox::SandboxPolicy;
+use std::io;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// What a sandboxed worker may read beyond the system: the interpreter's prefixes (the venv,
 /// the installation it was made from, as named and as resolved), the Python library, the
@@ -61,31 +64,46 @@ fn readable(python: &Path, python_lib: Option<&Path>, setup: &SessionSetup) -> V
     out
 }
 
-/// The policy for a worker of these settings; `tmp` is its private folder.
-pub fn policy(
+/// Readies `cmd` to start a sandboxed worker: its private folder (its `/tmp`, removed with
+/// the returned value), the checkpoint folder made so that it can be granted, a cleared
+/// environment, the workspace as its working directory; and the policy it applies.
+pub fn prepare(
+    cmd: &mut Command,
     sandbox: &SandboxConfig,
-    python: &Path,
-    python_lib: Option<&Path>,
-    setup: &SessionSetup,
-    snapshot_root: Option<&Path>,
-    tmp: &Path,
-) -> SandboxPolicy {
-    SandboxPolicy {
+    spawn: &SpawnConfig,
+) -> io::Result<(SandboxPolicy, tempfile::TempDir)> {
+    let tmp = tempfile::Builder::new()
+        .prefix("flowrepl-sandbox-")
+        .tempdir()?;
+    // When it cannot be made (a full or read-only disk), the worker says so at its first
+    // checkpoint, as without the sandbox.
+    let checkpoints = spawn
+        .snapshots
+        .as_ref()
+        .map(|s| s.root.as_path())
+        .filter(|root| flowrepl_task_logger::snapshot::open_root(root).is_ok());
+    let policy = SandboxPolicy {
         strict: sandbox.strict,
         network: sandbox.network,
         workspace: sandbox.workspace.clone(),
-        writable: snapshot_root.map(Path::to_path_buf).into_iter().collect(),
-        readable: readable(python, python_lib, setup),
+        writable: checkpoints.map(Path::to_path_buf).into_iter().collect(),
+        readable: readable(&spawn.python, spawn.python_lib.as_deref(), &spawn.setup),
         hidden: vec![sandbox.log_dir.clone()],
-        tmp: tmp.to_path_buf(),
+        tmp: tmp.path().to_path_buf(),
         skip: sandbox.skip.clone(),
+    };
+    // Only what a cell needs of the kernel's environment (the worker checks it).
+    if !sandbox
+        .skip
+        .iter()
+        .any(|l| l == flowrepl_sandbox::environment::LAYER)
+    {
+        cmd.env_clear().envs(flowrepl_sandbox::environment::kept());
     }
-}
-
-/// A private folder for one worker: its `/tmp` (and `HOME` under it), removed when the
-/// worker is gone.
-pub fn private_tmp() -> std::io::Result<tempfile::TempDir> {
-    tempfile::Builder::new()
-        .prefix("flowrepl-sandbox-")
-        .tempdir()
+    if let Some(cache) = flowrepl_exec::setup::support_cache_dir() {
+        // Its HOME will point inside the sandbox: the cache stays the user's.
+        cmd.env(flowrepl_exec::setup::SUPPORT_CACHE_ENV, cache);
+    }
+    cmd.current_dir(&sandbox.workspace);
+    Ok((policy, tmp))
 }

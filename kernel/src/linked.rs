@@ -1,0 +1,14 @@
+//! The executor linked into this binary (the `static-python` feature), if any. Shared as a
+//! source file by the kernel crate and the `flowrepl-worker` binary, which does not link the
+//! kernel crate (its thin-LTO link would take in the fronts).
+
+use flowrepl_exec::python::library::LoadError;
+use flowrepl_exec::python::PythonBuild;
+
+/// The linked executor, or [`LoadError::NoneNamed`] in a build that links none.
+pub fn linked() -> Result<&'static PythonBuild, LoadError> {
+    #[cfg(feature = "static-python")]
+    return Ok(&flowrepl_worker::PYTHON);
+    #[cfg(not(feature = "static-python"))]
+    Err(LoadError::NoneNamed)
+}
