@@ -31,6 +31,9 @@ pub struct ExecutorConfig {
     pub capture: Option<[Arc<OwnedFd>; 2]>,
     /// Where and when checkpoints of the namespace are written; `None`: never.
     pub snapshots: Option<SnapshotConfig>,
+    /// This process's id as the kernel knows it (`usage.pid`): its own, except in the
+    /// sandbox's PID namespace.
+    pub pid: u32,
 }
 
 /// What a session starts from, before its first cell (and again after an in-process

@@ -40,21 +40,16 @@ fn rusage() -> (f64, u64) {
     }
 }
 
-impl Default for UsageMeter {
-    fn default() -> Self {
-        UsageMeter::new()
-    }
-}
-
 impl UsageMeter {
-    /// Opens `/proc/self/clear_refs` (if it cannot be, peaks are lifetime peaks).
-    pub fn new() -> UsageMeter {
+    /// Opens `/proc/self/clear_refs` (if it cannot be, peaks are lifetime peaks); `pid` is
+    /// this process's id as the kernel knows it.
+    pub fn new(pid: u32) -> UsageMeter {
         UsageMeter {
             clear_refs: std::fs::OpenOptions::new()
                 .write(true)
                 .open("/proc/self/clear_refs")
                 .ok(),
-            pid: std::process::id(),
+            pid,
         }
     }
 

@@ -64,6 +64,10 @@ pub struct WorkerArgs {
     /// Ready frame; not a flag).
     #[arg(skip)]
     pub sandboxed: Option<SandboxReport>,
+    /// The worker's pid as the kernel knows it, when the sandbox's PID namespace gives the
+    /// Python process another (set by the worker's `main`; not a flag).
+    #[arg(skip)]
+    pub pid: Option<u32>,
 }
 
 /// Takes fds 3 and 4 as the capture files (`--capture-fds`), close-on-exec from now on (the
@@ -128,6 +132,7 @@ impl WorkerArgs {
             restore: snapshots.and(restore).map(str::to_owned),
             sandbox,
             sandboxed: None,
+            pid: None,
         }
     }
 

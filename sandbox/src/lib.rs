@@ -6,6 +6,8 @@
 //!   down: no TCP even to the host's 127.0.0.1), an IPC namespace and a mount namespace whose
 //!   `/tmp` is the kernel's private folder and whose `/run`, `/var/tmp` and `/dev/shm` are
 //!   empty (the host's sockets there are out of reach).
+//! - [`processes`]: a PID namespace under an init of its own, with its own `/proc`: no view
+//!   of or signal to any process outside, and nothing started in it outlives the worker.
 //! - [`environment`]: only the variables a cell needs (the kernel clears the rest when it
 //!   starts the worker; here `HOME` and `TMPDIR` are pointed inside and the result checked).
 //! - [`files`]: Landlock: the system, the interpreter and the venv readable, the workspace,
@@ -24,6 +26,7 @@
 pub mod environment;
 pub mod files;
 pub mod namespaces;
+pub mod processes;
 pub mod syscalls;
 
 use flowrepl_protocol::sandbox::{SandboxLayer, SandboxPolicy, SandboxReport};
@@ -34,7 +37,7 @@ pub const LAYERS: [&str; 10] = [
     namespaces::NETWORK,
     namespaces::IPC,
     namespaces::MOUNT,
-    namespaces::PID,
+    processes::LAYER,
     environment::LAYER,
     files::FILESYSTEM,
     files::NETWORK,
@@ -58,14 +61,27 @@ pub struct Refused {
     pub report: SandboxReport,
 }
 
+/// A confined worker.
+#[derive(Debug)]
+pub struct Confined {
+    /// What the host enforced.
+    pub report: SandboxReport,
+    /// The worker's pid as the kernel knows it (in the PID namespace, the process that
+    /// returns from [`apply`] has another).
+    pub pid: u32,
+}
+
 /// Applies every layer of `policy` to this process, which must be single-threaded (a user
-/// namespace cannot be entered otherwise) and must not have started Python.
-pub fn apply(policy: &SandboxPolicy) -> Result<SandboxReport, Refused> {
+/// namespace cannot be entered otherwise) and must not have started Python. With the PID
+/// namespace, only the process that will run Python returns (see [`processes`]).
+pub fn apply(policy: &SandboxPolicy) -> Result<Confined, Refused> {
     let skip = |layer: &str| policy.skip.iter().any(|s| s == layer);
     let mut layers = namespaces::enter(policy, &skip);
     let mount_ns = layers
         .iter()
         .any(|l| l.layer == namespaces::MOUNT && l.enforced);
+    let entered = processes::enter(mount_ns, &skip);
+    layers.push(entered.report);
     layers.push(environment::settle(policy, mount_ns, &skip));
     layers.extend(files::restrict(policy, mount_ns, &skip));
     layers.push(syscalls::install(policy, &skip));
@@ -90,7 +106,10 @@ pub fn apply(policy: &SandboxPolicy) -> Result<SandboxReport, Refused> {
             report: report.clone(),
         });
     }
-    Ok(report)
+    Ok(Confined {
+        report,
+        pid: entered.pid,
+    })
 }
 
 /// A layer's report.

@@ -2,11 +2,7 @@
 //! network namespace of its own, an IPC namespace, and a mount namespace with a private
 //! `/tmp` and an empty `/run`, `/var/tmp` and `/dev/shm`.
 //!
-//! A PID namespace is not entered: after `unshare(CLONE_NEWPID)` the worker's first child
-//! would be the namespace's init, and the worker (the process the kernel's stop ladder
-//! signals) would stay outside it; the kernel's process is kept out of reach by Landlock
-//! instead (signals scoped; `/proc/<pid>/environ`, `mem` and ptrace need ptrace access,
-//! which Landlock denies across domains). It is reported as not enforced.
+//! The PID namespace comes next, in [`crate::processes`] (it splits the process).
 
 use flowrepl_protocol::sandbox::{SandboxLayer, SandboxPolicy};
 use nix::mount::{mount, MsFlags};
@@ -22,8 +18,6 @@ pub const NETWORK: &str = "network_namespace";
 pub const IPC: &str = "ipc_namespace";
 /// The mount namespace.
 pub const MOUNT: &str = "mount_namespace";
-/// The PID namespace (not entered; see the module's docs).
-pub const PID: &str = "pid_namespace";
 
 /// Folders of the host replaced by an empty tmpfs in the mount namespace (sockets and shared
 /// memory of other processes live there).
@@ -31,18 +25,11 @@ const EMPTIED: [&str; 3] = ["/run", "/var/tmp", "/dev/shm"];
 
 /// Enters the namespaces `policy` asks for; one report per namespace.
 pub fn enter(policy: &SandboxPolicy, skip: &dyn Fn(&str) -> bool) -> Vec<SandboxLayer> {
-    let pid = crate::layer(
-        PID,
-        false,
-        Err("not entered: the kernel's process is kept out of reach by Landlock (signal scope, ptrace access) instead".into()),
-    );
     if skip(USER) {
-        let mut out: Vec<SandboxLayer> = [USER, NETWORK, IPC, MOUNT]
+        return [USER, NETWORK, IPC, MOUNT]
             .into_iter()
             .map(crate::skipped)
             .collect();
-        out.push(pid);
-        return out;
     }
     let want_net = !policy.network && !skip(NETWORK);
     let want_mount = !skip(MOUNT);
@@ -85,7 +72,6 @@ pub fn enter(policy: &SandboxPolicy, skip: &dyn Fn(&str) -> bool) -> Vec<Sandbox
     out.push(crate::unless_skipped(MOUNT, skip, || {
         entered.and_then(|()| private_mounts(policy))
     }));
-    out.push(pid);
     out
 }
 

@@ -38,6 +38,7 @@ fn main() {
         failed: 0,
     };
     let mut ex = Executor::start(&ExecutorConfig {
+        pid: std::process::id(),
         python: PathBuf::from(flowrepl_worker::interpreter::BUILD_PYTHON),
         max_output_bytes: 1 << 20,
         sink: None,

@@ -30,7 +30,10 @@ fn main() -> ExitCode {
     };
     if let Some(policy) = &args.sandbox {
         match flowrepl_sandbox::apply(policy) {
-            Ok(report) => args.sandboxed = Some(report),
+            Ok(confined) => {
+                args.sandboxed = Some(confined.report);
+                args.pid = Some(confined.pid);
+            }
             Err(refused) => {
                 eprintln!("flowrepl: {refused}");
                 return ExitCode::from(flowrepl_sandbox::REFUSED_EXIT);

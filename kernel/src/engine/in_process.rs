@@ -36,6 +36,7 @@ impl InProcess {
         let python = crate::python(&config.executor)?;
         (python.logging)(diagnostics);
         let executor = (python.start)(&ExecutorConfig {
+            pid: std::process::id(),
             python: config.python.clone(),
             max_output_bytes: config.max_output_bytes,
             sink: None,

@@ -15,7 +15,8 @@ pub enum OutputStream {
 /// Sent once by a worker when its interpreter is ready.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerHello {
-    /// The worker's process id.
+    /// The worker's process id, as the kernel knows it (the process it started; in the
+    /// sandbox's PID namespace, the Python process has another).
     pub pid: u32,
     /// Its interpreter (fields at the top level).
     #[serde(flatten)]

@@ -187,7 +187,7 @@ impl Executor {
                 capture,
                 monitor,
                 streamer,
-                usage: UsageMeter::new(),
+                usage: UsageMeter::new(config.pid),
                 var_keys: KeyDiff::default(),
                 module_keys: KeyDiff::default(),
                 source_buf: Vec::with_capacity(4096),

@@ -95,7 +95,9 @@ pub fn run(args: WorkerArgs) -> ExitCode {
     } else {
         None
     };
+    let pid = args.pid.unwrap_or_else(std::process::id);
     let config = ExecutorConfig {
+        pid,
         capture,
         python: args.python.clone(),
         max_output_bytes: args.max_output_bytes,
@@ -124,7 +126,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         },
     };
     let hello = WorkerHello {
-        pid: std::process::id(),
+        pid,
         python: info,
         capture_starts: executor.capture_cursors(),
         restored,
