@@ -497,24 +497,45 @@ pub fn read_log_all(path: &Path) -> flowrepl_task_logger::ReadOutcome {
 pub const MODES: [&str; 2] = ["in_process", "worker"];
 
 /// Whether every thread of process `pid` has exited (a killed process's main thread turns
-/// zombie first; its files, pipes included, close only when the last thread is gone).
+/// zombie first; its files, pipes included, close only when the last thread is gone), and
+/// every process of its group that its parent did not start (a worker's: in the sandbox's PID
+/// namespace the Python process is another process of the worker's group, which dies just
+/// after it; the worker's guard, also the kernel's child, stays).
 pub fn exited(pid: u32) -> bool {
-    !alive(pid) && std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()) <= 1
+    let gone = |p: u32| {
+        !alive(p) && std::fs::read_dir(format!("/proc/{p}/task")).map_or(0, |d| d.count()) <= 1
+    };
+    let parent = stat_field(pid, 1);
+    gone(pid)
+        && group_of(pid)
+            .into_iter()
+            .filter(|&p| stat_field(p, 1) != parent)
+            .all(gone)
+}
+
+/// Field `n` after the parenthesised command name of `/proc/<pid>/stat` (0: state, 1: ppid,
+/// 2: process group).
+fn stat_field(pid: u32, n: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(
+        stat.rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(n)?
+            .to_owned(),
+    )
+}
+
+/// The processes of group `pgid`.
+pub fn group_of(pgid: u32) -> Vec<u32> {
+    all_pids()
+        .filter(|&p| stat_field(p, 2) == Some(pgid.to_string()))
+        .collect()
 }
 
 /// Whether process `pid` exists and is not a zombie.
 pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            // The state follows the parenthesised command name.
-            let state = stat
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().next());
-            state != Some("Z") && state != Some("X")
-        }
-        Err(_) => false,
-    }
+    stat_field(pid, 0).is_some_and(|state| state != "Z" && state != "X")
 }
 
 /// Waits up to `timeout` for `cond`.
@@ -533,22 +554,76 @@ pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 
 /// Zombie children of `parent` (processes it has not reaped).
 pub fn zombie_children(parent: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let mut rest = stat.rsplit(')').next().unwrap_or("").split_whitespace();
-        let state = rest.next();
-        let ppid = rest.next().and_then(|p| p.parse::<u32>().ok());
-        if state == Some("Z") && ppid == Some(parent) {
-            out.push(pid);
+    let parent = parent.to_string();
+    all_pids()
+        .filter(|&p| {
+            stat_field(p, 0).as_deref() == Some("Z") && stat_field(p, 1).as_ref() == Some(&parent)
+        })
+        .collect()
+}
+
+/// Every process on the host.
+fn all_pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+}
+
+/// Host processes (not zombies) whose command line is exactly `args`.
+pub fn processes_running(args: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    all_pids()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want) && alive(*pid)
+        })
+        .collect()
+}
+
+/// A `sleep` a cell starts, named by an argument no other test uses, so that the test finds
+/// it on the host whatever PID namespace the cell sees; any left is killed on drop.
+pub struct Sleeper {
+    /// The argument of `sleep` (about 300 seconds).
+    pub arg: String,
+}
+
+impl Sleeper {
+    /// A new, unique argument.
+    pub fn new() -> Sleeper {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Sleeper {
+            arg: format!("300.{}{n:03}", std::process::id()),
         }
     }
-    out
+
+    /// The running `sleep` processes with this argument.
+    pub fn running(&self) -> Vec<u32> {
+        processes_running(&["sleep", &self.arg])
+    }
+
+    /// Whether none runs.
+    pub fn gone(&self) -> bool {
+        self.running().is_empty()
+    }
+}
+
+impl Default for Sleeper {
+    fn default() -> Self {
+        Sleeper::new()
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        for pid in self.running() {
+            kill(pid, libc::SIGKILL);
+        }
+    }
 }
 
 /// Sends `sig` to `pid`.

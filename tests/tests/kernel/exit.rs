@@ -84,13 +84,8 @@ fn a_hanging_exit_handler_is_killed_after_the_grace_period() {
         .worker()
         .env("FLOWREPL_KILL_GRACE_MS", "300")
         .start();
-    let pid = k
-        .ok("import os, atexit, time\natexit.register(lambda: time.sleep(3600))\nos.getpid()")
-        ["result"]
-        .as_str()
-        .unwrap()
-        .parse::<u32>()
-        .unwrap();
+    k.ok("import atexit, time\natexit.register(lambda: time.sleep(3600))");
+    let pid = k.ready["worker_pid"].as_u64().unwrap() as u32;
     let t0 = std::time::Instant::now();
     assert!(k.close().success());
     assert!(

@@ -5,7 +5,8 @@
 //! Size: one scenario per fault kind, each a whole kernel session.
 
 use flowrepl_tests::{
-    alive, flowrepl_bin, kill, read_log, wait_for, zombie_children, Kernel, KernelOptions, MODES,
+    alive, flowrepl_bin, kill, read_log, wait_for, zombie_children, Kernel, KernelOptions, Sleeper,
+    MODES,
 };
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -153,19 +154,24 @@ fn timeout_interrupts_and_keeps_state_in_both_modes() {
     }
 }
 
-const IGNORES_SIGINT_AND_STARTS_A_CHILD: &str = "import signal, subprocess, time\n\
+/// A cell that ignores SIGINT and starts `sleep <sleep>` (see [`Sleeper`]).
+fn ignores_sigint_and_starts_a_child(sleep: &Sleeper) -> String {
+    format!(
+        "import signal, subprocess, time\n\
 signal.signal(signal.SIGINT, signal.SIG_IGN)\n\
-p = subprocess.Popen(['sleep', '300'])\n\
-print(p.pid, flush=True)\n\
-time.sleep(300)";
+p = subprocess.Popen(['sleep', '{}'])\n\
+time.sleep(300)",
+        sleep.arg
+    )
+}
 
-fn child_pid(r: &Value) -> u32 {
-    r["stdout"]
-        .as_str()
-        .unwrap()
-        .trim()
-        .parse()
-        .expect("child pid printed")
+/// A `sleep` a cell starts, found by its command line (a pid printed in the cell would be
+/// another namespace's in the sandbox).
+fn starts_a_sleeper(sleep: &Sleeper) -> String {
+    format!(
+        "import subprocess\np = subprocess.Popen(['sleep', '{}'])",
+        sleep.arg
+    )
 }
 
 #[test]
@@ -176,7 +182,10 @@ fn timeout_kills_a_cell_that_ignores_sigint_and_its_children() {
     k.ok("x = 1");
     let w = worker_pid(&mut k);
     let t = Instant::now();
-    let r = k.execute_params(json!({"code": IGNORES_SIGINT_AND_STARTS_A_CHILD, "timeout_ms": 500}));
+    let child = Sleeper::new();
+    let r = k.execute_params(
+        json!({"code": ignores_sigint_and_starts_a_child(&child), "timeout_ms": 500}),
+    );
     let took = t.elapsed();
     assert!(
         took >= Duration::from_millis(1000) && took < Duration::from_secs(3),
@@ -186,9 +195,8 @@ fn timeout_kills_a_cell_that_ignores_sigint_and_its_children() {
     assert_eq!(r["stopped_by"], "kill");
     assert_eq!(r["state_lost"], true);
     assert_eq!(r["error"]["type"], "WorkerKilled");
-    let child = child_pid(&r);
     assert!(
-        wait_for(Duration::from_secs(2), || !alive(child)),
+        wait_for(Duration::from_secs(2), || child.gone()),
         "the cell's child survived"
     );
     check_recovered(&mut k, w, "WorkerKilled");
@@ -281,16 +289,16 @@ fn restart_drops_state_in_both_modes() {
 fn kernel_sigkill_takes_the_worker_and_its_children_along() {
     let mut k = Kernel::options().worker().start();
     let w = worker_pid(&mut k);
-    let r = k.ok("import subprocess\np = subprocess.Popen(['sleep', '300'])\nprint(p.pid)");
-    let child = child_pid(&r);
-    assert!(alive(child));
+    let child = Sleeper::new();
+    k.ok(&starts_a_sleeper(&child));
+    assert!(!child.gone());
     kill(k.pid(), libc::SIGKILL);
     assert!(
         wait_for(Duration::from_secs(3), || !alive(w)),
         "worker outlived the kernel"
     );
     assert!(
-        wait_for(Duration::from_secs(3), || !alive(child)),
+        wait_for(Duration::from_secs(3), || child.gone()),
         "the cell's child outlived the kernel"
     );
 }
@@ -299,12 +307,13 @@ fn kernel_sigkill_takes_the_worker_and_its_children_along() {
 fn kernel_eof_ends_worker_and_children_without_zombies() {
     let mut k = Kernel::options().worker().start();
     let w = worker_pid(&mut k);
-    let r = k.ok("import subprocess\np = subprocess.Popen(['sleep', '300'])\nprint(p.pid)");
-    let child = child_pid(&r);
+    let child = Sleeper::new();
+    k.ok(&starts_a_sleeper(&child));
+    assert!(!child.gone());
     let st = k.close();
     assert!(st.success());
     assert!(wait_for(Duration::from_secs(3), || !alive(w)));
-    assert!(wait_for(Duration::from_secs(3), || !alive(child)));
+    assert!(wait_for(Duration::from_secs(3), || child.gone()));
 }
 
 #[test]

@@ -76,6 +76,7 @@ fn the_ready_notification_and_status_name_every_layer_in_force() {
         "network_namespace",
         "ipc_namespace",
         "mount_namespace",
+        "pid_namespace",
         "environment",
         "landlock_filesystem",
         "landlock_network",
@@ -88,9 +89,6 @@ fn the_ready_notification_and_status_name_every_layer_in_force() {
             "{name}: {all:?}"
         );
     }
-    assert!(all
-        .iter()
-        .any(|(n, enforced, _)| n == "pid_namespace" && !enforced));
     assert_eq!(k.ready["mode"], "worker");
     assert_eq!(
         k.call("status", Value::Null)["result"]["sandbox"],
@@ -266,8 +264,9 @@ fn a_unix_socket_of_the_host_is_out_of_reach() {
     drop(listener);
 }
 
-/// The kernel's process: no signal (Landlock's signal scope), no `/proc/<pid>/environ`
-/// (Landlock's ptrace rule), and its variables are not the cell's (the environment layer).
+/// The kernel's process: no signal and no `/proc/<pid>/environ` (in the PID namespace the
+/// kernel's pid names nothing; without it, Landlock's signal scope and ptrace rule deny
+/// both), and its variables are not the cell's (the environment layer).
 #[test]
 fn the_kernel_is_out_of_reach() {
     let ws = tempfile::tempdir().unwrap();
@@ -289,9 +288,14 @@ dict(
     let mut k = sandboxed(ws.path(), &[], &[]);
     let pid = k.pid();
     let got = attempt(&mut k, &code(pid));
-    assert!(got.contains("'kill': 'denied 1'"), "{got}");
-    assert!(got.contains("'environ': 'denied"), "{got}");
+    assert!(got.contains("'kill': 'denied 3'"), "ESRCH: {got}");
+    assert!(got.contains("'environ': 'denied 2'"), "ENOENT: {got}");
     assert!(got.contains("'secret': False"), "{got}");
+    let mut k = sandboxed(ws.path(), &["pid_namespace"], &[]);
+    let pid = k.pid();
+    let got = attempt(&mut k, &code(pid));
+    assert!(got.contains("'kill': 'denied 1'"), "EPERM: {got}");
+    assert!(got.contains("'environ': 'denied 13'"), "EACCES: {got}");
     // Without Landlock, the user namespace alone still denies `environ` to a kernel that
     // runs as root (its capabilities are out of the namespace's reach): leave both out.
     let mut k = sandboxed(
@@ -310,6 +314,59 @@ dict(
     assert!(got.contains("'kill': 'ok None'"), "{got}");
     assert!(got.contains("'environ': 'ok True'"), "{got}");
     assert!(got.contains("'secret': True"), "{got}");
+}
+
+/// The PID namespace: a cell sees only the sandbox's processes (init and itself, not the
+/// kernel nor a process the test starts), is PID 2, leaves no zombie when it orphans a
+/// process (init reaps it), and a process it starts in a new session (outside the worker's
+/// process group, which is what the kernel kills) dies with the worker. With the layer left
+/// out, the kernel and the test's process are listed and the new session survives.
+#[test]
+fn processes_outside_are_out_of_sight_and_none_inside_outlives_the_worker() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut host = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .unwrap();
+    let code = |session: &str| {
+        format!(
+            r#"import os, subprocess, time
+pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())
+subprocess.Popen(['sleep', '{session}'], start_new_session=True)
+subprocess.run(['sh', '-c', 'sleep 0.2 &'])
+time.sleep(0.6)
+def state(p):
+    try:
+        return open(f'/proc/{{p}}/stat').read().rsplit(')', 1)[1].split()[0]
+    except OSError:
+        return '?'
+zombies = [p for p in os.listdir('/proc') if p.isdigit() and state(p) == 'Z']
+(pids, os.getpid(), zombies)"#
+        )
+    };
+    for (skip, inside) in [(vec![], true), (vec!["pid_namespace"], false)] {
+        let session = flowrepl_tests::Sleeper::new();
+        let mut k = sandboxed(ws.path(), &skip, &[]);
+        let kernel = k.pid();
+        let got = attempt(&mut k, &code(&session.arg));
+        if inside {
+            assert_eq!(got, "([1, 2], 2, [])", "only init and the cell, no zombie");
+        } else {
+            for pid in [kernel, host.id()] {
+                assert!(got.contains(&format!(" {pid},")), "{pid} listed: {got}");
+            }
+        }
+        assert_eq!(attempt(&mut k, "1 + 1"), "2");
+        assert_eq!(session.running().len(), 1);
+        assert!(k.close().success());
+        let gone = flowrepl_tests::wait_for(std::time::Duration::from_secs(5), || session.gone());
+        assert_eq!(
+            gone, inside,
+            "the new session's process ended with the worker"
+        );
+    }
+    host.kill().unwrap();
+    host.wait().unwrap();
 }
 
 /// The system calls sandboxes are escaped through answer EPERM (clone3: ENOSYS) from the
@@ -384,7 +441,12 @@ fn without_user_namespaces_best_effort_says_so_and_strict_refuses() {
         .arg(ws.path().display().to_string())
         .start();
     let all = layers(&k);
-    for ns in ["user_namespace", "network_namespace", "mount_namespace"] {
+    for ns in [
+        "user_namespace",
+        "network_namespace",
+        "mount_namespace",
+        "pid_namespace",
+    ] {
         assert!(
             all.iter().any(|(n, e, w)| n == ns && !e && *w),
             "{ns}: {all:?}"

@@ -16,7 +16,13 @@ fn worker_runs_cells_in_its_own_process_and_keeps_state() {
     assert_ne!(worker, k.pid());
     assert!(alive(worker));
     let r = k.ok("import os\nx = 41\nprint(os.getpid())\nx + 1");
-    assert_eq!(r["stdout"], format!("{worker}\n"));
+    // In the sandbox's PID namespace (FLOWREPL_TEST_SANDBOX) the cells' process is PID 2.
+    let pid_ns = k.ready["sandbox"]["layers"].as_array().is_some_and(|ls| {
+        ls.iter()
+            .any(|l| l["layer"] == "pid_namespace" && l["enforced"] == true)
+    });
+    let inside = if pid_ns { 2 } else { worker };
+    assert_eq!(r["stdout"], format!("{inside}\n"));
     assert_eq!(r["result"], "42");
     assert_eq!(r["mode"], "worker");
     assert_eq!(r["debug_info"]["execution_mode"], "worker");
