@@ -5,7 +5,7 @@
 //! `unshare(CLONE_NEWPID)` puts the caller's next child in the new namespace, as its PID 1,
 //! and leaves the caller outside. So:
 //! - **the worker's own process** (the one the kernel started, signals and reaps) stays
-//!   outside and becomes a [`relay`]: it forwards every signal it gets to the namespace's init
+//!   outside and becomes a **relay**: it forwards every signal it gets to the namespace's init
 //!   and, when init ends, ends the same way the Python process did (the same exit code or the
 //!   same signal), so the kernel sees what it would without the namespace;
 //! - **init** (PID 1) mounts the namespace's own `/proc`, forwards what the relay sends to
