@@ -173,6 +173,28 @@ pub fn answer_result(answer: Answer) -> CallToolResult {
     }
 }
 
+/// The server's tools as a server with these settings lists them (`flowrepl serve` lists
+/// its kernels' tools so).
+pub fn listed(max_chars: usize, default_timeout_ms: u64) -> Vec<rmcp::model::Tool> {
+    KernelServer::described(max_chars, default_timeout_ms).list_all()
+}
+
+impl KernelServer {
+    /// The router, its descriptions stating these settings rather than copies of defaults.
+    fn described(max_chars: usize, default_timeout_ms: u64) -> ToolRouter<KernelServer> {
+        let mut tool_router = Self::tool_router();
+        for route in tool_router.map.values_mut() {
+            if let Some(d) = route.attr.description.take() {
+                let d = d
+                    .replace("{max_chars}", &max_chars.to_string())
+                    .replace("{timeout_ms}", &default_timeout_ms.to_string());
+                route.attr.description = Some(d.into());
+            }
+        }
+        tool_router
+    }
+}
+
 /// The names of the server's tools, sorted (from the router itself).
 pub fn tool_names() -> Vec<String> {
     let mut names: Vec<String> = KernelServer::tool_router()
@@ -188,16 +210,7 @@ pub fn tool_names() -> Vec<String> {
 impl KernelServer {
     /// A server sending its Python work to `jobs`.
     pub fn new(jobs: Sender<Job>, shared: Arc<Shared>) -> KernelServer {
-        let mut tool_router = Self::tool_router();
-        // The descriptions state this server's settings, not copies of their defaults.
-        for route in tool_router.map.values_mut() {
-            if let Some(d) = route.attr.description.take() {
-                let d = d
-                    .replace("{max_chars}", &shared.max_chars.to_string())
-                    .replace("{timeout_ms}", &shared.default_timeout_ms.to_string());
-                route.attr.description = Some(d.into());
-            }
-        }
+        let tool_router = Self::described(shared.max_chars, shared.default_timeout_ms);
         KernelServer {
             jobs,
             shared,
