@@ -170,6 +170,11 @@ pub struct Cli {
     #[arg(global = true, long, env = env::RESUME, action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     pub resume: bool,
+
+    /// `serve`: the global flags and `mcp` settings given on its command line, as flags again,
+    /// for the kernels it starts (which also inherit its environment).
+    #[arg(skip)]
+    pub forwarded: Vec<std::ffi::OsString>,
 }
 
 impl Cli {
@@ -199,8 +204,42 @@ impl Cli {
             });
         }
         let matches = cmd.get_matches_from(args);
-        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        if let Some(serve) = matches.subcommand_matches("serve") {
+            let root = Cli::command();
+            let mcp = <McpArgs as clap::Args>::augment_args(clap::Command::new("mcp"));
+            let globals = root.get_arguments().filter(|a| a.is_global_set());
+            cli.forwarded = given(serve, globals.chain(mcp.get_arguments()));
+        }
+        cli
     }
+}
+
+/// The arguments of `args` given on the command line in `matches`, as `--long=value` (or
+/// `--long` for a switch), so that a child parses them the same way.
+fn given<'a>(
+    matches: &clap::ArgMatches,
+    args: impl Iterator<Item = &'a clap::Arg>,
+) -> Vec<std::ffi::OsString> {
+    let mut out = Vec::new();
+    for arg in args {
+        let id = arg.get_id().as_str();
+        let (Some(long), Some(clap::parser::ValueSource::CommandLine)) =
+            (arg.get_long(), matches.value_source(id))
+        else {
+            continue;
+        };
+        if !arg.get_action().takes_values() {
+            out.push(format!("--{long}").into());
+            continue;
+        }
+        for raw in matches.get_raw(id).into_iter().flatten() {
+            let mut flag = std::ffi::OsString::from(format!("--{long}="));
+            flag.push(raw);
+            out.push(flag);
+        }
+    }
+    out
 }
 
 /// Clients whose conventions flowrepl can follow.
@@ -243,6 +282,93 @@ pub enum Command {
     /// Read the task logs: list tasks, show or follow a task's cells, statistics, the task
     /// context, export as a script or notebook. Starts no Python.
     Log(crate::logcmd::LogArgs),
+    /// Serve many kernels, one per task, as one MCP server over streamable HTTP (with a
+    /// token; sandboxed by default).
+    Serve(ServeArgs),
+}
+
+/// Settings of `flowrepl serve` (the kernels it starts get the global flags given with it,
+/// and its `mcp` settings).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address and port to listen on. A non-loopback address needs --allow-remote.
+    #[arg(long, env = "FLOWREPL_LISTEN", default_value = "127.0.0.1:8765")]
+    pub listen: std::net::SocketAddr,
+
+    /// Listen on a non-loopback address (TLS then belongs to a reverse proxy in front).
+    #[arg(long)]
+    pub allow_remote: bool,
+
+    /// A file holding the bearer token clients must send (default: FLOWREPL_TOKEN, else a
+    /// token made at start and written 0600 to `<state-dir>/token`).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// Where `serve` keeps its state (the token it made).
+    #[arg(
+        long,
+        env = "FLOWREPL_STATE_DIR",
+        default_value = ".flowrepl/serve",
+        value_name = "DIR"
+    )]
+    pub state_dir: PathBuf,
+
+    /// Each task's workspace is `<workspace-root>/<plan>/<task>` (made 0700 on first use).
+    #[arg(
+        long,
+        env = "FLOWREPL_WORKSPACE_ROOT",
+        default_value = ".flowrepl/workspaces",
+        value_name = "DIR"
+    )]
+    pub workspace_root: PathBuf,
+
+    /// Kernels running at once; at the limit the least recently used idle one is stopped
+    /// (checkpointed first), and with none idle a call on a new task gets an error.
+    #[arg(long, env = "FLOWREPL_MAX_KERNELS", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_kernels: u32,
+
+    /// Stop a kernel idle this long (checkpointed first; the next call on its task resumes
+    /// it): seconds, or a number with s, m or h; 0 never stops one.
+    #[arg(long, env = "FLOWREPL_IDLE_STOP", default_value = "15m", value_parser = parse_duration)]
+    pub idle_stop: std::time::Duration,
+
+    /// Do not sandbox the kernels' workers (they are by default: `--sandbox`).
+    #[arg(long)]
+    pub no_sandbox: bool,
+
+    /// A `Host` name (or `host:port`) clients may use besides loopback names and the listen
+    /// address (a reverse proxy's public name). May be given more than once.
+    #[arg(long, value_name = "HOST")]
+    pub allowed_host: Vec<String>,
+
+    /// A browser origin allowed to call (`https://app.example.com:443`, `http://localhost:*`);
+    /// a request with any other `Origin` gets 403. May be given more than once.
+    #[arg(long, value_name = "ORIGIN")]
+    pub allowed_origin: Vec<String>,
+
+    /// The MCP server's settings, for every kernel.
+    #[command(flatten)]
+    pub mcp: McpArgs,
+}
+
+/// `15m`, `90s`, `2h`, `30` (seconds).
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => (&s[..i], s[i..].trim()),
+        None => (s, "s"),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected seconds, or a number with s, m or h"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        _ => return Err(format!("{s:?}: the unit must be s, m or h")),
+    };
+    Ok(std::time::Duration::from_secs(secs))
 }
 
 /// Settings of `flowrepl mcp`.

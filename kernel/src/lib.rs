@@ -12,6 +12,7 @@
 //! - [`terminate`]: SIGTERM/SIGHUP write every record before the kernel ends.
 //! - [`jsonrpc`]: the JSON-RPC front (request loop, busy-time watcher, reply writer).
 //! - [`mcp`]: the MCP front (`flowrepl mcp`).
+//! - [`serve`]: many kernels, one per task, as one MCP server over HTTP (`flowrepl serve`).
 //!
 //! Dependencies point one way: fronts → session → engine. The flags, the choice of Python and
 //! `flowrepl log` are in `flowrepl-cli` (no Python); [`BUILD`] is what they need to know
@@ -32,6 +33,7 @@ pub mod jsonrpc;
 pub mod ledger;
 pub mod mcp;
 pub mod records;
+pub mod serve;
 pub mod session;
 pub mod terminate;
 
@@ -74,6 +76,9 @@ pub fn run(cli: Cli) -> ExitCode {
     flowrepl_os::reset_inherited_signals();
     if let Some(Command::Log(args)) = &cli.command {
         return logcmd::run(&cli.log_globals(), args);
+    }
+    if let Some(Command::Serve(args)) = &cli.command {
+        return serve::run(&cli, args);
     }
     // Before stdio is taken: an interpreter this build cannot serve is one plain line.
     let choice = match flowrepl_cli::served::choose(&cli, &BUILD) {

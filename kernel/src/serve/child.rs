@@ -1,0 +1,497 @@
+//! One task's kernel: a `flowrepl mcp` child process, spoken to in MCP on its stdio.
+//!
+//! The child is the same kernel a task backend would start for the task (its `FLOW_*`
+//! variables, its log, checkpoints and context, `--resume`), so each tool, its result shape,
+//! `read_output`, progress and approvals are implemented once, in [`crate::mcp`]; this
+//! module only relays. Requests get ids of this connection; the reader task routes
+//! - responses to the call waiting for them;
+//! - `notifications/progress` to the client whose call gave the progress token (each call's
+//!   token is replaced by one of this connection, and mapped back);
+//! - `elicitation/create` (a cell's `flow.request_approval`) to the client of the latest
+//!   `execute_code` call, when it declared elicitation (else the cell's approval is
+//!   cancelled), and its answer back;
+//! - `ping` answered at once.
+//!
+//! The child ends when its stdin closes (its running cell is interrupted, every record is
+//! written); [`Child::stop`] checkpoints it first.
+
+use flowrepl_os::lock;
+use rmcp::model::{CallToolResult, ElicitRequestParams, ProgressNotificationParam, ProgressToken};
+use rmcp::{ErrorData, Peer, RoleServer};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+/// How long a child has to answer `initialize` (its Python starts first).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The protocol version asked of the child.
+const PROTOCOL_VERSION: &str = "2025-06-18";
+
+/// A task: its plan and task ids (as given; paths use their safe forms).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct TaskKey {
+    /// The plan id.
+    pub plan: String,
+    /// The task id.
+    pub task: String,
+}
+
+/// How to start a child.
+#[derive(Debug, Clone)]
+pub struct Spawn {
+    /// `flowrepl`.
+    pub exe: std::path::PathBuf,
+    /// Flags for every child, before the task's own.
+    pub args: Vec<std::ffi::OsString>,
+    /// `<workspace-root>`; a task's workspace is `<root>/<safe plan>/<safe task>`.
+    pub workspace_root: std::path::PathBuf,
+    /// The workers' `--sandbox` level: `on`, `strict` or `off`.
+    pub sandbox: &'static str,
+}
+
+/// Why a child could not be started or spoken to.
+#[derive(Debug, thiserror::Error)]
+pub enum ChildError {
+    /// The process did not start.
+    #[error("cannot start the task's kernel: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// Its workspace cannot be made.
+    #[error("cannot make the task's workspace {path}: {source}")]
+    Workspace {
+        /// The folder.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It exited (or closed its stdout).
+    #[error("the task's kernel exited{0}")]
+    Exited(String),
+    /// It did not answer `initialize` in time.
+    #[error("the task's kernel did not start within {0:?}")]
+    StartTimeout(Duration),
+    /// It answered with a JSON-RPC error.
+    #[error("{0}")]
+    Rpc(String),
+}
+
+impl From<ChildError> for ErrorData {
+    fn from(e: ChildError) -> ErrorData {
+        ErrorData::internal_error(e.to_string(), None)
+    }
+}
+
+/// A progress token of a forwarded call, and whose it is.
+struct Progress {
+    peer: Peer<RoleServer>,
+    token: ProgressToken,
+}
+
+/// A running child.
+pub struct Child {
+    /// Its task.
+    pub key: TaskKey,
+    /// Its process id.
+    pub pid: u32,
+    /// Its workspace.
+    pub workspace: std::path::PathBuf,
+    /// What its `initialize` said (the sandbox's enforced layers are in it).
+    pub instructions: std::sync::OnceLock<String>,
+    /// When it started.
+    pub started: Instant,
+    /// `None` once closed (the child then ends).
+    stdin: tokio::sync::Mutex<Option<tokio::process::ChildStdin>>,
+    process: Mutex<Option<tokio::process::Child>>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Value>>>,
+    progress: Mutex<HashMap<String, Progress>>,
+    asker: Mutex<Option<Peer<RoleServer>>>,
+    next_id: AtomicU64,
+    /// Calls in flight.
+    in_flight: AtomicU32,
+    /// `execute_code` calls answered.
+    cells: AtomicU64,
+    last_use: Mutex<Instant>,
+    /// Set when its stdout ends (it exited or is exiting).
+    ended: CancellationToken,
+    stopping: AtomicBool,
+}
+
+/// Marks a call in flight for as long as it lives.
+struct InFlight<'a>(&'a Child);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.last_use) = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Child {
+    /// Starts the task's kernel and completes the MCP handshake.
+    pub async fn start(key: TaskKey, spawn: &Spawn) -> Result<Arc<Child>, ChildError> {
+        let workspace = spawn
+            .workspace_root
+            .join(flowrepl_task_logger::path::safe_component(&key.plan))
+            .join(flowrepl_task_logger::path::safe_component(&key.task));
+        std::fs::create_dir_all(&workspace)
+            .and_then(|()| {
+                std::fs::set_permissions(
+                    &workspace,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o700),
+                )
+            })
+            .map_err(|source| ChildError::Workspace {
+                path: workspace.clone(),
+                source,
+            })?;
+        let mut cmd = tokio::process::Command::new(&spawn.exe);
+        cmd.arg("mcp")
+            .args(&spawn.args)
+            .arg("--resume")
+            .arg(format!("--sandbox={}", spawn.sandbox))
+            .arg("--workspace")
+            .arg(&workspace)
+            .env(flowrepl_task_logger::path::PLAN_ID_ENV, &key.plan)
+            .env(flowrepl_task_logger::path::TASK_ID_ENV, &key.task)
+            .env(flowrepl_task_logger::path::TASK_NAME_ENV, &key.task)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe; it arms SIGTERM for when this server dies, so
+        // that no kernel outlives it (SIGTERM: the kernel writes every record first).
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut process = cmd.spawn().map_err(ChildError::Spawn)?;
+        let pid = process.id().unwrap_or(0);
+        let stdin = process.stdin.take().expect("piped stdin");
+        let stdout = process.stdout.take().expect("piped stdout");
+        let child = Arc::new(Child {
+            key,
+            pid,
+            workspace,
+            instructions: std::sync::OnceLock::new(),
+            started: Instant::now(),
+            stdin: tokio::sync::Mutex::new(Some(stdin)),
+            process: Mutex::new(Some(process)),
+            pending: Mutex::new(HashMap::new()),
+            progress: Mutex::new(HashMap::new()),
+            asker: Mutex::new(None),
+            next_id: AtomicU64::new(1),
+            in_flight: AtomicU32::new(0),
+            cells: AtomicU64::new(0),
+            last_use: Mutex::new(Instant::now()),
+            ended: CancellationToken::new(),
+            stopping: AtomicBool::new(false),
+        });
+        tokio::spawn(read_loop(Arc::clone(&child), stdout));
+        let init = json!({
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {"elicitation": {}},
+            "clientInfo": {"name": "flowrepl-serve", "version": env!("CARGO_PKG_VERSION")},
+        });
+        let reply = tokio::time::timeout(START_TIMEOUT, child.request("initialize", init))
+            .await
+            .map_err(|_| ChildError::StartTimeout(START_TIMEOUT));
+        let reply = match reply {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) | Err(e) => {
+                child.kill().await;
+                return Err(e);
+            }
+        };
+        child
+            .send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await?;
+        let _ = child.instructions.set(
+            reply["instructions"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+        Ok(child)
+    }
+
+    /// Whether it has ended (its stdout closed).
+    pub fn ended(&self) -> bool {
+        self.ended.is_cancelled()
+    }
+
+    /// Calls in flight.
+    pub fn busy(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0
+    }
+
+    /// When it last finished a call (or started).
+    pub fn last_use(&self) -> Instant {
+        *lock(&self.last_use)
+    }
+
+    /// Marks it used now.
+    pub fn touch(&self) {
+        *lock(&self.last_use) = Instant::now();
+    }
+
+    /// `execute_code` calls answered.
+    pub fn cells(&self) -> u64 {
+        self.cells.load(Ordering::Relaxed)
+    }
+
+    /// Calls tool `name` with `arguments`; progress goes to `peer` under `progress` (the
+    /// client's token), a cancelled `ct` cancels the call in the child.
+    pub async fn call_tool(
+        &self,
+        name: &str,
+        arguments: serde_json::Map<String, Value>,
+        progress: Option<ProgressToken>,
+        peer: &Peer<RoleServer>,
+        ct: &CancellationToken,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let _in_flight = InFlight(self);
+        if name == "execute_code" {
+            *lock(&self.asker) = Some(peer.clone());
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut params = json!({"name": name, "arguments": arguments});
+        let mapped = progress.map(|token| {
+            let ours = format!("p{id}");
+            lock(&self.progress).insert(
+                ours.clone(),
+                Progress {
+                    peer: peer.clone(),
+                    token,
+                },
+            );
+            params["_meta"] = json!({"progressToken": ours});
+            ours
+        });
+        let rx = self.register(id);
+        let sent = self
+            .send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}))
+            .await;
+        let reply = match sent {
+            Err(e) => Err(ErrorData::from(e)),
+            Ok(()) => tokio::select! {
+                r = rx => r.map_err(|_| ErrorData::from(ChildError::Exited(" during the call".into()))),
+                _ = ct.cancelled() => {
+                    let _ = self
+                        .send(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                            "params": {"requestId": id, "reason": "cancelled by the client"}}))
+                        .await;
+                    lock(&self.pending).remove(&id);
+                    Err(ErrorData::internal_error("cancelled by the client", None))
+                }
+            },
+        };
+        if let Some(ours) = mapped {
+            lock(&self.progress).remove(&ours);
+        }
+        let reply = reply?;
+        if let Some(e) = reply.get("error") {
+            let code = e["code"].as_i64().unwrap_or(-32603) as i32;
+            let message = e["message"].as_str().unwrap_or("error").to_owned();
+            return Err(ErrorData::new(
+                rmcp::model::ErrorCode(code),
+                message,
+                e.get("data").cloned(),
+            ));
+        }
+        if name == "execute_code" {
+            self.cells.fetch_add(1, Ordering::Relaxed);
+        }
+        serde_json::from_value(reply["result"].clone()).map_err(|e| {
+            ErrorData::internal_error(
+                format!("the kernel's result is not a tool result: {e}"),
+                None,
+            )
+        })
+    }
+
+    /// Sends a request and waits for its response message.
+    async fn request(&self, method: &str, params: Value) -> Result<Value, ChildError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let rx = self.register(id);
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .await?;
+        let reply = rx
+            .await
+            .map_err(|_| ChildError::Exited(" before it answered".into()))?;
+        match reply.get("error") {
+            Some(e) => Err(ChildError::Rpc(e.to_string())),
+            None => Ok(reply["result"].clone()),
+        }
+    }
+
+    fn register(&self, id: u64) -> oneshot::Receiver<Value> {
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        rx
+    }
+
+    async fn send(&self, message: &Value) -> Result<(), ChildError> {
+        let mut line = serde_json::to_vec(message).expect("a JSON value serializes");
+        line.push(b'\n');
+        let mut stdin = self.stdin.lock().await;
+        let Some(stdin) = stdin.as_mut() else {
+            return Err(ChildError::Exited(" (it is stopping)".into()));
+        };
+        stdin
+            .write_all(&line)
+            .await
+            .map_err(|e| ChildError::Exited(format!(" (its stdin: {e})")))
+    }
+
+    /// Checkpoints it when it is idle and `checkpoint` is asked, closes its stdin (the running
+    /// cell, if any, is interrupted; every record is written) and waits up to `grace` plus
+    /// 10 s for it to exit, then kills it. Returns the checkpoint's text, if one was taken.
+    pub async fn stop(&self, checkpoint: bool, grace: Duration) -> Option<String> {
+        if self.stopping.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let mut said = None;
+        if checkpoint && !self.ended() && !self.busy() {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let rx = self.register(id);
+            let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "checkpoint", "arguments": {}}});
+            if self.send(&call).await.is_ok() {
+                if let Ok(Ok(r)) = tokio::time::timeout(grace + Duration::from_secs(30), rx).await {
+                    said = r["result"]["content"][0]["text"]
+                        .as_str()
+                        .map(str::to_owned);
+                }
+            }
+        }
+        // Dropping the pipe's end is what closes it.
+        drop(self.stdin.lock().await.take());
+        let process = lock(&self.process).take();
+        if let Some(mut p) = process {
+            match tokio::time::timeout(grace + Duration::from_secs(10), p.wait()).await {
+                Ok(_) => {}
+                Err(_) => {
+                    tracing::warn!(pid = self.pid, task = %self.key.task, "the kernel did not exit: killing it");
+                    let _ = p.kill().await;
+                }
+            }
+        }
+        said
+    }
+
+    /// Kills it at once (it did not start).
+    async fn kill(&self) {
+        let process = lock(&self.process).take();
+        if let Some(mut p) = process {
+            let _ = p.kill().await;
+        }
+    }
+
+    /// Reaps it if it has exited (a kernel that died by itself).
+    pub fn reap(&self) {
+        if let Some(p) = lock(&self.process).as_mut() {
+            let _ = p.try_wait();
+        }
+    }
+}
+
+/// Reads the child's messages and routes them (see the module docs).
+async fn read_loop(child: Arc<Child>, stdout: tokio::process::ChildStdout) {
+    let mut lines = BufReader::new(stdout).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+            tracing::warn!(task = %child.key.task, "the kernel sent a line that is not JSON");
+            continue;
+        };
+        let method = msg.get("method").and_then(Value::as_str);
+        match (method, msg.get("id")) {
+            (None, Some(id)) => {
+                let waiting = id.as_u64().and_then(|id| lock(&child.pending).remove(&id));
+                if let Some(tx) = waiting {
+                    let _ = tx.send(msg);
+                }
+            }
+            (Some("notifications/progress"), None) => forward_progress(&child, &msg["params"]),
+            (Some(_), None) | (None, None) => {}
+            (Some(method), Some(id)) => {
+                let child = Arc::clone(&child);
+                let (method, id) = (method.to_owned(), id.clone());
+                tokio::spawn(async move { answer(&child, &method, id, msg).await });
+            }
+        }
+    }
+    child.ended.cancel();
+    // Whoever waits gets "exited".
+    lock(&child.pending).clear();
+    child.reap();
+}
+
+fn forward_progress(child: &Child, params: &Value) {
+    let Some(ours) = params["progressToken"].as_str() else {
+        return;
+    };
+    let target = lock(&child.progress)
+        .get(ours)
+        .map(|p| (p.peer.clone(), p.token.clone()));
+    let Some((peer, token)) = target else {
+        return;
+    };
+    let mut param =
+        ProgressNotificationParam::new(token, params["progress"].as_f64().unwrap_or(0.0));
+    if let Some(total) = params["total"].as_f64() {
+        param = param.with_total(total);
+    }
+    if let Some(message) = params["message"].as_str() {
+        param = param.with_message(message);
+    }
+    tokio::spawn(async move {
+        let _ = peer.notify_progress(param).await;
+    });
+}
+
+/// Answers a request from the child.
+async fn answer(child: &Child, method: &str, id: Value, msg: Value) {
+    let result: Result<Value, (i64, String)> = match method {
+        "ping" => Ok(json!({})),
+        "elicitation/create" => elicit(child, &msg["params"]).await,
+        other => Err((-32601, format!("method not found: {other}"))),
+    };
+    let reply = match result {
+        Ok(r) => json!({"jsonrpc": "2.0", "id": id, "result": r}),
+        Err((code, message)) => {
+            json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+        }
+    };
+    let _ = child.send(&reply).await;
+}
+
+/// A cell's approval, asked of the client of the latest `execute_code` call.
+async fn elicit(child: &Child, params: &Value) -> Result<Value, (i64, String)> {
+    let peer = lock(&child.asker).clone();
+    let Some(peer) = peer.filter(|p| {
+        p.peer_info()
+            .is_some_and(|i| i.capabilities.elicitation.is_some())
+    }) else {
+        return Err((
+            -32600,
+            "the client of this call declared no elicitation: nobody can answer".into(),
+        ));
+    };
+    let params: ElicitRequestParams =
+        serde_json::from_value(params.clone()).map_err(|e| (-32602, e.to_string()))?;
+    match peer.create_elicitation(params).await {
+        Ok(r) => serde_json::to_value(r).map_err(|e| (-32603, e.to_string())),
+        Err(e) => Err((-32603, e.to_string())),
+    }
+}

@@ -1,0 +1,237 @@
+//! The MCP server `serve` is: the kernels' tools, each with optional `task` and `plan`
+//! arguments that pick the kernel, plus `list_kernels` and `stop_kernel`.
+
+use super::child::TaskKey;
+use super::pool::{KernelInfo, Pool, PoolError};
+use crate::mcp::schema;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    InitializeResult, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
+    Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+/// The tools that are `serve`'s own (the others go to a kernel).
+const LIST_KERNELS: &str = "list_kernels";
+/// See [`LIST_KERNELS`].
+const STOP_KERNEL: &str = "stop_kernel";
+
+/// `list_kernels`' structured result.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+pub struct KernelList {
+    /// One per task with a kernel.
+    pub kernels: Vec<KernelInfo>,
+    /// `--max-kernels`.
+    pub max_kernels: u32,
+}
+
+/// `stop_kernel`'s structured result.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+pub struct Stopped {
+    /// The plan id.
+    pub plan: String,
+    /// The task id.
+    pub task: String,
+    /// Whether a kernel was running.
+    pub stopped: bool,
+    /// What happened (the checkpoint taken first).
+    pub message: String,
+}
+
+/// The server (cloned per connection by rmcp; everything is shared).
+#[derive(Clone)]
+pub struct Serve {
+    pool: Arc<Pool>,
+    tools: Arc<Vec<Tool>>,
+    defaults: Arc<TaskKey>,
+    max_kernels: u32,
+    instructions: Arc<str>,
+}
+
+impl Serve {
+    /// A server over `pool`; `kernel_tools` are the kernels' own tools, `defaults` the task
+    /// of calls that name none.
+    pub fn new(
+        pool: Arc<Pool>,
+        kernel_tools: Vec<Tool>,
+        defaults: TaskKey,
+        max_kernels: u32,
+        sandboxed: bool,
+    ) -> Serve {
+        let mut tools: Vec<Tool> = kernel_tools.into_iter().map(with_task_args).collect();
+        tools.push(
+            Tool::new_with_raw(
+                LIST_KERNELS,
+                Some("List this server's kernels, one per task: state (busy, idle, exited), mode, process id, memory, cells run, seconds idle. Kernels stopped when idle are not listed; their next call starts them again from their checkpoint.".into()),
+                Arc::new(empty_object()),
+            )
+            .with_raw_output_schema(schema::shallow::<KernelList>())
+            .with_annotations(ToolAnnotations::new().read_only(true).open_world(false)),
+        );
+        tools.push(
+            Tool::new_with_raw(
+                STOP_KERNEL,
+                Some("Checkpoint a task's kernel and stop it (its running cell, if any, is interrupted). The task's next call starts it again from the checkpoint, with restored: true.".into()),
+                Arc::new(task_args(empty_object())),
+            )
+            .with_raw_output_schema(schema::shallow::<Stopped>())
+            .with_annotations(ToolAnnotations::new().destructive(false).idempotent(true).open_world(false)),
+        );
+        let instructions = format!(
+            "Persistent Python sessions (flowrepl), one per task: every tool takes an optional `task` (and `plan`) naming the session (default task {task:?} of plan {plan:?}). Variables and imports persist between calls on the same task; different tasks are isolated{sb}. Each task has its own log, checkpoints and workspace. A kernel idle for a while is checkpointed and stopped; the task's next call resumes it (restored: true in that result). list_kernels shows them, stop_kernel stops one.",
+            task = defaults.task,
+            plan = defaults.plan,
+            sb = if sandboxed { ", each in its own sandbox (no network; files written only in the task's workspace and /tmp)" } else { "" },
+        );
+        Serve {
+            pool,
+            tools: Arc::new(tools),
+            defaults: Arc::new(defaults),
+            max_kernels,
+            instructions: instructions.into(),
+        }
+    }
+
+    /// The task `args` name (removing `task` and `plan` from them), else the defaults.
+    fn task_of(&self, args: &mut JsonObject) -> Result<TaskKey, ErrorData> {
+        let mut take = |k: &str| match args.remove(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
+            Some(other) => Err(ErrorData::invalid_params(
+                format!("{k} must be a non-empty string, not {other}"),
+                None,
+            )),
+        };
+        let task = take("task")?;
+        let plan = take("plan")?;
+        Ok(TaskKey {
+            plan: plan.unwrap_or_else(|| self.defaults.plan.clone()),
+            task: task.unwrap_or_else(|| self.defaults.task.clone()),
+        })
+    }
+
+    fn list_kernels(&self) -> CallToolResult {
+        let list = KernelList {
+            kernels: self.pool.list(),
+            max_kernels: self.max_kernels,
+        };
+        let mut text = format!(
+            "{} kernel(s) (at most {}):",
+            list.kernels.len(),
+            list.max_kernels
+        );
+        for k in &list.kernels {
+            let _ = write!(
+                text,
+                "\n{}/{}: {}, {}, pid {}, {} KiB, {} cells, idle {:.0} s",
+                k.plan, k.task, k.state, k.mode, k.pid, k.memory_kb, k.cells, k.idle_s
+            );
+        }
+        structured(text, &list)
+    }
+}
+
+fn structured<T: serde::Serialize>(text: String, value: &T) -> CallToolResult {
+    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+    r.structured_content = serde_json::to_value(value).ok();
+    r
+}
+
+fn empty_object() -> JsonObject {
+    serde_json::from_value(json!({"type": "object", "properties": {}})).expect("an object")
+}
+
+/// Adds the optional `task` and `plan` properties to a tool's input schema.
+fn task_args(mut schema: JsonObject) -> JsonObject {
+    let props = schema.entry("properties").or_insert_with(|| json!({}));
+    if let Some(p) = props.as_object_mut() {
+        p.insert(
+            "task".into(),
+            json!({"type": "string", "description": "The task whose session to use (default: the server's FLOW_TASK_ID, else `adhoc`). Each task has its own kernel, variables, log, checkpoints and workspace."}),
+        );
+        p.insert(
+            "plan".into(),
+            json!({"type": "string", "description": "The task's plan (default: the server's FLOW_PLAN_ID, else `local`)."}),
+        );
+    }
+    schema
+}
+
+fn with_task_args(mut tool: Tool) -> Tool {
+    tool.input_schema = Arc::new(task_args((*tool.input_schema).clone()));
+    tool
+}
+
+impl ServerHandler for Serve {
+    fn get_info(&self) -> InitializeResult {
+        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("flowrepl", env!("CARGO_PKG_VERSION"))
+                    .with_title("flowrepl Python kernels"),
+            )
+            .with_instructions(self.instructions.to_string())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items((*self.tools).clone()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.iter().find(|t| t.name == name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let name = request.name.as_ref();
+        if !self.tools.iter().any(|t| t.name == name) {
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool: {name}"),
+                None,
+            ));
+        }
+        let mut args = request.arguments.unwrap_or_default();
+        if name == LIST_KERNELS {
+            return Ok(self.list_kernels().into());
+        }
+        let key = self.task_of(&mut args)?;
+        if name == STOP_KERNEL {
+            let said = self.pool.stop(&key).await;
+            let stopped = Stopped {
+                plan: key.plan.clone(),
+                task: key.task.clone(),
+                stopped: said.is_some(),
+                message: said.unwrap_or_else(|| "no kernel was running for this task".into()),
+            };
+            return Ok(structured(stopped.message.clone(), &stopped).into());
+        }
+        let kernel = match self.pool.kernel(&key).await {
+            Ok(k) => k,
+            Err(e @ (PoolError::Full(_) | PoolError::Closing)) => {
+                return Ok(CallToolResult::error(vec![ContentBlock::text(e.to_string())]).into())
+            }
+            Err(PoolError::Child(e)) => {
+                return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                    "{}: {e}",
+                    key.task
+                ))])
+                .into())
+            }
+        };
+        let progress = context.meta.get_progress_token();
+        kernel
+            .call_tool(name, args, progress, &context.peer, &context.ct)
+            .await
+            .map(Into::into)
+    }
+}

@@ -1,0 +1,220 @@
+//! `flowrepl serve`: many kernels, one per task, behind one MCP endpoint over streamable HTTP.
+//!
+//! # Layout
+//! - [`auth`]: the bearer token (401), made at start when none is given.
+//! - [`child`]: one task's kernel, a `flowrepl mcp` child process, relayed to.
+//! - [`pool`]: the kernels: started on first use, stopped when idle or at the limit
+//!   (checkpointed first), started again from the checkpoint.
+//! - [`handler`]: the MCP server: the kernels' tools with `task`/`plan`, `list_kernels`,
+//!   `stop_kernel`.
+//!
+//! rmcp's streamable HTTP service serves `/mcp` (its `Host` check and, configured here, its
+//! `Origin` check: 403), behind the token middleware, on a multi-threaded tokio runtime.
+//! Kernels are keyed by task, not by MCP session: a client that reconnects (or a protocol
+//! revision without sessions) finds its task's kernel as it left it.
+//!
+//! # Shutdown
+//! SIGTERM or SIGINT: no new call is taken; running cells get the kill grace to finish; every
+//! kernel is checkpointed (when idle) and stopped, and writes every record; then the server
+//! exits 0. The kernels also get SIGTERM if the server dies (their parent-death signal).
+
+pub mod auth;
+pub mod child;
+pub mod handler;
+pub mod pool;
+
+use flowrepl_cli::args::{Cli, SandboxLevel, ServeArgs};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Flags of the kernels that `serve` sets itself, per task.
+const OWN_FLAGS: [&str; 3] = ["--sandbox", "--workspace", "--resume"];
+
+/// Runs the server until SIGTERM or SIGINT. Exit codes: 0 after a signal, 1 when it cannot
+/// listen, 2 for a configuration error.
+pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
+    match std::fs::File::options().write(true).open("/dev/stderr") {
+        Ok(f) => flowrepl_os::logging::init(f),
+        Err(e) => eprintln!("flowrepl serve: logging to stderr not set up: {e}"),
+    }
+    if !args.listen.ip().is_loopback() && !args.allow_remote {
+        eprintln!(
+            "flowrepl serve: {} is not a loopback address; pass --allow-remote to listen on it (and put a reverse proxy with TLS in front)",
+            args.listen
+        );
+        return ExitCode::from(2);
+    }
+    let (token, source) = match auth::token(args.token_file.as_deref(), &args.state_dir) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("flowrepl serve: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("flowrepl serve: cannot find its own executable: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let sandbox = match (args.no_sandbox, cli.sandbox) {
+        (true, _) | (false, Some(SandboxLevel::Off)) => "off",
+        (false, Some(SandboxLevel::Strict)) => "strict",
+        _ => "on",
+    };
+    let forwarded = cli
+        .forwarded
+        .iter()
+        .filter(|a| {
+            let a = a.to_string_lossy();
+            !OWN_FLAGS
+                .iter()
+                .any(|f| a == *f || a.starts_with(&format!("{f}=")))
+        })
+        .cloned()
+        .collect();
+    let spawn = child::Spawn {
+        exe,
+        args: forwarded,
+        workspace_root: absolute(&args.workspace_root),
+        sandbox,
+    };
+    let grace = Duration::from_millis(cli.kill_grace_ms);
+    let pool = pool::Pool::new(
+        spawn,
+        pool::Limits {
+            max_kernels: args.max_kernels,
+            idle_stop: args.idle_stop,
+            grace,
+        },
+    );
+    let (plan, task) = flowrepl_task_logger::path::plan_and_task_from_env();
+    let tools = crate::mcp::tools::listed(
+        args.mcp.max_chars as usize,
+        cli.timeout_ms.unwrap_or(crate::config::DEFAULT_TIMEOUT_MS),
+    );
+    let server = handler::Serve::new(
+        Arc::clone(&pool),
+        tools,
+        child::TaskKey { plan, task },
+        args.max_kernels,
+        sandbox != "off",
+    );
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("flowrepl-serve")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("flowrepl serve: cannot start its runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let config = http_config(args, cli.max_request_bytes);
+    runtime.block_on(serve(
+        server,
+        pool,
+        config,
+        args,
+        token.into(),
+        source,
+        grace,
+    ))
+}
+
+/// rmcp's settings: the `Host` names that may be used (loopback, and the listen address),
+/// the browser origins (none but `--allowed-origin`), the request body cap (the kernels').
+pub fn http_config(args: &ServeArgs, max_body: usize) -> StreamableHttpServerConfig {
+    let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1", "[::1]"]
+        .map(String::from)
+        .to_vec();
+    hosts.push(args.listen.ip().to_string());
+    hosts.push(args.listen.to_string());
+    hosts.extend(args.allowed_host.iter().cloned());
+    StreamableHttpServerConfig::default()
+        .with_allowed_hosts(hosts)
+        .with_allowed_origins(args.allowed_origin.clone())
+        .enforce_origin_validation()
+        .with_max_request_body_bytes(max_body)
+}
+
+async fn serve(
+    server: handler::Serve,
+    pool: Arc<pool::Pool>,
+    config: StreamableHttpServerConfig,
+    args: &ServeArgs,
+    token: Arc<str>,
+    source: auth::TokenSource,
+    grace: Duration,
+) -> ExitCode {
+    let stop = CancellationToken::new();
+    let service = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        LocalSessionManager::default().into(),
+        config.with_cancellation_token(stop.child_token()),
+    );
+    let app = axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn(move |req, next| {
+            auth::require_token(Arc::clone(&token), req, next)
+        }));
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("flowrepl serve: cannot listen on {}: {e}", args.listen);
+            return ExitCode::from(1);
+        }
+    };
+    let addr = listener.local_addr().unwrap_or(args.listen);
+    let token_line = match &source {
+        auth::TokenSource::File(p) => format!("token from {}", p.display()),
+        auth::TokenSource::Environment => format!("token from {}", auth::TOKEN_ENV),
+        auth::TokenSource::Made(p) => format!("token written to {}", p.display()),
+    };
+    eprintln!("flowrepl serve: MCP at http://{addr}/mcp ({token_line})");
+    if !addr.ip().is_loopback() {
+        eprintln!("flowrepl serve: listening beyond loopback without TLS: put a reverse proxy with TLS in front");
+    }
+    tokio::spawn(Arc::clone(&pool).stop_idle_ones());
+    let signalled = stop.clone();
+    let http = axum::serve(listener, app).with_graceful_shutdown(async move {
+        signalled.cancelled().await;
+    });
+    let http = tokio::spawn(async move { http.await });
+    let sig = wait_for_signal().await;
+    tracing::info!(
+        signal = sig,
+        "stopping: finishing running cells, checkpointing and stopping every kernel"
+    );
+    let stopped = pool.close().await;
+    stop.cancel();
+    // Open streams (a client's GET stream) need not end by themselves.
+    let _ = tokio::time::timeout(grace + Duration::from_secs(5), http).await;
+    tracing::info!(kernels = stopped, "flowrepl serve exiting");
+    ExitCode::SUCCESS
+}
+
+async fn wait_for_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot handle SIGTERM/SIGINT: the server runs until killed");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+fn absolute(p: &std::path::Path) -> std::path::PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
