@@ -6,6 +6,7 @@
 
 pub mod mcp;
 pub mod schema;
+pub mod serve;
 
 use serde_json::{json, Value};
 use std::collections::HashMap;

@@ -16,6 +16,7 @@ mod protocol;
 mod python_env;
 mod results;
 mod sandbox;
+mod serve;
 mod snapshots;
 mod support_code;
 mod task_log;

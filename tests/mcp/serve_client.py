@@ -1,0 +1,326 @@
+"""Checks of `flowrepl serve`, driven by the official Python SDK's streamable HTTP client.
+
+Usage: serve_client.py SCENARIO --url URL --token TOKEN --serve-pid PID
+
+Each scenario talks to a running server as MCP clients would (several at once where it
+says so), raises AssertionError with the evidence when something is off, and on success
+prints one JSON line of facts for the Rust test to check further (logs, processes).
+"""
+import argparse
+import json
+import os
+import signal
+import time
+
+import anyio
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+SCENARIOS = {}
+SCENARIO_SECONDS = 300
+
+
+def scenario(f):
+    SCENARIOS[f.__name__] = f
+    return f
+
+
+def text_of(res):
+    return "".join(c.text for c in res.content if c.type == "text")
+
+
+class Client:
+    """One MCP client (its own HTTP connection pool and MCP session)."""
+
+    def __init__(self, opts, timeout=120):
+        self.opts = opts
+        self.timeout = timeout
+
+    async def __aenter__(self):
+        self._http = httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {self.opts.token}"}, timeout=self.timeout)
+        await self._http.__aenter__()
+        self._transport = streamable_http_client(self.opts.url, http_client=self._http)
+        read, write, *_ = await self._transport.__aenter__()
+        self._session = ClientSession(read, write)
+        s = await self._session.__aenter__()
+        self.init = await s.initialize()
+        return s
+
+    async def __aexit__(self, *exc):
+        await self._session.__aexit__(*exc)
+        await self._transport.__aexit__(*exc)
+        await self._http.__aexit__(*exc)
+
+
+async def run(s, task, code, **kw):
+    return await s.call_tool("execute_code", {"code": code, "task": task, **kw})
+
+
+async def ok(s, task, code, **kw):
+    r = await run(s, task, code, **kw)
+    assert not r.is_error, (task, code, text_of(r))
+    return r
+
+
+async def kernels(s):
+    r = await s.call_tool("list_kernels", {})
+    return {k["task"]: k for k in r.structured_content["kernels"]}
+
+
+async def wait_checkpoint(s, task, cells):
+    """Until the task's automatic checkpoint holds cell `cells` (it is written off the
+    request path)."""
+    for _ in range(200):
+        r = await s.call_tool("list_checkpoints", {"task": task})
+        cps = r.structured_content["checkpoints"]
+        if any(c["name"] == "auto" and c["execution_count"] >= cells for c in cps):
+            return
+        await anyio.sleep(0.05)
+    raise AssertionError(f"{task}: no checkpoint after cell {cells}")
+
+
+@scenario
+async def auth(opts):
+    """No token, a wrong token, a foreign Origin or Host: refused before MCP; then served."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}}
+    accept = {"Accept": "application/json, text/event-stream"}
+    good = {"Authorization": f"Bearer {opts.token}", **accept}
+    got = {}
+    async with httpx2.AsyncClient(timeout=30) as h:
+        for name, headers in [
+            ("none", accept),
+            ("wrong", {"Authorization": "Bearer not-the-token-at-all-0000", **accept}),
+            ("basic", {"Authorization": f"Basic {opts.token}", **accept}),
+            ("origin", {**good, "Origin": "http://evil.example"}),
+            ("host", {**good, "Host": "evil.example"}),
+            ("good", good),
+        ]:
+            r = await h.post(opts.url, json=body, headers=headers)
+            got[name] = r.status_code
+            if name in ("none", "wrong"):
+                assert r.headers.get("www-authenticate", "").startswith("Bearer"), r.headers
+    assert got["none"] == got["wrong"] == got["basic"] == 401, got
+    assert got["origin"] == got["host"] == 403, got
+    assert got["good"] == 200, got
+    async with Client(opts) as s:
+        r = await ok(s, "auth", "6 * 7")
+        assert r.structured_content["result"] == "42", r.structured_content
+    return {"status": got}
+
+
+@scenario
+async def tools(opts):
+    async with Client(opts) as s:
+        listed = {t.name: t for t in (await s.list_tools()).tools}
+        for t in ("execute_code", "read_output", "interrupt", "restart_session",
+                  "list_variables", "checkpoint", "restore_checkpoint", "list_checkpoints"):
+            props = listed[t].input_schema["properties"]
+            assert "task" in props and "plan" in props, (t, props)
+        assert "list_kernels" in listed and "stop_kernel" in listed, sorted(listed)
+        try:
+            await s.call_tool("execute_code", {"code": "1", "task": 5})
+        except MCPError as e:
+            assert "task must be a non-empty string" in str(e), e
+        else:
+            raise AssertionError("a task that is not a string was taken")
+    return {"tools": sorted(listed)}
+
+
+@scenario
+async def isolation(opts):
+    """Two tasks used at once: each its own variables, working directory and kernel."""
+    async with Client(opts) as s:
+        async def use(task, value):
+            await ok(s, task, f"import os\nv = {value}\nopen('mine.txt', 'w').write('{task}')")
+            await anyio.sleep(0.2)
+            r = await ok(s, task, "(v, sorted(os.listdir('.')), os.getcwd())")
+            return r.structured_content["result"]
+
+        results = {}
+
+        async def one(task, value):
+            results[task] = await use(task, value)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, "iso-a", 1)
+            tg.start_soon(one, "iso-b", 2)
+        assert results["iso-a"].startswith("(1, ['mine.txt'], "), results
+        assert results["iso-b"].startswith("(2, ['mine.txt'], "), results
+        assert results["iso-a"] != results["iso-b"]
+        ks = await kernels(s)
+        assert ks["iso-a"]["pid"] != ks["iso-b"]["pid"], ks
+        assert ks["iso-a"]["cells"] == 2 and ks["iso-a"]["state"] == "idle", ks
+        assert ks["iso-a"]["memory_kb"] > 1000, ks
+        await wait_checkpoint(s, "iso-a", 2)
+        await wait_checkpoint(s, "iso-b", 2)
+    return {"results": results, "kernels": ks}
+
+
+@scenario
+async def crowd(opts):
+    """50 clients at once, 20 calls each, on 10 tasks: every reply is the caller's."""
+    clients, calls, tasks = opts.clients, opts.calls, opts.tasks
+    bad = []
+    durations = []
+
+    async def client(n):
+        async with Client(opts) as s:
+            task = f"crowd-{n % tasks}"
+            for i in range(calls):
+                value = n * 1000 + i
+                t0 = time.perf_counter()
+                r = await run(s, task, f"c{n}_{i} = {value}\nc{n}_{i}")
+                durations.append(time.perf_counter() - t0)
+                got = (r.structured_content or {}).get("result")
+                if r.is_error or got != str(value):
+                    bad.append((n, i, got, text_of(r)[:200]))
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for n in range(clients):
+            tg.start_soon(client, n)
+    wall = time.perf_counter() - t0
+    assert not bad, bad[:5]
+    durations.sort()
+    return {"calls": clients * calls, "wall_s": wall,
+            "p50_ms": durations[len(durations) // 2] * 1000,
+            "p99_ms": durations[int(len(durations) * 0.99)] * 1000}
+
+
+@scenario
+async def killed(opts):
+    """A kernel SIGKILLed from outside: the next call is restored from its checkpoint."""
+    async with Client(opts) as s:
+        await ok(s, "victim", "import math\nkept = [1, 2, 3]\nfrom_math = math.pi")
+        await wait_checkpoint(s, "victim", 1)
+        pid = (await kernels(s))["victim"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(100):
+            if (await kernels(s)).get("victim", {}).get("state") == "exited":
+                break
+            await anyio.sleep(0.05)
+        r = await ok(s, "victim", "(kept, round(from_math, 2))")
+        sc = r.structured_content
+        assert sc["result"] == "([1, 2, 3], 3.14)", sc
+        assert sc["restored"] is True, sc
+        new = (await kernels(s))["victim"]["pid"]
+        assert new != pid
+    return {"old_pid": pid, "new_pid": new}
+
+
+@scenario
+async def idle(opts):
+    """A kernel idle past --idle-stop is checkpointed and stopped; the next call resumes it."""
+    async with Client(opts) as s:
+        await ok(s, "sleepy", "value = 'still here'")
+        pid = (await kernels(s))["sleepy"]["pid"]
+        for _ in range(200):
+            if "sleepy" not in await kernels(s):
+                break
+            await anyio.sleep(0.1)
+        else:
+            raise AssertionError(f"not stopped: {await kernels(s)}")
+        r = await ok(s, "sleepy", "value")
+        sc = r.structured_content
+        assert sc["result"] == "'still here'" and sc["restored"] is True, sc
+        assert (await kernels(s))["sleepy"]["pid"] != pid
+    return {"pid": pid}
+
+
+@scenario
+async def evict(opts):
+    """At --max-kernels 2: the least recently used idle kernel makes room (and comes back
+    restored); with both busy, a call on a third task gets a clear error."""
+    async with Client(opts) as s:
+        await ok(s, "ev-a", "a = 1")
+        await ok(s, "ev-b", "b = 2")
+        await ok(s, "ev-a", "a += 1")
+        await ok(s, "ev-c", "c = 3")
+        ks = await kernels(s)
+        assert sorted(ks) == ["ev-a", "ev-c"], ks
+        r = await ok(s, "ev-b", "b")
+        assert r.structured_content["restored"] is True and r.structured_content["result"] == "2"
+        assert sorted(await kernels(s)) == ["ev-b", "ev-c"]
+        full = {}
+
+        async def busy(task):
+            await ok(s, task, "import time\ntime.sleep(3)")
+
+        async def third():
+            await anyio.sleep(1)
+            full["r"] = await run(s, "ev-d", "1")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(busy, "ev-b")
+            tg.start_soon(busy, "ev-c")
+            tg.start_soon(third)
+        r = full["r"]
+        assert r.is_error and "--max-kernels" in text_of(r), text_of(r)
+        r = await ok(s, "ev-d", "'room now'")
+    return {}
+
+
+@scenario
+async def cancel(opts):
+    """A call cancelled by the client interrupts its cell; the kernel keeps its state."""
+    async with Client(opts) as s:
+        await ok(s, "cancel", "x = 1")
+        t0 = time.perf_counter()
+        with anyio.move_on_after(1.5):
+            await run(s, "cancel", "import time\nfor i in range(600):\n    time.sleep(0.1)\nx = 2")
+        for _ in range(100):
+            if (await kernels(s))["cancel"]["state"] == "idle":
+                break
+            await anyio.sleep(0.05)
+        stopped_after = time.perf_counter() - t0
+        r = await ok(s, "cancel", "x")
+        assert r.structured_content["result"] == "1", r.structured_content
+    return {"stopped_after_s": stopped_after}
+
+
+@scenario
+async def shutdown(opts):
+    """SIGTERM while cells run: they finish (within the kill grace) and answer."""
+    async with Client(opts) as s:
+        await ok(s, "down-a", "a = 1")
+        await ok(s, "down-b", "b = 1")
+        answers = {}
+
+        async def long(task):
+            r = await run(s, task, "import time\ntime.sleep(1)\n'finished'")
+            answers[task] = (r.is_error, (r.structured_content or {}).get("result"))
+
+        async def term():
+            await anyio.sleep(0.4)
+            os.kill(opts.serve_pid, signal.SIGTERM)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long, "down-a")
+            tg.start_soon(long, "down-b")
+            tg.start_soon(term)
+        assert answers == {"down-a": (False, "'finished'"), "down-b": (False, "'finished'")}, answers
+    return {"answers": answers}
+
+
+async def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenario", choices=sorted(SCENARIOS))
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--token", required=True)
+    ap.add_argument("--serve-pid", type=int, required=True)
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--tasks", type=int, default=10)
+    opts = ap.parse_args()
+    with anyio.fail_after(SCENARIO_SECONDS):
+        facts = await SCENARIOS[opts.scenario](opts)
+    print(json.dumps(facts or {}))
+
+
+if __name__ == "__main__":
+    anyio.run(main)

@@ -1,0 +1,169 @@
+//! `flowrepl serve`: many kernels behind one MCP endpoint over streamable HTTP, driven by the
+//! official Python SDK's HTTP client (scenarios in `tests/mcp/serve_client.py`), checked
+//! further here against the task logs, the checkpoints and the processes left.
+
+use flowrepl_tests::serve::{processes_naming, Server};
+use flowrepl_tests::{read_log, wait_for};
+use std::time::Duration;
+
+#[test]
+fn requests_without_the_token_or_from_a_foreign_origin_or_host_are_refused() {
+    let server = Server::start(&[]);
+    let facts = server.run("auth", &[]);
+    assert_eq!(facts["status"]["none"], 401);
+    assert_eq!(facts["status"]["origin"], 403);
+    // Nothing reached a kernel before the good call.
+    assert_eq!(read_log(&server.log_of("auth")).len(), 1);
+}
+
+#[test]
+fn every_kernel_tool_takes_a_task_and_the_server_lists_and_stops_kernels() {
+    let server = Server::start(&[]);
+    let facts = server.run("tools", &[]);
+    assert_eq!(facts["tools"].as_array().unwrap().len(), 10, "{facts}");
+}
+
+#[test]
+fn two_tasks_at_once_stay_isolated_in_names_logs_workspaces_and_checkpoints() {
+    let server = Server::start(&[]);
+    let facts = server.run("isolation", &[]);
+    for task in ["iso-a", "iso-b"] {
+        let records = read_log(&server.log_of(task));
+        assert_eq!(records.len(), 2, "{task}");
+        assert!(records
+            .iter()
+            .all(|r| r.task_id == task && r.plan_id == "local"));
+        let ws = server.dir.path().join("workspaces/local").join(task);
+        assert_eq!(
+            std::fs::read_to_string(ws.join("mine.txt")).unwrap(),
+            task,
+            "each task wrote in its own workspace"
+        );
+        assert!(server
+            .logs()
+            .join("local")
+            .join(format!("{task}.snapshot/auto"))
+            .is_dir());
+        assert!(facts["results"][task]
+            .as_str()
+            .unwrap()
+            .contains(&ws.display().to_string()));
+    }
+    assert_eq!(facts["kernels"]["iso-a"]["mode"], "sandboxed");
+}
+
+#[test]
+fn fifty_clients_on_ten_tasks_get_their_own_replies_and_one_record_per_call() {
+    let server = Server::start(&[]);
+    let facts = server.run("crowd", &[]);
+    assert_eq!(facts["calls"], 1000);
+    eprintln!("crowd: {facts}");
+    let mut total = 0;
+    for t in 0..10 {
+        let records = read_log(&server.log_of(&format!("crowd-{t}")));
+        assert_eq!(records.len(), 100, "crowd-{t}: 5 clients x 20 calls");
+        assert!(records.iter().all(|r| r.success));
+        total += records.len();
+    }
+    assert_eq!(total, 1000);
+}
+
+#[test]
+fn a_kernel_killed_from_outside_is_restored_on_the_next_call() {
+    let server = Server::start(&[]);
+    let facts = server.run("killed", &[]);
+    let old = facts["old_pid"].as_u64().unwrap() as u32;
+    assert!(!flowrepl_tests::alive(old));
+    let records = read_log(&server.log_of("victim"));
+    assert_eq!(records.len(), 2);
+    assert!(
+        records[1].restored.is_some(),
+        "the restored cell's record says so"
+    );
+}
+
+#[test]
+fn an_idle_kernel_is_stopped_and_resumed_from_its_checkpoint() {
+    let server = Server::start(&["--idle-stop", "2s"]);
+    let facts = server.run("idle", &[]);
+    let old = facts["pid"].as_u64().unwrap() as u32;
+    assert!(!flowrepl_tests::alive(old));
+    // The stopped kernel ended its session in the log before the next one began.
+    let log = std::fs::read_to_string(server.log_of("sleepy")).unwrap();
+    let types: Vec<String> = log
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].to_string())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "\"session\"",
+            "\"execution\"",
+            "\"session\"",
+            "\"session\"",
+            "\"execution\""
+        ],
+        "{log}"
+    );
+}
+
+#[test]
+fn at_the_kernel_limit_the_least_recently_used_idle_kernel_makes_room() {
+    let server = Server::start(&["--max-kernels", "2"]);
+    server.run("evict", &[]);
+}
+
+#[test]
+fn a_cancelled_call_interrupts_its_cell() {
+    let server = Server::start(&[]);
+    let facts = server.run("cancel", &[]);
+    assert!(facts["stopped_after_s"].as_f64().unwrap() < 10.0, "{facts}");
+    let records = read_log(&server.log_of("cancel"));
+    assert_eq!(records.len(), 3);
+    assert!(records[1].interrupted, "the cancelled cell was interrupted");
+}
+
+#[test]
+fn sigterm_lets_running_cells_finish_then_checkpoints_and_stops_every_kernel() {
+    let mut server = Server::start(&[]);
+    let dir = server.dir.path().to_path_buf();
+    server.run("shutdown", &[]);
+    let status = server.wait(Duration::from_secs(30)).expect("serve exited");
+    assert!(status.success(), "{status:?}\n{}", server.stderr());
+    assert!(
+        wait_for(Duration::from_secs(5), || processes_naming(&dir).is_empty()),
+        "left behind: {:?}",
+        processes_naming(&dir)
+    );
+    for task in ["down-a", "down-b"] {
+        let log = std::fs::read_to_string(server.log_of(task)).unwrap();
+        let last: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+        assert_eq!(last["type"], "session", "{task}: the session's end record");
+        let records = read_log(&server.log_of(task));
+        assert_eq!(records.len(), 2, "{task}");
+        assert_eq!(records[1].result.as_deref(), Some("'finished'"));
+        let journal = server
+            .logs()
+            .join("local")
+            .join(format!("{task}.snapshot/auto/journal.jsonl"));
+        assert!(journal.is_file(), "{task}: checkpointed");
+    }
+}
+
+#[test]
+fn a_non_loopback_address_needs_allow_remote() {
+    let out = std::process::Command::new(flowrepl_tests::flowrepl_bin())
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .env("FLOWREPL_TOKEN", flowrepl_tests::serve::TOKEN)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--allow-remote"));
+    let out = std::process::Command::new(flowrepl_tests::flowrepl_bin())
+        .args(["serve"])
+        .env("FLOWREPL_TOKEN", "short")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16"));
+}
