@@ -25,9 +25,9 @@
 //! ever sent while the cell it was meant for is still marked running, and [`Monitor::end`]
 //! reports whether one was sent so the executor can absorb a late one.
 
-use crate::capture::{file_size, kept_ranges, pread_into, punch_hole};
+use crate::capture::{file_size, kept_ranges, punch_hole};
 use crate::sink::Streamer;
-use crate::tail::{last_line, OutputTail, TAIL_BYTES};
+use crate::tail::{read_stream, OutputTail};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -257,9 +257,9 @@ impl Interrupter {
         true
     }
 
-    /// While a cell runs: what it has written so far and the last line of each stream
-    /// (reads at most [`crate::tail::TAIL_BYTES`] per stream). None when no cell runs.
-    pub fn output_tail(&self) -> Option<OutputTail> {
+    /// While a cell runs: what it has written so far, the last line of each stream and its
+    /// last `recent` bytes (see [`crate::tail::read_stream`]). None when no cell runs.
+    pub fn output_tail(&self, recent: usize) -> Option<OutputTail> {
         let starts = {
             let st = lock(&self.shared.state);
             if !st.running {
@@ -268,15 +268,8 @@ impl Interrupter {
             [st.starts[0], st.starts[1]]
         };
         let mut tail = OutputTail::default();
-        let mut buf = [0u8; TAIL_BYTES];
         for (i, fd) in self.shared.streams.iter().take(2).enumerate() {
-            let fd = fd.as_fd();
-            let Ok(size) = file_size(fd) else { continue };
-            tail.bytes[i] = size.saturating_sub(starts[i]);
-            let from = size.saturating_sub(TAIL_BYTES as u64).max(starts[i]);
-            if let Ok(n) = pread_into(fd, &mut buf[..(size - from) as usize], from) {
-                tail.last_line[i] = last_line(&buf[..n]);
-            }
+            read_stream(&mut tail, i, fd.as_fd(), starts[i], recent);
         }
         Some(tail)
     }

@@ -17,6 +17,9 @@ pub struct OutputTail {
     /// The last non-blank line of each stream (`\n` or `\r` ends a line, so progress bars
     /// report their latest state), if any.
     pub last_line: [Option<String>; 2],
+    /// The end of each stream, when asked for (`recent` bytes; invalid UTF-8, including a
+    /// sequence cut by the window, is replaced).
+    pub recent: [String; 2],
 }
 
 impl OutputTail {
@@ -30,6 +33,32 @@ impl OutputTail {
             0
         };
         self.last_line[pick].as_deref()
+    }
+}
+
+/// Reads stream `i` of a running cell into `tail`: the capture file `fd`, where the cell's
+/// output starts at `start`; its last line, and its last `recent` bytes when asked.
+pub fn read_stream(
+    tail: &mut OutputTail,
+    i: usize,
+    fd: std::os::fd::BorrowedFd<'_>,
+    start: u64,
+    recent: usize,
+) {
+    use crate::capture::{file_size, pread_into};
+    let Ok(size) = file_size(fd) else { return };
+    tail.bytes[i] = size.saturating_sub(start);
+    let window = TAIL_BYTES.max(recent) as u64;
+    let from = size.saturating_sub(window).max(start);
+    let mut buf = vec![0u8; (size - from) as usize];
+    let Ok(n) = pread_into(fd, &mut buf, from) else {
+        return;
+    };
+    buf.truncate(n);
+    tail.last_line[i] = last_line(&buf[buf.len().saturating_sub(TAIL_BYTES)..]);
+    if recent > 0 {
+        tail.recent[i] =
+            String::from_utf8_lossy(&buf[buf.len().saturating_sub(recent)..]).into_owned();
     }
 }
 

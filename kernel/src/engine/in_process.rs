@@ -143,8 +143,8 @@ impl Control for InProcessControl {
         self.0.sigint_since()
     }
 
-    fn output_tail(&self) -> Option<OutputTail> {
-        self.0.output_tail()
+    fn output_tail(&self, recent: usize) -> Option<OutputTail> {
+        self.0.output_tail(recent)
     }
 
     fn worker_pid(&self) -> Option<u32> {

@@ -125,8 +125,9 @@ pub trait Control: Send + Sync + Debug {
     /// In-process: when the running cell was first sent SIGINT, if it was and is still
     /// running. Worker mode kills such cells, so it answers `None`.
     fn unstoppable_since(&self) -> Option<Instant>;
-    /// While a cell runs: what it has written so far (for progress reports).
-    fn output_tail(&self) -> Option<OutputTail>;
+    /// While a cell runs: what it has written so far (for progress reports), with the last
+    /// `recent` bytes of each stream (`execute_code` answering before the cell ends).
+    fn output_tail(&self, recent: usize) -> Option<OutputTail>;
     /// Worker mode: the current worker's pid.
     fn worker_pid(&self) -> Option<u32>;
     /// How the automatic checkpoint is doing (`None`: checkpoints are off). Worker mode: as

@@ -2,8 +2,8 @@
 //! cell, its output so far, the checkpoint's health.
 
 use crate::engine::Control;
+use flowrepl_exec::tail::read_stream;
 use flowrepl_exec::tail::OutputTail;
-use flowrepl_exec::tail::{last_line, TAIL_BYTES};
 use flowrepl_os::lock;
 use nix::sys::signal::Signal;
 use std::os::fd::AsFd;
@@ -78,8 +78,7 @@ impl Control for WorkerControl {
         self.lock().checkpoint.clone()
     }
 
-    fn output_tail(&self) -> Option<OutputTail> {
-        use flowrepl_exec::capture::{file_size, pread_into};
+    fn output_tail(&self, recent: usize) -> Option<OutputTail> {
         let st = self.lock();
         if !st.running {
             return None;
@@ -87,18 +86,10 @@ impl Control for WorkerControl {
         let mut tail = st.tail.clone();
         for (i, fd) in st.capture.iter().flatten().enumerate() {
             let fd = fd.as_fd();
-            let (Ok(size), start) = (file_size(fd), st.cell_starts[i]) else {
-                continue;
-            };
-            let written = size.saturating_sub(start);
-            if written <= tail.bytes[i] {
-                continue;
-            }
-            tail.bytes[i] = written;
-            let from = size.saturating_sub(TAIL_BYTES as u64).max(start);
-            let mut buf = vec![0; (size - from) as usize];
-            if let Ok(n) = pread_into(fd, &mut buf, from) {
-                tail.last_line[i] = last_line(&buf[..n]);
+            let moved = flowrepl_exec::capture::file_size(fd)
+                .is_ok_and(|size| size.saturating_sub(st.cell_starts[i]) > tail.bytes[i]);
+            if moved || recent > 0 {
+                read_stream(&mut tail, i, fd, st.cell_starts[i], recent);
             }
         }
         Some(tail)
