@@ -392,6 +392,13 @@ pub struct McpArgs {
           value_parser = clap::value_parser!(u64).range(10_000..=100_000_000))]
     pub max_image_pixels: u64,
 
+    /// Seconds `execute_code` waits for a cell before it answers `running: true` with the
+    /// output so far (the cell goes on; `wait_cell` collects it), when the call gives no
+    /// `wait_s`: under the 60 s request timeout many clients have.
+    #[arg(long, env = "FLOWREPL_MCP_WAIT_S", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub wait_s: u64,
+
     /// MiB of cut output kept in memory for `read_output` (oldest cells are forgotten first;
     /// everything stays in the JSONL log).
     #[arg(long, env = "FLOWREPL_MCP_KEEP_OUTPUT_MB", default_value_t = 256,

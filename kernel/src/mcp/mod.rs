@@ -24,6 +24,7 @@
 //! the client reads it, pending records are written, and the kernel exits 0.
 
 pub mod approval;
+pub mod parked;
 pub mod render;
 pub mod schema;
 pub mod store;
@@ -79,6 +80,11 @@ impl Ticket {
         }
     }
 
+    /// The cell's id (`wait_cell`'s `cell`).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Still waiting for an earlier call.
     pub fn is_queued(&self) -> bool {
         self.state.load(Ordering::Acquire) == QUEUED
@@ -123,6 +129,10 @@ pub struct Shared {
     pub max_chars: usize,
     /// A cell's timeout when the call gives none.
     pub default_timeout_ms: u64,
+    /// How long `execute_code` waits for its cell when the call gives no `wait_s`.
+    pub wait: Duration,
+    /// Cells still running after their call answered, for `wait_cell`.
+    parked: Mutex<parked::Parked>,
     /// The task log, named in messages.
     pub log_file: String,
     /// The server's `instructions`.
@@ -154,6 +164,10 @@ impl Shared {
 
     fn store(&self) -> MutexGuard<'_, OutputStore> {
         store::locked(&self.store)
+    }
+
+    fn parked(&self) -> MutexGuard<'_, parked::Parked> {
+        self.parked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn running(&self) -> MutexGuard<'_, Option<u64>> {
@@ -204,6 +218,8 @@ pub fn serve(
         next_ticket: AtomicU64::new(0),
         max_chars: mcp.max_chars as usize,
         default_timeout_ms: config.default_timeout_ms,
+        wait: Duration::from_secs(mcp.wait_s),
+        parked: Mutex::new(parked::Parked::default()),
         log_file: config.log_file.display().to_string(),
         instructions: instructions(config, session.board().status(false).sandbox.as_ref()),
         closing: AtomicBool::new(false),

@@ -48,6 +48,68 @@ pub struct McpExecuteResult {
     pub output_cut: Vec<CutInfo>,
 }
 
+/// `execute_code`'s and `wait_cell`'s `structuredContent` for a cell still running when the
+/// call answered (`wait_s` passed).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RunningCell {
+    /// Always true: the cell goes on; `wait_cell` with `cell` collects its result.
+    pub running: bool,
+    /// The cell's id for `wait_cell`.
+    pub cell: u64,
+    /// Seconds since the call arrived.
+    pub elapsed_s: f64,
+    /// Still waiting for earlier calls to finish (it has not started).
+    pub queued: bool,
+    /// The end of what it has printed so far (within the output budget).
+    pub stdout: String,
+    /// The end of its stderr so far.
+    pub stderr: String,
+    /// Bytes it has printed to stdout so far.
+    pub stdout_bytes: u64,
+    /// Bytes it has printed to stderr so far.
+    pub stderr_bytes: u64,
+}
+
+/// The tool result of a cell still running (see [`RunningCell`]).
+pub fn running_result(cell: RunningCell) -> CallToolResult {
+    let mut text = if cell.queued {
+        format!(
+            "Cell {id} is still waiting for earlier calls after {s:.0} s.",
+            id = cell.cell,
+            s = cell.elapsed_s
+        )
+    } else {
+        format!(
+            "Cell {id} is still running after {s:.0} s.",
+            id = cell.cell,
+            s = cell.elapsed_s
+        )
+    };
+    let _ = write!(
+        text,
+        " It goes on: call wait_cell with cell={id} for its result (interrupt stops it).",
+        id = cell.cell
+    );
+    for (name, part, total) in [
+        ("stdout", &cell.stdout, cell.stdout_bytes),
+        ("stderr", &cell.stderr, cell.stderr_bytes),
+    ] {
+        if total == 0 {
+            continue;
+        }
+        let earlier = total.saturating_sub(part.len() as u64);
+        let _ = write!(text, "\n[{name} so far: {total} bytes");
+        if earlier > 0 {
+            let _ = write!(text, ", the last {} shown", part.len());
+        }
+        let _ = write!(text, "]\n{part}");
+    }
+    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+    r.structured_content = serde_json::to_value(&cell).ok();
+    r.is_error = Some(false);
+    r
+}
+
 /// A part of the output after budgeting.
 struct Part {
     stream: StreamName,

@@ -21,6 +21,35 @@ pub fn shallow<T: JsonSchema + 'static>() -> Arc<JsonObject> {
     Arc::new(flatten(&full))
 }
 
+/// The shallow output schema of a result that is either an `A` or a `B`: the properties of
+/// both, and required only what both require.
+pub fn either<A: JsonSchema + 'static, B: JsonSchema + 'static>() -> Arc<JsonObject> {
+    let (a, b) = (shallow::<A>(), shallow::<B>());
+    let mut out = (*a).clone();
+    if let (Some(Value::Object(pa)), Some(pb)) = (
+        out.get_mut("properties"),
+        b.get("properties").and_then(Value::as_object),
+    ) {
+        for (k, v) in pb {
+            pa.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    let names = |s: &JsonObject| -> BTreeSet<String> {
+        s.get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    };
+    let both: Vec<Value> = names(&a)
+        .intersection(&names(&b))
+        .map(|n| json!(n))
+        .collect();
+    out.insert("required".into(), Value::Array(both));
+    Arc::new(out)
+}
+
 fn flatten(full: &JsonObject) -> JsonObject {
     let empty = Map::new();
     let defs = full

@@ -3,7 +3,8 @@
 //! through a oneshot channel. `interrupt` and `read_output` are answered here at once, even
 //! while a cell runs.
 
-use super::render::{self, McpExecuteResult};
+use super::parked::{Take, Waiting};
+use super::render::{self, McpExecuteResult, RunningCell};
 use super::schema;
 use super::store::{Page, ReadError, StreamName};
 use super::{Job, Shared, Ticket};
@@ -47,6 +48,37 @@ pub struct ExecuteArgs {
     #[serde(default)]
     #[schemars(range(min = 1, max = MAX_TIMEOUT_MS))]
     pub timeout_ms: Option<u64>,
+    /// Answer after this many seconds if the cell is still running: `running: true`, its
+    /// `cell` id and the output so far; the cell goes on and `wait_cell` collects it.
+    /// Default: the server's (FLOWREPL_MCP_WAIT_S, 50).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 86400.0))]
+    pub wait_s: Option<f64>,
+}
+
+/// Arguments of `wait_cell`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WaitCellArgs {
+    /// The cell, as a `running: true` result named it.
+    pub cell: u64,
+    /// Answer after this many seconds if it is still running (again `running: true`).
+    /// Default: the server's (FLOWREPL_MCP_WAIT_S, 50).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 86400.0))]
+    pub wait_s: Option<f64>,
+}
+
+/// How long a call waits: its `wait_s`, else the server's.
+fn wait_for(wait_s: Option<f64>, default: Duration) -> Result<Duration, ErrorData> {
+    match wait_s {
+        None => Ok(default),
+        Some(s) if (0.0..=86_400.0).contains(&s) => Ok(Duration::from_secs_f64(s)),
+        Some(s) => Err(ErrorData::invalid_params(
+            format!("wait_s must be between 0 and 86400, not {s}"),
+            None,
+        )),
+    }
 }
 
 /// Arguments of `read_output`.
@@ -175,19 +207,46 @@ pub fn answer_result(answer: Answer) -> CallToolResult {
 
 /// The server's tools as a server with these settings lists them (`flowrepl serve` lists
 /// its kernels' tools so).
-pub fn listed(max_chars: usize, default_timeout_ms: u64) -> Vec<rmcp::model::Tool> {
-    KernelServer::described(max_chars, default_timeout_ms).list_all()
+pub fn listed(max_chars: usize, default_timeout_ms: u64, wait: Duration) -> Vec<rmcp::model::Tool> {
+    KernelServer::described(max_chars, default_timeout_ms, wait).list_all()
 }
 
 impl KernelServer {
+    /// What a cell still running shows: its state and the end of its output so far.
+    fn running_cell(&self, id: u64, started: Instant, ticket: &Ticket) -> RunningCell {
+        let queued = ticket.is_queued();
+        let tail = if queued {
+            None
+        } else {
+            self.shared.control.output_tail(self.shared.max_chars / 2)
+        };
+        let tail = tail.unwrap_or_default();
+        let [stdout, stderr] = tail.recent;
+        RunningCell {
+            running: true,
+            cell: id,
+            elapsed_s: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+            queued,
+            stdout,
+            stderr,
+            stdout_bytes: tail.bytes[0],
+            stderr_bytes: tail.bytes[1],
+        }
+    }
+
     /// The router, its descriptions stating these settings rather than copies of defaults.
-    fn described(max_chars: usize, default_timeout_ms: u64) -> ToolRouter<KernelServer> {
+    fn described(
+        max_chars: usize,
+        default_timeout_ms: u64,
+        wait: Duration,
+    ) -> ToolRouter<KernelServer> {
         let mut tool_router = Self::tool_router();
         for route in tool_router.map.values_mut() {
             if let Some(d) = route.attr.description.take() {
                 let d = d
                     .replace("{max_chars}", &max_chars.to_string())
-                    .replace("{timeout_ms}", &default_timeout_ms.to_string());
+                    .replace("{timeout_ms}", &default_timeout_ms.to_string())
+                    .replace("{wait_s}", &wait.as_secs().to_string());
                 route.attr.description = Some(d.into());
             }
         }
@@ -210,7 +269,7 @@ pub fn tool_names() -> Vec<String> {
 impl KernelServer {
     /// A server sending its Python work to `jobs`.
     pub fn new(jobs: Sender<Job>, shared: Arc<Shared>) -> KernelServer {
-        let tool_router = Self::described(shared.max_chars, shared.default_timeout_ms);
+        let tool_router = Self::described(shared.max_chars, shared.default_timeout_ms, shared.wait);
         KernelServer {
             jobs,
             shared,
@@ -234,9 +293,9 @@ impl KernelServer {
 
     #[tool(
         name = "execute_code",
-        description = "Run Python code in a persistent CPython session, like a notebook cell. Variables, functions and imports persist across calls until restart_session. Returns what the code printed (stdout; stderr under [stderr], with the traceback if it raised) and, if the code ends with an expression, its value as Out[n]. A cell that raises is a result with isError true; the session stays usable. Matplotlib figures left open are returned as PNG images and closed (no plt.show() needed). Output over {max_chars} characters keeps its head and tail with a marker between them; page through the cut part with read_output using the offset the marker gives. timeout_ms (default {timeout_ms}) stops a long cell with KeyboardInterrupt; variables survive. There is no stdin (input() gets EOF). Long cells send progress notifications if the call has a progress token; cancelling the call interrupts the cell. In cells, `flow.event(name, **data)` and `with flow.step(name):` report progress (listed after the output), `flow.context` keeps task state across sessions, and `flow.request_approval(message)` asks the user (an elicitation request) and returns True or False.",
+        description = "Run Python code in a persistent CPython session, like a notebook cell. Variables, functions and imports persist across calls until restart_session. Returns what the code printed (stdout; stderr under [stderr], with the traceback if it raised) and, if the code ends with an expression, its value as Out[n]. A cell that raises is a result with isError true; the session stays usable. Matplotlib figures left open are returned as PNG images and closed (no plt.show() needed). Output over {max_chars} characters keeps its head and tail with a marker between them; page through the cut part with read_output using the offset the marker gives. timeout_ms (default {timeout_ms}) stops a long cell with KeyboardInterrupt; variables survive. There is no stdin (input() gets EOF). A cell still running after wait_s seconds (default {wait_s}) is answered with running: true, its cell id and the output so far; it goes on, and wait_cell collects its result. Long cells send progress notifications if the call has a progress token; cancelling the call interrupts the cell. In cells, `flow.event(name, **data)` and `with flow.step(name):` report progress (listed after the output), `flow.context` keeps task state across sessions, and `flow.request_approval(message)` asks the user (an elicitation request) and returns True or False.",
         input_schema = schema_for_input::<Parameters<ExecuteArgs>>().expect("an object schema"),
-        output_schema = schema::shallow::<McpExecuteResult>(),
+        output_schema = schema::either::<McpExecuteResult, RunningCell>(),
         annotations(title = "Run Python", destructive_hint = true, open_world_hint = true)
     )]
     async fn execute_code(
@@ -247,6 +306,7 @@ impl KernelServer {
         ct: CancellationToken,
     ) -> Result<CallToolResult, ErrorData> {
         let args: ExecuteArgs = parse_args(args)?;
+        let wait = wait_for(args.wait_s, self.shared.wait)?;
         self.shared.ask_through(&peer);
         if let Some(t) = args.timeout_ms {
             if t == 0 || t > MAX_TIMEOUT_MS {
@@ -279,6 +339,7 @@ impl KernelServer {
         let started = Instant::now();
         let mut heartbeat = tokio::time::interval_at((started + HEARTBEAT).into(), HEARTBEAT);
         let mut stuck_check = tokio::time::interval(STUCK_CHECK);
+        let answer_by = tokio::time::Instant::from(started + wait);
         let mut previous = OutputTail::default();
         let mut last_line: Option<String> = None;
         let mut cancelled = false;
@@ -286,6 +347,12 @@ impl KernelServer {
             tokio::select! {
                 r = &mut rx => {
                     return r.map_err(|_| internal("the cell was cancelled before it started"));
+                }
+                _ = tokio::time::sleep_until(answer_by), if !cancelled => {
+                    let id = ticket.id();
+                    let now = self.running_cell(id, started, &ticket);
+                    self.shared.parked().park(id, Waiting { rx, started, ticket });
+                    return Ok(render::running_result(now));
                 }
                 _ = ct.cancelled(), if !cancelled => {
                     cancelled = true;
@@ -313,7 +380,7 @@ impl KernelServer {
                     } else {
                         format!("running for {elapsed:.0} s")
                     };
-                    if let Some(tail) = self.shared.control.output_tail() {
+                    if let Some(tail) = self.shared.control.output_tail(0) {
                         if let Some(l) = tail.latest_line(&previous) {
                             last_line = Some(l.to_owned());
                         }
@@ -332,6 +399,52 @@ impl KernelServer {
                         tracing::debug!(error = %e, "progress notification not sent");
                     }
                 }
+            }
+        }
+    }
+
+    #[tool(
+        name = "wait_cell",
+        description = "Wait for a cell that execute_code answered with running: true (its cell id), up to wait_s seconds (default {wait_s}): its result, exactly as execute_code would have returned it, or running: true again with the output so far. A result is given once. Cancelling this call only stops waiting; interrupt stops the cell.",
+        input_schema = schema_for_input::<Parameters<WaitCellArgs>>().expect("an object schema"),
+        output_schema = schema::either::<McpExecuteResult, RunningCell>(),
+        annotations(title = "Wait for a running cell", read_only_hint = true, open_world_hint = false)
+    )]
+    async fn wait_cell(
+        &self,
+        args: JsonObject,
+        ct: CancellationToken,
+    ) -> Result<CallToolResult, ErrorData> {
+        let args: WaitCellArgs = parse_args(args)?;
+        let wait = wait_for(args.wait_s, self.shared.wait)?;
+        let id = args.cell;
+        let mut waiting = match self.shared.parked().take(id) {
+            Take::Got(w) => w,
+            Take::Busy => {
+                return Ok(error_text(format!(
+                    "another wait_cell call is already waiting for cell {id}"
+                )))
+            }
+            Take::Unknown => {
+                return Err(ErrorData::invalid_params(
+                    format!("no cell {id} to wait for: ids come from a running: true result, and a result is given once"),
+                    None,
+                ))
+            }
+        };
+        tokio::select! {
+            r = &mut waiting.rx => {
+                self.shared.parked().collected(id);
+                r.map_err(|_| internal("the cell was dropped before it ran (the client went away)"))
+            }
+            _ = tokio::time::sleep(wait) => {
+                let now = self.running_cell(id, waiting.started, &waiting.ticket);
+                self.shared.parked().put_back(id, waiting);
+                Ok(render::running_result(now))
+            }
+            _ = ct.cancelled() => {
+                self.shared.parked().put_back(id, waiting);
+                Err(internal("cancelled: stopped waiting (the cell goes on)"))
             }
         }
     }

@@ -97,6 +97,7 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
     let tools = crate::mcp::tools::listed(
         args.mcp.max_chars as usize,
         cli.timeout_ms.unwrap_or(crate::config::DEFAULT_TIMEOUT_MS),
+        Duration::from_secs(args.mcp.wait_s),
     );
     let server = handler::Serve::new(
         Arc::clone(&pool),
