@@ -47,7 +47,7 @@ async def tools(s, opts):
     listed = {t.name: t for t in (await s.list_tools()).tools}
     assert set(listed) == {"execute_code", "read_output", "interrupt", "restart_session",
                            "list_variables", "checkpoint", "restore_checkpoint",
-                           "list_checkpoints"}, sorted(listed)
+                           "list_checkpoints", "wait_cell"}, sorted(listed)
     assert listed["restart_session"].input_schema["properties"]["restore"]["type"] == "boolean"
     assert "name" in listed["checkpoint"].input_schema["properties"]
     ex = listed["execute_code"]
@@ -570,6 +570,44 @@ async def sandboxed(s, opts):
     assert images, res.content
     assert res.structured_content["success"] is True, res.structured_content
     return {"cwd": res.structured_content["result"], "instructions": ins}
+
+
+@scenario
+async def long_cell(s, opts):
+    """wait_s answers a cell still running with its id and output so far; wait_cell collects
+    it once; the session serves other calls meanwhile in order."""
+    code = ("import time\nfor i in range(6):\n    print('line', i, flush=True)\n"
+            "    time.sleep(0.5)\n'done'")
+    t0 = time.monotonic()
+    r = await run_cell(s, code, wait_s=1)
+    answered = time.monotonic() - t0
+    sc = r.structured_content
+    assert not r.is_error and sc["running"] is True, sc
+    assert 0.9 < answered < 2.5, answered
+    assert "line 0" in sc["stdout"] and sc["stdout_bytes"] >= 7, sc
+    assert f"cell={sc['cell']}" in text_of(r), text_of(r)
+    cell = sc["cell"]
+    r = await s.call_tool("wait_cell", {"cell": cell, "wait_s": 0.3})
+    assert r.structured_content["running"] is True, r.structured_content
+    r = await s.call_tool("wait_cell", {"cell": cell, "wait_s": 30})
+    sc = r.structured_content
+    assert sc.get("running") is None and sc["result"] == "'done'", sc
+    assert sc["stdout"].count("line") == 6, sc["stdout"]
+    try:
+        await s.call_tool("wait_cell", {"cell": cell})
+    except MCPError as e:
+        assert "given once" in str(e), e
+    else:
+        raise AssertionError("a result was given twice")
+    # A queued cell answers running with queued: true, and both results come in order.
+    a = await run_cell(s, "time.sleep(1.5)\n'first'", wait_s=0.2)
+    b = await run_cell(s, "'second'", wait_s=0.2)
+    assert b.structured_content["queued"] is True, b.structured_content
+    ra = await s.call_tool("wait_cell", {"cell": a.structured_content["cell"], "wait_s": 30})
+    rb = await s.call_tool("wait_cell", {"cell": b.structured_content["cell"], "wait_s": 30})
+    assert (ra.structured_content["result"], rb.structured_content["result"]) == ("'first'", "'second'")
+    assert ra.structured_content["execution_count"] < rb.structured_content["execution_count"]
+    return {"answered_s": answered}
 
 
 async def main():

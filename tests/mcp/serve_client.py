@@ -118,7 +118,8 @@ async def tools(opts):
     async with Client(opts) as s:
         listed = {t.name: t for t in (await s.list_tools()).tools}
         for t in ("execute_code", "read_output", "interrupt", "restart_session",
-                  "list_variables", "checkpoint", "restore_checkpoint", "list_checkpoints"):
+                  "list_variables", "checkpoint", "restore_checkpoint", "list_checkpoints",
+                  "wait_cell"):
             props = listed[t].input_schema["properties"]
             assert "task" in props and "plan" in props, (t, props)
         assert "list_kernels" in listed and "stop_kernel" in listed, sorted(listed)
@@ -263,6 +264,31 @@ async def evict(opts):
         assert r.is_error and "--max-kernels" in text_of(r), text_of(r)
         r = await ok(s, "ev-d", "'room now'")
     return {}
+
+
+@scenario
+async def three_minutes(opts):
+    """A 3 minute cell through wait_s/wait_cell, with a client whose request timeout is 60 s
+    (every call must answer within it)."""
+    code = ("import time\nfor i in range(180):\n    print('minute', i // 60, 'second', i % 60, flush=True)\n"
+            "    time.sleep(1)\n'three minutes'")
+    calls = []
+    async with Client(opts, timeout=60) as s:
+        t0 = time.monotonic()
+        r = await s.call_tool("execute_code", {"code": code, "task": "long"},
+                              read_timeout_seconds=60)
+        calls.append(time.monotonic() - t0)
+        while (r.structured_content or {}).get("running"):
+            cell = r.structured_content["cell"]
+            t0 = time.monotonic()
+            r = await s.call_tool("wait_cell", {"cell": cell, "task": "long"},
+                                  read_timeout_seconds=60)
+            calls.append(time.monotonic() - t0)
+        sc = r.structured_content
+        assert not r.is_error and sc["result"] == "'three minutes'", (text_of(r)[:300], sc)
+        assert sc["stdout"].count("\n") == 180, sc["stdout"][-300:]
+    assert max(calls) < 60 and len(calls) >= 4, calls
+    return {"calls": calls}
 
 
 @scenario

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 fn tools_are_listed_with_schemas_for_a_model() {
     let (facts, _, _logs) = Scenario::default().run("tools");
     let tools = facts["tools"].as_array().unwrap();
-    assert_eq!(tools.len(), 8);
+    assert_eq!(tools.len(), 9);
     // The description states the server's own settings.
     let said = facts["execute_code"].as_str().unwrap();
     assert!(
@@ -39,6 +39,22 @@ fn tools_are_listed_with_schemas_for_a_model() {
         help.contains(&format!("(tools: {})", names.join(", "))),
         "{help}"
     );
+}
+
+/// `wait_s`: a cell still running is answered with its id and output so far, and
+/// `wait_cell` collects its result once; a queued cell says so. One record per cell.
+#[test]
+fn a_long_cell_answers_running_and_wait_cell_collects_it() {
+    for mode in MODES {
+        let (facts, log, _logs) = Scenario::mode(mode).run("long_cell");
+        assert!(
+            facts["answered_s"].as_f64().unwrap() < 2.5,
+            "{mode}: {facts}"
+        );
+        let records = read_log(&log);
+        assert_eq!(records.len(), 3, "{mode}");
+        assert_eq!(records[0].result.as_deref(), Some("'done'"), "{mode}");
+    }
 }
 
 #[test]

@@ -20,7 +20,7 @@ fn requests_without_the_token_or_from_a_foreign_origin_or_host_are_refused() {
 fn every_kernel_tool_takes_a_task_and_the_server_lists_and_stops_kernels() {
     let server = Server::start(&[]);
     let facts = server.run("tools", &[]);
-    assert_eq!(facts["tools"].as_array().unwrap().len(), 10, "{facts}");
+    assert_eq!(facts["tools"].as_array().unwrap().len(), 11, "{facts}");
 }
 
 #[test]
@@ -111,6 +111,17 @@ fn an_idle_kernel_is_stopped_and_resumed_from_its_checkpoint() {
 fn at_the_kernel_limit_the_least_recently_used_idle_kernel_makes_room() {
     let server = Server::start(&["--max-kernels", "2"]);
     server.run("evict", &[]);
+}
+
+/// The case: a 3 minute cell, every call answered within a 60 s client timeout.
+#[test]
+fn a_three_minute_cell_survives_a_60_second_client_timeout_through_wait_cell() {
+    let server = Server::start(&[]);
+    let facts = server.run("three_minutes", &[]);
+    eprintln!("three minutes: {facts}");
+    let records = read_log(&server.log_of("long"));
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].result.as_deref(), Some("'three minutes'"));
 }
 
 #[test]
