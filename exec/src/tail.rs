@@ -105,6 +105,7 @@ mod tests {
         let before = OutputTail {
             bytes: [10, 5],
             last_line: [Some("out".into()), Some("err".into())],
+            ..OutputTail::default()
         };
         let mut now = before.clone();
         assert_eq!(now.latest_line(&before), Some("out"));
@@ -112,5 +113,25 @@ mod tests {
         assert_eq!(now.latest_line(&before), Some("err"));
         now.bytes = [11, 5];
         assert_eq!(now.latest_line(&before), Some("out"));
+    }
+
+    #[test]
+    fn read_stream_reads_the_cell_s_part_and_its_end() {
+        use std::io::Write as _;
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(b"an earlier cell\nline 1\nline 2\n").unwrap();
+        let fd = std::os::fd::AsFd::as_fd(&f);
+        let mut tail = OutputTail::default();
+        read_stream(&mut tail, 0, fd, 16, 0);
+        assert_eq!(tail.bytes[0], 14);
+        assert_eq!(tail.last_line[0].as_deref(), Some("line 2"));
+        assert_eq!(tail.recent[0], "");
+        read_stream(&mut tail, 1, fd, 16, 8);
+        assert_eq!(tail.recent[1], "\nline 2\n");
+        read_stream(&mut tail, 1, fd, 16, 1000);
+        assert_eq!(
+            tail.recent[1], "line 1\nline 2\n",
+            "never before the cell's start"
+        );
     }
 }
