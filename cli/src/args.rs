@@ -342,7 +342,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "HOST")]
     pub allowed_host: Vec<String>,
 
-    /// A browser origin allowed to call (`https://app.example.com:443`, `http://localhost:*`);
+    /// A browser origin allowed to call besides loopback ones (`https://app.example.com:443`);
     /// a request with any other `Origin` gets 403. May be given more than once.
     #[arg(long, value_name = "ORIGIN")]
     pub allowed_origin: Vec<String>,

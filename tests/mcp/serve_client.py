@@ -97,6 +97,7 @@ async def auth(opts):
             ("wrong", {"Authorization": "Bearer not-the-token-at-all-0000", **accept}),
             ("basic", {"Authorization": f"Basic {opts.token}", **accept}),
             ("origin", {**good, "Origin": "http://evil.example"}),
+            ("local-origin", {**good, "Origin": "http://localhost:3000"}),
             ("host", {**good, "Host": "evil.example"}),
             ("good", good),
         ]:
@@ -106,7 +107,7 @@ async def auth(opts):
                 assert r.headers.get("www-authenticate", "").startswith("Bearer"), r.headers
     assert got["none"] == got["wrong"] == got["basic"] == 401, got
     assert got["origin"] == got["host"] == 403, got
-    assert got["good"] == 200, got
+    assert got["good"] == got["local-origin"] == 200, got
     async with Client(opts) as s:
         r = await ok(s, "auth", "6 * 7")
         assert r.structured_content["result"] == "42", r.structured_content

@@ -129,8 +129,20 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
     ))
 }
 
-/// rmcp's settings: the `Host` names that may be used (loopback, and the listen address),
-/// the browser origins (none but `--allowed-origin`), the request body cap (the kernels').
+/// Browser origins always allowed: pages served from this machine (they still need the
+/// token); a page of any other origin is what a DNS-rebinding attack runs in.
+const LOOPBACK_ORIGINS: [&str; 6] = [
+    "http://localhost:*",
+    "http://127.0.0.1:*",
+    "http://[::1]:*",
+    "https://localhost:*",
+    "https://127.0.0.1:*",
+    "https://[::1]:*",
+];
+
+/// rmcp's settings: the `Host` names that may be used (loopback, the listen address and
+/// `--allowed-host`), the browser origins (loopback and `--allowed-origin`; a request without
+/// `Origin` passes), the request body cap (the kernels').
 pub fn http_config(args: &ServeArgs, max_body: usize) -> StreamableHttpServerConfig {
     let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1", "[::1]"]
         .map(String::from)
@@ -140,7 +152,12 @@ pub fn http_config(args: &ServeArgs, max_body: usize) -> StreamableHttpServerCon
     hosts.extend(args.allowed_host.iter().cloned());
     StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
-        .with_allowed_origins(args.allowed_origin.clone())
+        .with_allowed_origins(
+            LOOPBACK_ORIGINS
+                .iter()
+                .map(|o| o.to_string())
+                .chain(args.allowed_origin.iter().cloned()),
+        )
         .enforce_origin_validation()
         .with_max_request_body_bytes(max_body)
 }
