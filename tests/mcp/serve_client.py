@@ -293,6 +293,20 @@ async def three_minutes(opts):
 
 
 @scenario
+async def cannot_start(opts):
+    """A kernel that cannot start: an error result, twice (no state kept), server still up."""
+    async with Client(opts) as s:
+        said = []
+        for _ in range(2):
+            r = await run(s, "broken", "1")
+            assert r.is_error, text_of(r)
+            said.append(text_of(r))
+        assert (await kernels(s)) == {} or all(
+            k["state"] == "exited" for k in (await kernels(s)).values()), await kernels(s)
+    return {"said": said[1]}
+
+
+@scenario
 async def cancel(opts):
     """A call cancelled by the client interrupts its cell; the kernel keeps its state."""
     async with Client(opts) as s:

@@ -70,7 +70,7 @@ pub enum ChildError {
         /// Why.
         source: std::io::Error,
     },
-    /// It exited (or closed its stdout).
+    /// It exited (or closed its stdout): when, and what it said last.
     #[error("the task's kernel exited{0}")]
     Exited(String),
     /// It did not answer `initialize` in time.
@@ -120,7 +120,12 @@ pub struct Child {
     /// Set when its stdout ends (it exited or is exiting).
     ended: CancellationToken,
     stopping: AtomicBool,
+    /// The last lines it wrote to stderr (passed on to the server's), for errors.
+    last_words: Mutex<std::collections::VecDeque<String>>,
 }
+
+/// Lines of a kernel's stderr kept for its error messages.
+const LAST_WORDS: usize = 8;
 
 /// Marks a call in flight for as long as it lives.
 struct InFlight<'a>(&'a Child);
@@ -162,7 +167,7 @@ impl Child {
             .env(flowrepl_task_logger::path::TASK_NAME_ENV, &key.task)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .kill_on_drop(true);
         // SAFETY: prctl is async-signal-safe; it arms SIGTERM for when this server dies, so
         // that no kernel outlives it (SIGTERM: the kernel writes every record first).
@@ -178,6 +183,7 @@ impl Child {
         let pid = process.id().unwrap_or(0);
         let stdin = process.stdin.take().expect("piped stdin");
         let stdout = process.stdout.take().expect("piped stdout");
+        let stderr = process.stderr.take().expect("piped stderr");
         let child = Arc::new(Child {
             key,
             pid,
@@ -195,8 +201,10 @@ impl Child {
             last_use: Mutex::new(Instant::now()),
             ended: CancellationToken::new(),
             stopping: AtomicBool::new(false),
+            last_words: Mutex::new(std::collections::VecDeque::new()),
         });
-        tokio::spawn(read_loop(Arc::clone(&child), stdout));
+        let diagnostics = tokio::spawn(pass_on_stderr(Arc::clone(&child), stderr));
+        tokio::spawn(read_loop(Arc::clone(&child), stdout, diagnostics));
         let init = json!({
             "protocolVersion": PROTOCOL_VERSION,
             "capabilities": {"elicitation": {}},
@@ -285,7 +293,7 @@ impl Child {
         let reply = match sent {
             Err(e) => Err(ErrorData::from(e)),
             Ok(()) => tokio::select! {
-                r = rx => r.map_err(|_| ErrorData::from(ChildError::Exited(" during the call".into()))),
+                r = rx => r.map_err(|_| ErrorData::from(self.exited("during the call"))),
                 _ = ct.cancelled() => {
                     let _ = self
                         .send(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
@@ -326,13 +334,23 @@ impl Child {
         let rx = self.register(id);
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
             .await?;
-        let reply = rx
-            .await
-            .map_err(|_| ChildError::Exited(" before it answered".into()))?;
+        let reply = rx.await.map_err(|_| self.exited("before it answered"))?;
         match reply.get("error") {
             Some(e) => Err(ChildError::Rpc(e.to_string())),
             None => Ok(reply["result"].clone()),
         }
+    }
+
+    /// It exited `when`: with what it said last on stderr, when that names an error.
+    fn exited(&self, when: &str) -> ChildError {
+        let words = lock(&self.last_words);
+        let why = words
+            .iter()
+            .rev()
+            .find(|l| l.contains("ERROR") || l.starts_with("flowrepl"))
+            .map(|l| format!(": {}", l.trim()))
+            .unwrap_or_default();
+        ChildError::Exited(format!(" {when}{why}"))
     }
 
     fn register(&self, id: u64) -> oneshot::Receiver<Value> {
@@ -406,8 +424,27 @@ impl Child {
     }
 }
 
-/// Reads the child's messages and routes them (see the module docs).
-async fn read_loop(child: Arc<Child>, stdout: tokio::process::ChildStdout) {
+/// Passes the kernel's stderr on to the server's, each line after its task, keeping the last
+/// ones for error messages.
+async fn pass_on_stderr(child: Arc<Child>, stderr: tokio::process::ChildStderr) {
+    let mut lines = BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        eprintln!("[{}/{}] {line}", child.key.plan, child.key.task);
+        let mut words = lock(&child.last_words);
+        if words.len() == LAST_WORDS {
+            words.pop_front();
+        }
+        words.push_back(line);
+    }
+}
+
+/// Reads the child's messages and routes them (see the module docs). At their end, waits
+/// (briefly) for its stderr to end too, so that what it said last is there for the errors.
+async fn read_loop(
+    child: Arc<Child>,
+    stdout: tokio::process::ChildStdout,
+    diagnostics: tokio::task::JoinHandle<()>,
+) {
     let mut lines = BufReader::new(stdout).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let Ok(msg) = serde_json::from_str::<Value>(&line) else {
@@ -431,6 +468,7 @@ async fn read_loop(child: Arc<Child>, stdout: tokio::process::ChildStdout) {
             }
         }
     }
+    let _ = tokio::time::timeout(Duration::from_secs(1), diagnostics).await;
     child.ended.cancel();
     // Whoever waits gets "exited".
     lock(&child.pending).clear();

@@ -178,3 +178,69 @@ fn a_non_loopback_address_needs_allow_remote() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16"));
 }
+
+/// The MCP Inspector's CLI in HTTP mode (npx): with the token it lists the tools and runs a
+/// cell; without it, it gets no tool list.
+#[test]
+fn the_inspector_cli_runs_a_cell_over_http_with_the_token_only() {
+    let server = Server::start(&[]);
+    let inspector = |args: &[&str]| {
+        let out = std::process::Command::new("timeout")
+            .args([
+                "-k",
+                "10",
+                "300",
+                "npx",
+                "-y",
+                "@modelcontextprotocol/inspector@2.12.0",
+            ])
+            .args(["--cli", &server.url, "--transport", "http"])
+            .args(args)
+            .output()
+            .expect("npx (Node.js) runs the Inspector");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let bearer = format!("Authorization: Bearer {}", flowrepl_tests::serve::TOKEN);
+    let (ok, out) = inspector(&[
+        "--header",
+        &bearer,
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "execute_code",
+        "--tool-arg",
+        "code=6*7",
+        "--tool-arg",
+        "task=inspector",
+    ]);
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["structuredContent"]["result"], "42", "{out}");
+    let (ok, out) = inspector(&["--header", &bearer, "--method", "tools/list"]);
+    assert!(
+        ok && out.contains("wait_cell") && out.contains("list_kernels"),
+        "{out}"
+    );
+    let (ok, out) = inspector(&["--method", "tools/list"]);
+    assert!(
+        !ok || !out.contains("execute_code"),
+        "listed without the token: {out}"
+    );
+    assert_eq!(read_log(&server.log_of("inspector")).len(), 1);
+}
+
+/// A kernel that cannot start: the call gets an error result naming why (the kernel's own
+/// last error line), and the server keeps serving.
+#[test]
+fn a_kernel_that_cannot_start_says_why() {
+    let server = Server::start(&["--worker-bin", "/nonexistent/flowrepl-worker"]);
+    let facts = server.run("cannot_start", &[]);
+    let said = facts["said"].as_str().unwrap();
+    assert!(
+        said.contains("the task's kernel exited") && said.contains("/nonexistent/flowrepl-worker"),
+        "{said}"
+    );
+}
