@@ -1,6 +1,7 @@
 """The anchor: an MCP server in Python with the official SDK (MCPServer), serving the same
 `execute_code` tool the simple way: exec in a persistent namespace with redirect_stdout.
-Run by bench/mcp/bench.py; not part of flowrepl."""
+Run by bench/mcp/bench.py (stdio) and bench/mcp/serve_bench.py (`--http PORT`); not part of
+flowrepl."""
 import ast
 import contextlib
 import io
@@ -34,4 +35,11 @@ def execute_code(code: str) -> str:
 
 
 if __name__ == "__main__":
-    server.run()
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        # bench/mcp/serve_bench.py: the same server over streamable HTTP.
+        server.settings.log_level = "WARNING"
+        server.run("streamable-http", port=int(sys.argv[2]))
+    else:
+        server.run()

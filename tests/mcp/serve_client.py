@@ -14,6 +14,7 @@ import time
 
 import anyio
 import httpx2
+import mcp.types as types
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -34,9 +35,10 @@ def text_of(res):
 class Client:
     """One MCP client (its own HTTP connection pool and MCP session)."""
 
-    def __init__(self, opts, timeout=120):
+    def __init__(self, opts, timeout=120, elicitation_callback=None):
         self.opts = opts
         self.timeout = timeout
+        self.elicitation_callback = elicitation_callback
 
     async def __aenter__(self):
         self._http = httpx2.AsyncClient(
@@ -44,7 +46,8 @@ class Client:
         await self._http.__aenter__()
         self._transport = streamable_http_client(self.opts.url, http_client=self._http)
         read, write, *_ = await self._transport.__aenter__()
-        self._session = ClientSession(read, write)
+        self._session = ClientSession(read, write,
+                                      elicitation_callback=self.elicitation_callback)
         s = await self._session.__aenter__()
         self.init = await s.initialize()
         return s
@@ -304,6 +307,55 @@ async def cannot_start(opts):
         assert (await kernels(s)) == {} or all(
             k["state"] == "exited" for k in (await kernels(s)).values()), await kernels(s)
     return {"said": said[1]}
+
+
+@scenario
+async def big(opts):
+    """A 5 MB cell (past rmcp's default 4 MiB body cap) runs."""
+    async with Client(opts) as s:
+        r = await ok(s, "big", "s = '" + "x" * 5_000_000 + "'\nlen(s)")
+        assert r.structured_content["result"] == "5000000", r.structured_content
+    return {}
+
+
+@scenario
+async def too_big(opts):
+    """A request over --max-request-bytes gets 413, and the server goes on."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "execute_code", "arguments": {"code": "#" * 2_000_000}}})
+    async with httpx2.AsyncClient(timeout=30) as h:
+        r = await h.post(opts.url, content=body, headers={
+            "Authorization": f"Bearer {opts.token}", "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream"})
+    assert r.status_code == 413, (r.status_code, r.text[:200])
+    async with Client(opts) as s:
+        await ok(s, "small", "1")
+    return {"status": r.status_code}
+
+
+@scenario
+async def approval(opts):
+    """A cell's flow.request_approval reaches the client of its call (elicitation), through
+    the server's relay, and the answer reaches the cell; a client without elicitation makes
+    the approval cancelled."""
+    asked = []
+
+    async def person(ctx, params):
+        asked.append(params.message)
+        word = params.message.split()[0]
+        return types.ElicitResult(action="accept" if word == "accept" else "decline",
+                                  content={"comment": "ok"} if word == "accept" else None)
+
+    async with Client(opts, elicitation_callback=person) as s:
+        r = await ok(s, "approve", "flow.request_approval('accept the deploy?')")
+        assert r.structured_content["result"] == "True", r.structured_content
+        r = await ok(s, "approve", "flow.request_approval('decline the deploy?')")
+        assert r.structured_content["result"] == "False", r.structured_content
+    assert [a.split()[0] for a in asked] == ["accept", "decline"], asked
+    async with Client(opts) as s:
+        r = await run(s, "approve", "flow.request_approval('accept again?')")
+        assert r.is_error and "ApprovalCancelled" in text_of(r), text_of(r)
+    return {"asked": asked}
 
 
 @scenario

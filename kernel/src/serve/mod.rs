@@ -160,6 +160,9 @@ pub fn http_config(args: &ServeArgs, max_body: usize) -> StreamableHttpServerCon
         )
         .enforce_origin_validation()
         .with_max_request_body_bytes(max_body)
+        // A plain JSON reply when the call sends nothing before it (most calls): cheaper
+        // for clients than an event stream; rmcp streams when progress or a request comes.
+        .with_json_response(true)
 }
 
 async fn serve(
@@ -201,6 +204,13 @@ async fn serve(
     }
     tokio::spawn(Arc::clone(&pool).stop_idle_ones());
     let signalled = stop.clone();
+    // Replies and SSE events go out at once: with Nagle's algorithm, a reply written in two
+    // parts waits for the client's delayed ACK (40 ms).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
     let http = axum::serve(listener, app).with_graceful_shutdown(async move {
         signalled.cancelled().await;
     });

@@ -244,3 +244,25 @@ fn a_kernel_that_cannot_start_says_why() {
         "{said}"
     );
 }
+
+/// Requests up to `--max-request-bytes` (rmcp's own cap is 4 MiB: raised) run; a larger one
+/// gets 413 and the server goes on.
+#[test]
+fn large_cells_run_and_requests_over_the_limit_get_413() {
+    let server = Server::start(&[]);
+    server.run("big", &[]);
+    let server = Server::start(&["--max-request-bytes", "1048576"]);
+    let facts = server.run("too_big", &[]);
+    assert_eq!(facts["status"], 413);
+}
+
+/// Approvals through the relay: asked of the calling client (elicitation), answered into the
+/// cell; a client without elicitation gets the approval cancelled.
+#[test]
+fn a_cells_approval_is_asked_of_the_client_of_its_call() {
+    let server = Server::start(&[]);
+    let facts = server.run("approval", &[]);
+    assert_eq!(facts["asked"].as_array().unwrap().len(), 2);
+    let records = read_log(&server.log_of("approve"));
+    assert_eq!(records.len(), 3);
+}
