@@ -3,17 +3,16 @@
 Prints figures and ratios with the targets of the serve issue:
   tools/call `x = 1`, kernel running, official Python SDK client over HTTP
       <= 0.5x the same call to a Python SDK MCPServer over streamable HTTP (the anchor)
-  the server's own cost: `x = 1` with a lean HTTP client (http.client, one keep-alive
-      connection) minus the same request over stdio to `flowrepl mcp` (raw lines)
-      <= +300 us p50
+  the server's own cost: `x = 1` from a lean client (flowrepl-bench mcp-calls: HTTP/1.1 by
+      hand, one keep-alive connection) minus the same request as lines on stdio to
+      `flowrepl mcp --sandbox`       <= +300 us p50
   first call on a new task (its kernel started, sandboxed)   <= 60 ms p50
-  50 concurrent clients on 10 tasks, `x = 1`: throughput and p99 (target p99 <= 25 ms;
-      the clients are 50 threads of this one Python process, so they are part of what is
-      measured)
+  50 concurrent clients on 10 tasks, `x = 1` (lean clients, 50 threads): throughput and
+      p99 (target p99 <= 25 ms)
   100 idle kernels under one server: total PSS of the server and everything under it
       <= 1.5 GB
 
-Usage: serve_bench.py --flowrepl BIN [--quick]
+Usage: serve_bench.py --flowrepl BIN [--quick]   (flowrepl-bench next to BIN)
 """
 import argparse
 import http.client
@@ -21,10 +20,10 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import anyio
@@ -99,97 +98,13 @@ async def sdk_calls(url, headers, args, n):
     return times
 
 
-class RawHttp:
-    """A lean MCP client over one keep-alive HTTP/1.1 connection (http.client)."""
-
-    def __init__(self, url):
-        u = httpx2.URL(url)
-        self.path = u.path
-        self.conn = http.client.HTTPConnection(u.host, u.port)
-        self.headers = {"Authorization": f"Bearer {TOKEN}", "Accept": ACCEPT,
-                        "Content-Type": "application/json"}
-        self.id = 0
-        r = self.post({"method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "bench", "version": "1"}}})
-        assert "result" in r, r
-        self.post({"method": "notifications/initialized"}, notify=True)
-
-    def post(self, msg, notify=False):
-        msg = {"jsonrpc": "2.0", **msg}
-        if not notify:
-            self.id += 1
-            msg["id"] = self.id
-        # bytes: http.client sends a str body in a second write (Nagle + delayed ACK).
-        self.conn.request("POST", self.path, json.dumps(msg).encode(), self.headers)
-        resp = self.conn.getresponse()
-        sid = resp.getheader("mcp-session-id")
-        if sid:
-            self.headers["mcp-session-id"] = sid
-        body = resp.read().decode()
-        if notify:
-            return None
-        if resp.getheader("content-type", "").startswith("text/event-stream"):
-            datas = [line[5:].strip() for line in body.splitlines() if line.startswith("data:")]
-            for d in datas:
-                if d:
-                    m = json.loads(d)
-                    if m.get("id") == msg["id"]:
-                        return m
-            raise AssertionError(body)
-        return json.loads(body)
-
-    def call(self, args):
-        return self.post({"method": "tools/call",
-                          "params": {"name": "execute_code", "arguments": args}})
-
-
-def raw_http_calls(url, args, n):
-    c = RawHttp(url)
-    for _ in range(20):
-        c.call(args)
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        r = c.call(args)
-        times.append(time.perf_counter() - t0)
-        assert not r["result"].get("isError"), r
-    return times
-
-
-def raw_stdio_calls(flowrepl, work, n):
-    """The same request as raw lines to `flowrepl mcp` on stdio (sandboxed, as serve's)."""
-    proc = subprocess.Popen(
-        [flowrepl, "mcp", "--sandbox", "--workspace", work, "--log-dir", f"{work}/stdio-logs"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        env={**os.environ, "FLOWREPL_LOG": "warn"})
-
-    def ask(i, method, params, notify=False):
-        msg = {"jsonrpc": "2.0", "method": method, "params": params}
-        if not notify:
-            msg["id"] = i
-        proc.stdin.write((json.dumps(msg) + "\n").encode())
-        proc.stdin.flush()
-        if not notify:
-            while True:
-                m = json.loads(proc.stdout.readline())
-                if m.get("id") == i:
-                    return m
-
-    ask(0, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
-                          "clientInfo": {"name": "bench", "version": "1"}})
-    ask(0, "notifications/initialized", {}, notify=True)
-    args = {"name": "execute_code", "arguments": {"code": "x = 1"}}
-    for i in range(20):
-        ask(i + 1, "tools/call", args)
-    times = []
-    for i in range(n):
-        t0 = time.perf_counter()
-        ask(100 + i, "tools/call", args)
-        times.append(time.perf_counter() - t0)
-    proc.stdin.close()
-    proc.wait(30)
-    return times
+def lean(bench, *args):
+    """`flowrepl-bench mcp-calls`: lean clients in Rust (hand-written HTTP/1.1 over one
+    keep-alive connection each, or lines on stdio), so the figures are the server's."""
+    out = subprocess.run([bench, "mcp-calls", *map(str, args)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"mcp-calls {args}: {out.stderr}")
+    return json.loads(out.stdout)
 
 
 async def first_calls(url, headers, n):
@@ -207,41 +122,6 @@ async def first_calls(url, headers, n):
                 # Stopped again, so that every start is measured with the same kernels up.
                 await s.call_tool("stop_kernel", {"task": f"new-{i}"})
     return times
-
-
-def crowd(url, clients, calls, tasks):
-    """`clients` threads, each its own lean HTTP client, `calls` calls each on `tasks`."""
-    lat = []
-    lock = threading.Lock()
-    errors = []
-    conns = [RawHttp(url) for _ in range(clients)]
-    for i, c in enumerate(conns):  # every task's kernel up first
-        if i < tasks:
-            c.call({"code": "x = 1", "task": f"crowd-{i}"})
-    barrier = threading.Barrier(clients)
-
-    def run(i):
-        c = conns[i]
-        mine = []
-        barrier.wait()
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            r = c.call({"code": "x = 1", "task": f"crowd-{i % tasks}"})
-            mine.append(time.perf_counter() - t0)
-            if r["result"].get("isError"):
-                errors.append(r)
-        with lock:
-            lat.extend(mine)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    assert not errors, errors[:3]
-    return lat, wall
 
 
 def tree_pss_kb(pid):
@@ -275,7 +155,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flowrepl", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--bench", help="flowrepl-bench (default: next to --flowrepl)")
     opts, _ = ap.parse_known_args()
+    bench = opts.bench or os.path.join(os.path.dirname(opts.flowrepl), "flowrepl-bench")
     n = 100 if opts.quick else 500
     headers = {"Authorization": f"Bearer {TOKEN}"}
     args = {"code": "x = 1", "task": "bench"}
@@ -301,24 +183,25 @@ def main():
                 an += anyio.run(sdk_calls, anchor_url, {}, {"code": "x = 1"}, n // 2)
             results.append(("tools/call x = 1, Python SDK over HTTP, p50",
                             ms(p(fl, 0.5)), ms(p(an, 0.5)), p(fl, 0.5) / p(an, 0.5), "<= 0.5x"))
-            # 2. The server's own cost: lean HTTP client vs raw stdio lines.
+            # 2. The server's own cost: lean clients, HTTP against stdio, interleaved.
             hx, sx = [], []
             for _ in range(3 if not opts.quick else 1):
-                hx += raw_http_calls(url, args, n)
-                sx += raw_stdio_calls(opts.flowrepl, work, n)
-            over = p(hx, 0.5) - p(sx, 0.5)
-            results.append(("x = 1, lean HTTP client vs stdio raw lines, p50",
-                            us(p(hx, 0.5)), us(p(sx, 0.5)), over * 1e6, "<= +300 us"))
+                hx.append(lean(bench, "--url", url, "--token", TOKEN, "--calls", n)["p50_us"])
+                sx.append(lean(bench, "--stdio", opts.flowrepl, "--calls", n)["p50_us"])
+            h50, s50 = statistics.median(hx), statistics.median(sx)
+            results.append(("x = 1, lean client: HTTP vs stdio lines, p50",
+                            f"{h50:8.1f} us", f"{s50:8.1f} us", h50 - s50, "<= +300 us"))
             # 3. First call on a new task.
             fc = anyio.run(first_calls, url, headers, 10 if opts.quick else 30)
             results.append(("first call on a new task (kernel start), p50",
                             ms(p(fc, 0.5)), "", p(fc, 0.5) * 1000, "<= 60 ms"))
             # 4. 50 clients on 10 tasks.
-            lat, wall = crowd(url, 50, 10 if opts.quick else 40, 10)
-            results.append((f"50 clients on 10 tasks: {len(lat) / wall:.0f} calls/s, p50",
-                            ms(p(lat, 0.5)), "", None, ""))
-            results.append(("50 clients on 10 tasks, p99", ms(p(lat, 0.99)), "",
-                            p(lat, 0.99) * 1000, "<= 25 ms"))
+            c = lean(bench, "--url", url, "--token", TOKEN, "--clients", 50, "--tasks", 10,
+                     "--calls", 40 if opts.quick else 200)
+            results.append((f"50 clients on 10 tasks: {c['per_s']:.0f} calls/s, p50",
+                            f"{c['p50_us'] / 1000:8.2f} ms", "", None, ""))
+            results.append(("50 clients on 10 tasks, p99", f"{c['p99_us'] / 1000:8.2f} ms", "",
+                            c["p99_us"] / 1000, "<= 25 ms"))
         finally:
             anchor.terminate()
             stop(proc)
@@ -338,7 +221,8 @@ def main():
         fig = "" if ratio is None else (f"{ratio:.2f}" if isinstance(ratio, float) else str(ratio))
         print(f"{label:56} {a:>12} {b:>12}   {fig} {target}")
     print("\nanchor: a Python SDK MCPServer over streamable HTTP (bench/mcp/anchor_server.py);")
-    print("stdio: `flowrepl mcp --sandbox` spoken to with raw lines by the same Python process.")
+    print("lean client: flowrepl-bench mcp-calls (Rust, hand-written HTTP/1.1; stdio: lines to")
+    print("`flowrepl mcp --sandbox`).")
 
 
 if __name__ == "__main__":

@@ -12,10 +12,13 @@
 //! - [`versions`]: every Python version the build serves.
 //! - [`ab`]: an interleaved A/B against another kernel build (`--baseline`).
 //! - [`sandbox`]: a worker with and without `--sandbox` (`--sandbox`).
+//! - [`http`]: a lean MCP client of `flowrepl serve` and of stdio `flowrepl mcp`
+//!   (`mcp-calls`, for `bench/mcp/serve_bench.py`).
 
 mod ab;
 mod echo;
 mod flow;
+mod http;
 mod kernel;
 mod logging;
 mod peer;
@@ -66,6 +69,8 @@ enum Sub {
     /// Echo lines (the raw pipe anchor).
     #[command(hide = true)]
     Echo,
+    /// `x = 1` calls from lean MCP clients (HTTP or stdio); prints JSON.
+    McpCalls(http::CallsArgs),
 }
 
 impl Args {
@@ -81,8 +86,16 @@ impl Args {
 
 fn main() {
     let args = Args::parse();
-    if let Some(Sub::Echo) = args.command {
-        return echo::run();
+    match &args.command {
+        Some(Sub::Echo) => return echo::run(),
+        Some(Sub::McpCalls(calls)) => {
+            if let Err(e) = http::run(calls) {
+                eprintln!("flowrepl-bench mcp-calls: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
+        None => {}
     }
     let logs = std::env::temp_dir().join(format!("flowrepl-bench-{}", std::process::id()));
     match &args.baseline {
