@@ -32,6 +32,9 @@ pub struct CallsArgs {
     /// Tasks the clients share (client `i` calls task `bench-{i % tasks}`).
     #[arg(long, default_value_t = 1)]
     tasks: usize,
+    /// Call `list_kernels` instead (the server alone, no kernel on the way).
+    #[arg(long)]
+    server_only: bool,
 }
 
 /// One MCP client.
@@ -249,16 +252,19 @@ impl Drop for Pipe {
     }
 }
 
-/// `execute_code` of `x = 1`, on `task` (a server's; a stdio kernel takes none).
-fn call_x(c: &mut dyn Client, task: Option<&str>) -> io::Result<()> {
+/// `execute_code` of `x = 1`, on `task` (a server's; a stdio kernel takes none), or
+/// `list_kernels`.
+fn call_x(c: &mut dyn Client, task: Option<&str>, server_only: bool) -> io::Result<()> {
     let mut arguments = json!({"code": "x = 1"});
     if let Some(t) = task {
         arguments["task"] = json!(t);
     }
-    let r = c.request(
-        "tools/call",
-        json!({"name": "execute_code", "arguments": arguments}),
-    )?;
+    let params = if server_only {
+        json!({"name": "list_kernels", "arguments": {}})
+    } else {
+        json!({"name": "execute_code", "arguments": arguments})
+    };
+    let r = c.request("tools/call", params)?;
     if r["result"]["isError"] == true || r.get("error").is_some() {
         return Err(bad(format!("the call failed: {r}")));
     }
@@ -279,6 +285,7 @@ pub fn run(args: &CallsArgs) -> io::Result<()> {
     let barrier = Arc::new(Barrier::new(n));
     let all = Arc::new(Mutex::new(Vec::with_capacity(n * args.calls)));
     let mut threads = Vec::new();
+    let server_only = args.server_only;
     for (i, mut c) in clients.into_iter().enumerate() {
         let (barrier, all, calls, tasks) = (
             Arc::clone(&barrier),
@@ -288,7 +295,8 @@ pub fn run(args: &CallsArgs) -> io::Result<()> {
         );
         threads.push(std::thread::spawn(move || -> io::Result<Duration> {
             let task = (!stdio).then(|| format!("bench-{}", i % tasks));
-            let call = |c: &mut Box<dyn Client + Send>| call_x(c.as_mut(), task.as_deref());
+            let call =
+                |c: &mut Box<dyn Client + Send>| call_x(c.as_mut(), task.as_deref(), server_only);
             for _ in 0..20 {
                 call(&mut c)?;
             }
