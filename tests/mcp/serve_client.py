@@ -359,6 +359,22 @@ async def approval(opts):
 
 
 @scenario
+async def secrets(opts):
+    """What a cell can learn of the server's token: not from its environment; the token file
+    only without the sandbox."""
+    code = ("import os\n"
+            "def readable(p):\n"
+            "    try:\n"
+            "        return len(open(p).read()) > 0\n"
+            "    except OSError:\n"
+            "        return False\n"
+            f"('FLOWREPL_TOKEN' in os.environ, readable({opts.token_file!r}))")
+    async with Client(opts) as s:
+        r = await ok(s, "secrets", code)
+    return {"seen": r.structured_content["result"]}
+
+
+@scenario
 async def cancel(opts):
     """A call cancelled by the client interrupts its cell; the kernel keeps its state."""
     async with Client(opts) as s:
@@ -409,6 +425,7 @@ async def main():
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--tasks", type=int, default=10)
+    ap.add_argument("--token-file", default="")
     opts = ap.parse_args()
     with anyio.fail_after(SCENARIO_SECONDS):
         facts = await SCENARIOS[opts.scenario](opts)

@@ -165,6 +165,9 @@ impl Child {
             .env(flowrepl_task_logger::path::PLAN_ID_ENV, &key.plan)
             .env(flowrepl_task_logger::path::TASK_ID_ENV, &key.task)
             .env(flowrepl_task_logger::path::TASK_NAME_ENV, &key.task)
+            // The server's token is not the cells' (without the sandbox they would see the
+            // kernel's environment): it would let a cell call any task's kernel.
+            .env_remove(super::auth::TOKEN_ENV)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -26,6 +26,7 @@ pub mod pool;
 use flowrepl_cli::args::{Cli, SandboxLevel, ServeArgs};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use std::os::fd::AsFd;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,8 +38,8 @@ const OWN_FLAGS: [&str; 3] = ["--sandbox", "--workspace", "--resume"];
 /// Runs the server until SIGTERM or SIGINT. Exit codes: 0 after a signal, 1 when it cannot
 /// listen, 2 for a configuration error.
 pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
-    match std::fs::File::options().write(true).open("/dev/stderr") {
-        Ok(f) => flowrepl_os::logging::init(f),
+    match std::io::stderr().as_fd().try_clone_to_owned() {
+        Ok(fd) => flowrepl_os::logging::init(std::fs::File::from(fd)),
         Err(e) => eprintln!("flowrepl serve: logging to stderr not set up: {e}"),
     }
     if !args.listen.ip().is_loopback() && !args.allow_remote {

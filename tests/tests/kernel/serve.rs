@@ -266,3 +266,21 @@ fn a_cells_approval_is_asked_of_the_client_of_its_call() {
     let records = read_log(&server.log_of("approve"));
     assert_eq!(records.len(), 3);
 }
+
+/// The server's token never reaches a cell through its environment, and a sandboxed cell
+/// cannot read the token file either; without the sandbox (`--no-sandbox`) the file is
+/// readable, as everything the user can read is.
+#[test]
+fn a_cell_cannot_learn_the_servers_token() {
+    for (flags, readable) in [(vec![], false), (vec!["--no-sandbox"], true)] {
+        let server = Server::start(&flags);
+        let token_file = server.dir.path().join("token-copy");
+        std::fs::write(&token_file, flowrepl_tests::serve::TOKEN).unwrap();
+        let facts = server.run(
+            "secrets",
+            &["--token-file", &token_file.display().to_string()],
+        );
+        let want = format!("(False, {})", if readable { "True" } else { "False" });
+        assert_eq!(facts["seen"], want.as_str(), "{flags:?}");
+    }
+}
