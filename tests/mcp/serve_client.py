@@ -371,7 +371,10 @@ async def secrets(opts):
             f"('FLOWREPL_TOKEN' in os.environ, readable({opts.token_file!r}))")
     async with Client(opts) as s:
         r = await ok(s, "secrets", code)
-    return {"seen": r.structured_content["result"]}
+        mode = (await kernels(s))["secrets"]["mode"]
+        r2 = await ok(s, "secrets", "import os\nos.getpid() != 2")
+    return {"seen": r.structured_content["result"], "mode": mode,
+            "pid_not_2": r2.structured_content["result"]}
 
 
 @scenario

@@ -56,6 +56,23 @@ pub struct Spawn {
     pub sandbox: &'static str,
 }
 
+impl Spawn {
+    /// Whether the kernels' workers are sandboxed.
+    pub fn sandboxed(&self) -> bool {
+        self.sandbox != "off"
+    }
+
+    /// `sandboxed` or `worker`: how the kernels run cells (always in a worker, which a
+    /// sandbox implies).
+    pub fn mode(&self) -> &'static str {
+        if self.sandboxed() {
+            "sandboxed"
+        } else {
+            "worker"
+        }
+    }
+}
+
 /// Why a child could not be started or spoken to.
 #[derive(Debug, thiserror::Error)]
 pub enum ChildError {
@@ -160,6 +177,9 @@ impl Child {
             .args(&spawn.args)
             .arg("--resume")
             .arg(format!("--sandbox={}", spawn.sandbox))
+            // Unsandboxed too, cells run in a worker: a crash, a limit or a kill takes the
+            // worker, never the kernel that keeps the task's log.
+            .arg("--worker")
             .arg("--workspace")
             .arg(&workspace)
             .env(flowrepl_task_logger::path::PLAN_ID_ENV, &key.plan)

@@ -33,7 +33,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Flags of the kernels that `serve` sets itself, per task.
-const OWN_FLAGS: [&str; 3] = ["--sandbox", "--workspace", "--resume"];
+const OWN_FLAGS: [&str; 4] = ["--sandbox", "--workspace", "--resume", "--worker"];
 
 /// Runs the server until SIGTERM or SIGINT. Exit codes: 0 after a signal, 1 when it cannot
 /// listen, 2 for a configuration error.
@@ -85,6 +85,7 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
         workspace_root: absolute(&args.workspace_root),
         sandbox,
     };
+    let spawn_sandboxed = spawn.sandboxed();
     let grace = Duration::from_millis(cli.kill_grace_ms);
     let pool = pool::Pool::new(
         spawn,
@@ -105,7 +106,7 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
         tools,
         child::TaskKey { plan, task },
         args.max_kernels,
-        sandbox != "off",
+        spawn_sandboxed,
     );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

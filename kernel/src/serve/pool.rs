@@ -209,12 +209,7 @@ impl Pool {
                     "idle"
                 }
                 .into(),
-                mode: if self.spawn.sandbox == "off" {
-                    "worker"
-                } else {
-                    "sandboxed"
-                }
-                .into(),
+                mode: self.spawn.mode().into(),
                 pid: k.pid,
                 memory_kb: tree_memory_kb(k.pid),
                 cells: k.cells(),

@@ -282,5 +282,14 @@ fn a_cell_cannot_learn_the_servers_token() {
         );
         let want = format!("(False, {})", if readable { "True" } else { "False" });
         assert_eq!(facts["seen"], want.as_str(), "{flags:?}");
+        // Unsandboxed, cells still run in a worker (not in the kernel), outside any PID
+        // namespace; sandboxed, the cell is PID 2.
+        let (mode, pid_not_2) = if readable {
+            ("worker", "True")
+        } else {
+            ("sandboxed", "False")
+        };
+        assert_eq!(facts["mode"], mode);
+        assert_eq!(facts["pid_not_2"], pid_not_2);
     }
 }
