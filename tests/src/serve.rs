@@ -113,6 +113,11 @@ impl Server {
             .output()
             .expect("run the serve client");
         let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !stderr.contains("Session termination failed"),
+            "the SDK could not end its session cleanly:\n{stderr}"
+        );
         assert!(
             out.status.success(),
             "serve scenario {scenario} failed:\n{}\n{stdout}\n--- server:\n{}",

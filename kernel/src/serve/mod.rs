@@ -184,6 +184,7 @@ async fn serve(
     );
     let app = axum::Router::new()
         .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn(session_ended_is_no_content))
         .layer(axum::middleware::from_fn(move |req, next| {
             auth::require_token(Arc::clone(&token), req, next)
         }));
@@ -228,6 +229,20 @@ async fn serve(
     let _ = tokio::time::timeout(grace + Duration::from_secs(5), http).await;
     tracing::info!(kernels = stopped, "flowrepl serve exiting");
     ExitCode::SUCCESS
+}
+
+/// A session ended by `DELETE` is answered 204 No Content. rmcp answers 202 Accepted, which
+/// the official Python SDK logs as "Session termination failed: 202" at every disconnect.
+async fn session_ended_is_no_content(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let delete = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    if delete && response.status() == axum::http::StatusCode::ACCEPTED {
+        *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
+    }
+    response
 }
 
 async fn wait_for_signal() -> &'static str {
