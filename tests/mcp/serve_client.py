@@ -215,6 +215,20 @@ async def killed(opts):
         assert sc["restored"] is True, sc
         new = (await kernels(s))["victim"]["pid"]
         assert new != pid
+        # Killed during a call: that call is an isError result saying so; the next restores.
+        answer = {}
+
+        async def long():
+            answer["r"] = await run(s, "victim", "import time\ntime.sleep(30)")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long)
+            await anyio.sleep(1)
+            os.kill(new, signal.SIGKILL)
+        assert answer["r"].is_error, answer
+        assert "the task's kernel exited during the call" in text_of(answer["r"]), text_of(answer["r"])
+        r = await ok(s, "victim", "kept")
+        assert r.structured_content["restored"] is True, r.structured_content
     return {"old_pid": pid, "new_pid": new}
 
 

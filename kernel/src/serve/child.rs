@@ -98,12 +98,6 @@ pub enum ChildError {
     Rpc(String),
 }
 
-impl From<ChildError> for ErrorData {
-    fn from(e: ChildError) -> ErrorData {
-        ErrorData::internal_error(e.to_string(), None)
-    }
-}
-
 /// A progress token of a forwarded call, and whose it is.
 struct Progress {
     peer: Peer<RoleServer>,
@@ -118,8 +112,6 @@ pub struct Child {
     pub pid: u32,
     /// Its workspace.
     pub workspace: std::path::PathBuf,
-    /// What its `initialize` said (the sandbox's enforced layers are in it).
-    pub instructions: std::sync::OnceLock<String>,
     /// When it started.
     pub started: Instant,
     /// `None` once closed (the child then ends).
@@ -211,7 +203,6 @@ impl Child {
             key,
             pid,
             workspace,
-            instructions: std::sync::OnceLock::new(),
             started: Instant::now(),
             stdin: tokio::sync::Mutex::new(Some(stdin)),
             process: Mutex::new(Some(process)),
@@ -233,25 +224,16 @@ impl Child {
             "capabilities": {"elicitation": {}},
             "clientInfo": {"name": "flowrepl-serve", "version": env!("CARGO_PKG_VERSION")},
         });
-        let reply = tokio::time::timeout(START_TIMEOUT, child.request("initialize", init))
+        let initialized = tokio::time::timeout(START_TIMEOUT, child.request("initialize", init))
             .await
             .map_err(|_| ChildError::StartTimeout(START_TIMEOUT));
-        let reply = match reply {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) | Err(e) => {
-                child.kill().await;
-                return Err(e);
-            }
-        };
+        if let Ok(Err(e)) | Err(e) = initialized {
+            child.kill().await;
+            return Err(e);
+        }
         child
             .send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
             .await?;
-        let _ = child.instructions.set(
-            reply["instructions"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-        );
         Ok(child)
     }
 
@@ -313,24 +295,36 @@ impl Child {
         let sent = self
             .send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}))
             .await;
-        let reply = match sent {
-            Err(e) => Err(ErrorData::from(e)),
+        // Err(Some(_)): the kernel is gone; Err(None): the client cancelled.
+        let outcome = match sent {
+            Err(e) => Err(Some(e)),
             Ok(()) => tokio::select! {
-                r = rx => r.map_err(|_| ErrorData::from(self.exited("during the call"))),
+                r = rx => r.map_err(|_| Some(self.exited("during the call"))),
                 _ = ct.cancelled() => {
                     let _ = self
                         .send(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
                             "params": {"requestId": id, "reason": "cancelled by the client"}}))
                         .await;
                     lock(&self.pending).remove(&id);
-                    Err(ErrorData::internal_error("cancelled by the client", None))
+                    Err(None)
                 }
             },
         };
         if let Some(ours) = mapped {
             lock(&self.progress).remove(&ours);
         }
-        let reply = reply?;
+        let reply = match outcome {
+            Ok(r) => r,
+            // A result the model reads (isError), not a protocol error.
+            Err(Some(gone)) => {
+                return Ok(CallToolResult::error(vec![
+                    rmcp::model::ContentBlock::text(format!(
+                        "{gone}; the task's next call starts it again from its last checkpoint"
+                    )),
+                ]))
+            }
+            Err(None) => return Err(ErrorData::internal_error("cancelled by the client", None)),
+        };
         if let Some(e) = reply.get("error") {
             let code = e["code"].as_i64().unwrap_or(-32603) as i32;
             let message = e["message"].as_str().unwrap_or("error").to_owned();

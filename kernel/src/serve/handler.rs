@@ -48,20 +48,14 @@ pub struct Serve {
     pool: Arc<Pool>,
     tools: Arc<Vec<Tool>>,
     defaults: Arc<TaskKey>,
-    max_kernels: u32,
     instructions: Arc<str>,
 }
 
 impl Serve {
     /// A server over `pool`; `kernel_tools` are the kernels' own tools, `defaults` the task
     /// of calls that name none.
-    pub fn new(
-        pool: Arc<Pool>,
-        kernel_tools: Vec<Tool>,
-        defaults: TaskKey,
-        max_kernels: u32,
-        sandboxed: bool,
-    ) -> Serve {
+    pub fn new(pool: Arc<Pool>, kernel_tools: Vec<Tool>, defaults: TaskKey) -> Serve {
+        let sandboxed = pool.sandboxed();
         let mut tools: Vec<Tool> = kernel_tools.into_iter().map(with_task_args).collect();
         tools.push(
             Tool::new_with_raw(
@@ -91,7 +85,6 @@ impl Serve {
             pool,
             tools: Arc::new(tools),
             defaults: Arc::new(defaults),
-            max_kernels,
             instructions: instructions.into(),
         }
     }
@@ -117,7 +110,7 @@ impl Serve {
     fn list_kernels(&self) -> CallToolResult {
         let list = KernelList {
             kernels: self.pool.list(),
-            max_kernels: self.max_kernels,
+            max_kernels: self.pool.max_kernels(),
         };
         let mut text = format!(
             "{} kernel(s) (at most {}):",

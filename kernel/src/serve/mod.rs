@@ -85,7 +85,6 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
         workspace_root: absolute(&args.workspace_root),
         sandbox,
     };
-    let spawn_sandboxed = spawn.sandboxed();
     let grace = Duration::from_millis(cli.kill_grace_ms);
     let pool = pool::Pool::new(
         spawn,
@@ -101,13 +100,7 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
         cli.timeout_ms.unwrap_or(crate::config::DEFAULT_TIMEOUT_MS),
         Duration::from_secs(args.mcp.wait_s),
     );
-    let server = handler::Serve::new(
-        Arc::clone(&pool),
-        tools,
-        child::TaskKey { plan, task },
-        args.max_kernels,
-        spawn_sandboxed,
-    );
+    let server = handler::Serve::new(Arc::clone(&pool), tools, child::TaskKey { plan, task });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("flowrepl-serve")

@@ -83,6 +83,16 @@ impl Pool {
         })
     }
 
+    /// Whether the kernels' workers are sandboxed.
+    pub fn sandboxed(&self) -> bool {
+        self.spawn.sandboxed()
+    }
+
+    /// `--max-kernels`.
+    pub fn max_kernels(&self) -> u32 {
+        self.limits.max_kernels
+    }
+
     /// The task's kernel, started (from its checkpoint, if it has one) when it has none or
     /// its kernel died.
     pub async fn kernel(&self, key: &TaskKey) -> Result<Arc<Child>, PoolError> {
