@@ -339,7 +339,9 @@ impl KernelServer {
         let started = Instant::now();
         let mut heartbeat = tokio::time::interval_at((started + HEARTBEAT).into(), HEARTBEAT);
         let mut stuck_check = tokio::time::interval(STUCK_CHECK);
-        let answer_by = tokio::time::Instant::from(started + wait);
+        // One timer for the whole wait, not one per pass of the loop.
+        let answer_by = tokio::time::sleep_until(tokio::time::Instant::from(started + wait));
+        tokio::pin!(answer_by);
         let mut previous = OutputTail::default();
         let mut last_line: Option<String> = None;
         let mut cancelled = false;
@@ -348,7 +350,7 @@ impl KernelServer {
                 r = &mut rx => {
                     return r.map_err(|_| internal("the cell was cancelled before it started"));
                 }
-                _ = tokio::time::sleep_until(answer_by), if !cancelled => {
+                _ = &mut answer_by, if !cancelled => {
                     let id = ticket.id();
                     let now = self.running_cell(id, started, &ticket);
                     self.shared.parked().park(id, Waiting { rx, started, ticket });
