@@ -564,7 +564,7 @@ pub fn zombie_children(parent: u32) -> Vec<u32> {
 }
 
 /// Every process on the host.
-fn all_pids() -> impl Iterator<Item = u32> {
+pub fn all_pids() -> impl Iterator<Item = u32> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()

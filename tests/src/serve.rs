@@ -158,18 +158,11 @@ impl Drop for Server {
 /// name it in their flags).
 pub fn processes_naming(path: &Path) -> Vec<(u32, String)> {
     let needle = path.display().to_string();
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains(&needle) && crate::alive(pid) {
-            out.push((pid, cmd));
-        }
-    }
-    out
+    crate::all_pids()
+        .filter_map(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            (cmd.contains(&needle) && crate::alive(pid)).then_some((pid, cmd))
+        })
+        .collect()
 }
