@@ -16,7 +16,9 @@
 //! written); [`Child::stop`] checkpoints it first.
 
 use flowrepl_os::lock;
-use rmcp::model::{CallToolResult, ElicitRequestParams, ProgressNotificationParam, ProgressToken};
+use rmcp::model::{
+    CallToolResult, ElicitRequestParams, ProgressNotificationParam, ProgressToken, ResultType,
+};
 use rmcp::{ErrorData, Peer, RoleServer};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -337,12 +339,17 @@ impl Child {
         if name == "execute_code" {
             self.cells.fetch_add(1, Ordering::Relaxed);
         }
-        serde_json::from_value(reply["result"].clone()).map_err(|e| {
-            ErrorData::internal_error(
-                format!("the kernel's result is not a tool result: {e}"),
-                None,
-            )
-        })
+        let mut result: CallToolResult =
+            serde_json::from_value(reply["result"].clone()).map_err(|e| {
+                ErrorData::internal_error(
+                    format!("the kernel's result is not a tool result: {e}"),
+                    None,
+                )
+            })?;
+        // The kernel speaks the handshake-era protocol to us, whose results carry no
+        // `resultType`; 2026-07-28 clients require it.
+        result.result_type.get_or_insert(ResultType::COMPLETE);
+        Ok(result)
     }
 
     /// Sends a request and waits for its response message.
