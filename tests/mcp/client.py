@@ -18,9 +18,14 @@ import anyio
 import mcp.types as types
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client import Client
 from mcp.shared.exceptions import MCPError
+from tasks_ext import TASKS, TaskEnded, Tasks
+from tasks_ext import cancel as cancel_task
 
 SCENARIOS = {}
+# Scenarios run with the SDK's 2026-07-28 Client (and the tasks extension), not ClientSession.
+MODERN = {"tasks"}
 # Scenarios whose client answers elicitation requests, and what it was asked.
 ELICITING = set()
 ASKED = []
@@ -607,7 +612,68 @@ async def long_cell(s, opts):
     rb = await s.call_tool("wait_cell", {"cell": b.structured_content["cell"], "wait_s": 30})
     assert (ra.structured_content["result"], rb.structured_content["result"]) == ("'first'", "'second'")
     assert ra.structured_content["execution_count"] < rb.structured_content["execution_count"]
+    # interrupt with a cell id stops that cell only: a queued one is dropped, a running one
+    # interrupted (variables kept); an id that is not running is left alone.
+    await run_cell(s, "kept = 7")
+    a = await run_cell(s, "time.sleep(30)", wait_s=0.3)
+    b = await run_cell(s, "'never'", wait_s=0.1)
+    ia, ib = a.structured_content["cell"], b.structured_content["cell"]
+    r = await s.call_tool("interrupt", {"cell": ib})
+    assert r.structured_content["interrupted"] is True and "will not run" in text_of(r), text_of(r)
+    r = await s.call_tool("interrupt", {"cell": ia})
+    assert r.structured_content["interrupted"] is True, text_of(r)
+    r = await s.call_tool("wait_cell", {"cell": ia, "wait_s": 30})
+    assert r.is_error and "KeyboardInterrupt" in text_of(r), text_of(r)
+    try:
+        await s.call_tool("wait_cell", {"cell": ib, "wait_s": 30})
+    except MCPError as e:
+        assert "before it ran" in str(e), e
+    else:
+        raise AssertionError("a dropped cell gave a result")
+    r = await s.call_tool("interrupt", {"cell": 999})
+    assert r.structured_content["interrupted"] is False, text_of(r)
+    r = await run_cell(s, "kept")
+    assert text_of(r).startswith("Out[") and text_of(r).endswith("]: 7"), text_of(r)
     return {"answered_s": answered}
+
+
+@scenario
+async def tasks(c, opts):
+    """A 2026-07-28 client with the MCP tasks extension (tasks_ext.Tasks): short cells are
+    answered at once; a cell outliving wait_s becomes a task whose status message shows its
+    output so far and which ends with the cell's result; tasks/cancel interrupts the cell."""
+    ext = opts.tasks
+    assert c.session.protocol_version == "2026-07-28", c.session.protocol_version
+    assert TASKS in (c.session.server_capabilities.extensions or {}), c.session.server_capabilities
+    r = await run_cell(c, "x = 5\nx", wait_s=1)
+    assert text_of(r) == "Out[1]: 5" and not ext.seen, (text_of(r), ext.seen)
+    code = ("import time\nfor i in range(5):\n    print('line', i, flush=True)\n"
+            "    time.sleep(0.6)\n'done'")
+    r = await run_cell(c, code, wait_s=0.5)
+    task = ext.seen[-1]
+    sc = r.structured_content
+    assert not r.is_error and sc["result"] == "'done'" and sc["stdout"].count("line") == 5, sc
+    assert task["first"] == "working" and task["polls"][-1] == "completed", task
+    assert "task ends with its result" in task["message"], task["message"]
+    assert any(m and "line 3" in m for m in task["messages"]), task["messages"]
+
+    async def stop(session, handle):
+        await anyio.sleep(0.5)
+        await cancel_task(session, handle.task_id)
+    ext.on_task = stop
+    t0 = time.monotonic()
+    try:
+        r = await run_cell(c, "x = 6\nimport time\ntime.sleep(60)", wait_s=0.3)
+    except TaskEnded as e:
+        assert e.state.status == "cancelled", e.state
+    else:
+        raise AssertionError(f"the task was not cancelled: {text_of(r)}")
+    cancelled_s = time.monotonic() - t0
+    assert cancelled_s < 10, cancelled_s
+    ext.on_task = None
+    r = await run_cell(c, "x")
+    assert text_of(r) == "Out[4]: 6", text_of(r)
+    return {"tasks": len(ext.seen), "cancelled_s": cancelled_s}
 
 
 async def main():
@@ -638,6 +704,14 @@ async def main():
 
 
 async def run_scenario(opts, params):
+    if opts.scenario in MODERN:
+        # The SDK's own Client: it negotiates 2026-07-28 (server/discover) and carries the
+        # tasks extension.
+        opts.tasks = Tasks(poll_s=0.2)
+        async with Client(params, extensions=[opts.tasks]) as c:
+            facts = await SCENARIOS[opts.scenario](c, opts)
+        print(json.dumps(facts or {}))
+        return
     async with stdio_client(params) as (read, write):
         callback = elicit if opts.scenario in ELICITING else None
         async with ClientSession(read, write, elicitation_callback=callback) as s:

@@ -16,8 +16,11 @@ import anyio
 import httpx2
 import mcp.types as types
 from mcp import ClientSession
+from mcp.client import Client as SdkClient
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from tasks_ext import TASKS, TaskEnded, Tasks
+from tasks_ext import cancel as cancel_task
 
 SCENARIOS = {}
 SCENARIO_SECONDS = 300
@@ -55,6 +58,27 @@ class Client:
     async def __aexit__(self, *exc):
         await self._session.__aexit__(*exc)
         await self._transport.__aexit__(*exc)
+        await self._http.__aexit__(*exc)
+
+
+class Modern:
+    """The SDK's own Client, which negotiates 2026-07-28 (server/discover, no session),
+    with the given extensions."""
+
+    def __init__(self, opts, extensions=()):
+        self.opts = opts
+        self.extensions = list(extensions)
+
+    async def __aenter__(self):
+        self._http = httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {self.opts.token}"}, timeout=120)
+        await self._http.__aenter__()
+        transport = streamable_http_client(self.opts.url, http_client=self._http)
+        self._client = SdkClient(transport, extensions=self.extensions)
+        return await self._client.__aenter__()
+
+    async def __aexit__(self, *exc):
+        await self._client.__aexit__(*exc)
         await self._http.__aexit__(*exc)
 
 
@@ -407,6 +431,63 @@ async def cancel(opts):
         r = await ok(s, "cancel", "x")
         assert r.structured_content["result"] == "1", r.structured_content
     return {"stopped_after_s": stopped_after}
+
+
+@scenario
+async def modern(opts):
+    """2026-07-28 clients (the SDK's default Client): cells, tasks and long cells work as for
+    handshake clients; with the tasks extension a cell outliving wait_s becomes an MCP task
+    (its status message shows the output so far) while other tasks' calls go on, and
+    tasks/cancel interrupts the cell."""
+    code = ("import time\nfor i in range(5):\n    print('line', i, flush=True)\n"
+            "    time.sleep(0.6)\n'done'")
+    async with Modern(opts) as c:
+        assert c.session.protocol_version == "2026-07-28", c.session.protocol_version
+        assert TASKS in (c.session.server_capabilities.extensions or {})
+        await ok(c, "m-a", "x = 1")
+        await ok(c, "m-b", "x = 2")
+        assert (await ok(c, "m-a", "x")).structured_content["result"] == "1"
+        assert (await ok(c, "m-b", "x")).structured_content["result"] == "2"
+        assert set(await kernels(c)) == {"m-a", "m-b"}
+        r = await ok(c, "m-a", code, wait_s=0.5)
+        assert r.structured_content["running"] is True, r.structured_content
+        r = await c.call_tool("wait_cell", {"cell": r.structured_content["cell"], "task": "m-a",
+                                            "wait_s": 30})
+        assert r.structured_content["result"] == "'done'", r.structured_content
+    ext = Tasks(poll_s=0.2)
+    async with Modern(opts, [ext]) as c:
+        quick = []
+
+        async def other_task():
+            await anyio.sleep(0.8)
+            t0 = time.perf_counter()
+            await ok(c, "m-b", "x")
+            quick.append(time.perf_counter() - t0)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(other_task)
+            r = await ok(c, "m-a", code, wait_s=0.5)
+        task = ext.seen[-1]
+        assert r.structured_content["result"] == "'done'", r.structured_content
+        assert r.structured_content["stdout"].count("line") == 5, r.structured_content
+        assert task["polls"][-1] == "completed", task
+        assert any(m and "line 3" in m for m in task["messages"]), task["messages"]
+
+        async def stop(session, handle):
+            await anyio.sleep(0.5)
+            await cancel_task(session, handle.task_id)
+        ext.on_task = stop
+        t0 = time.perf_counter()
+        try:
+            r = await run(c, "m-a", "x = 9\nimport time\ntime.sleep(60)", wait_s=0.3)
+        except TaskEnded as e:
+            assert e.state.status == "cancelled", e.state
+        else:
+            raise AssertionError(f"the task was not cancelled: {text_of(r)}")
+        cancelled_s = time.perf_counter() - t0
+        ext.on_task = None
+        assert (await ok(c, "m-a", "x")).structured_content["result"] == "9"
+    return {"tasks": len(ext.seen), "quick_s": quick, "cancelled_s": cancelled_s}
 
 
 @scenario

@@ -28,6 +28,7 @@ pub mod parked;
 pub mod render;
 pub mod schema;
 pub mod store;
+pub mod tasks;
 pub mod tools;
 pub mod transport;
 
@@ -133,6 +134,8 @@ pub struct Shared {
     pub wait: Duration,
     /// Cells still running after their call answered, for `wait_cell`.
     parked: Mutex<parked::Parked>,
+    /// Cells that became MCP tasks (clients with the tasks extension).
+    pub tasks: tasks::CellTasks,
     /// The task log, named in messages.
     pub log_file: String,
     /// The server's `instructions`.
@@ -220,6 +223,7 @@ pub fn serve(
         default_timeout_ms: config.default_timeout_ms,
         wait: Duration::from_secs(mcp.wait_s),
         parked: Mutex::new(parked::Parked::default()),
+        tasks: tasks::CellTasks::default(),
         log_file: config.log_file.display().to_string(),
         instructions: instructions(config, session.board().status(false).sandbox.as_ref()),
         closing: AtomicBool::new(false),

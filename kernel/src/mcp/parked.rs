@@ -37,14 +37,28 @@ pub enum Take {
 /// The parked cells, by cell id (the call's ticket).
 #[derive(Default)]
 pub struct Parked {
-    cells: HashMap<u64, Option<Waiting>>,
+    cells: HashMap<u64, Slot>,
     order: VecDeque<u64>,
+}
+
+/// A parked cell: its ticket (kept while a waiter has taken it, so it can still be
+/// interrupted by id) and the cell when nobody waits on it.
+struct Slot {
+    ticket: Arc<Ticket>,
+    waiting: Option<Waiting>,
 }
 
 impl Parked {
     /// Keeps cell `id` (forgetting the oldest past [`MAX_PARKED`]).
     pub fn park(&mut self, id: u64, waiting: Waiting) {
-        self.cells.insert(id, Some(waiting));
+        let ticket = Arc::clone(&waiting.ticket);
+        self.cells.insert(
+            id,
+            Slot {
+                ticket,
+                waiting: Some(waiting),
+            },
+        );
         self.order.push_back(id);
         while self.order.len() > MAX_PARKED {
             if let Some(old) = self.order.pop_front() {
@@ -57,15 +71,20 @@ impl Parked {
     pub fn take(&mut self, id: u64) -> Take {
         match self.cells.get_mut(&id) {
             None => Take::Unknown,
-            Some(slot) => slot.take().map_or(Take::Busy, Take::Got),
+            Some(slot) => slot.waiting.take().map_or(Take::Busy, Take::Got),
         }
     }
 
     /// Gives back a cell whose waiter stopped before its result came.
     pub fn put_back(&mut self, id: u64, waiting: Waiting) {
         if let Some(slot) = self.cells.get_mut(&id) {
-            *slot = Some(waiting);
+            slot.waiting = Some(waiting);
         }
+    }
+
+    /// The ticket of cell `id`, whether or not a waiter has it.
+    pub fn ticket(&self, id: u64) -> Option<Arc<Ticket>> {
+        self.cells.get(&id).map(|slot| Arc::clone(&slot.ticket))
     }
 
     /// Forgets a collected cell.

@@ -14,7 +14,7 @@ use super::store::{OutputStore, StreamName};
 use flowrepl_protocol::{ExecuteResult, Image, ImageInfo};
 use rmcp::model::{CallToolResult, ContentBlock};
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
@@ -50,7 +50,7 @@ pub struct McpExecuteResult {
 
 /// `execute_code`'s and `wait_cell`'s `structuredContent` for a cell still running when the
 /// call answered (`wait_s` passed).
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct RunningCell {
     /// Always true: the cell goes on; `wait_cell` with `cell` collects its result.
     pub running: bool,
@@ -70,8 +70,16 @@ pub struct RunningCell {
     pub stderr_bytes: u64,
 }
 
-/// The tool result of a cell still running (see [`RunningCell`]).
-pub fn running_result(cell: RunningCell) -> CallToolResult {
+/// What comes next for a cell still running, as its text says it.
+pub enum Next {
+    /// `wait_cell` collects it.
+    WaitCell,
+    /// An MCP task ends with its result.
+    Task,
+}
+
+/// The text of a cell still running: its state, what comes next, the end of its output.
+pub fn running_text(cell: &RunningCell, next: Next) -> String {
     let mut text = if cell.queued {
         format!(
             "Cell {id} is still waiting for earlier calls after {s:.0} s.",
@@ -85,11 +93,18 @@ pub fn running_result(cell: RunningCell) -> CallToolResult {
             s = cell.elapsed_s
         )
     };
-    let _ = write!(
-        text,
-        " It goes on: call wait_cell with cell={id} for its result (interrupt stops it).",
-        id = cell.cell
-    );
+    match next {
+        Next::WaitCell => {
+            let _ = write!(
+                text,
+                " It goes on: call wait_cell with cell={id} for its result (interrupt stops it).",
+                id = cell.cell
+            );
+        }
+        Next::Task => {
+            text.push_str(" It goes on; this task ends with its result (tasks/cancel stops it).")
+        }
+    }
     for (name, part, total) in [
         ("stdout", &cell.stdout, cell.stdout_bytes),
         ("stderr", &cell.stderr, cell.stderr_bytes),
@@ -104,10 +119,27 @@ pub fn running_result(cell: RunningCell) -> CallToolResult {
         }
         let _ = write!(text, "]\n{part}");
     }
+    text
+}
+
+/// The tool result of a cell still running (see [`RunningCell`]).
+pub fn running_result(cell: RunningCell) -> CallToolResult {
+    let text = running_text(&cell, Next::WaitCell);
     let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
     r.structured_content = serde_json::to_value(&cell).ok();
     r.is_error = Some(false);
     r
+}
+
+/// The cell of a [`running_result`] (also one relayed from another kernel as JSON), else
+/// `None`.
+pub fn running_cell(result: &CallToolResult) -> Option<RunningCell> {
+    let s = result.structured_content.as_ref()?;
+    if s.get("running")?.as_bool()? {
+        serde_json::from_value(s.clone()).ok()
+    } else {
+        None
+    }
 }
 
 /// A part of the output after budgeting.

@@ -7,6 +7,7 @@ use super::parked::{Take, Waiting};
 use super::render::{self, McpExecuteResult, RunningCell};
 use super::schema;
 use super::store::{Page, ReadError, StreamName};
+use super::tasks;
 use super::{Job, Shared, Ticket};
 use crate::session::{not_stopped, unstoppable_for, Answer};
 use flowrepl_exec::tail::OutputTail;
@@ -17,11 +18,15 @@ use flowrepl_protocol::{
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::schema_for_input;
+use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ContentBlock, Implementation, InitializeResult, JsonObject,
-    ProgressNotificationParam, RequestMetaObject, ServerCapabilities,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    GetTaskParams, GetTaskResult, Implementation, InitializeResult, JsonObject,
+    ProgressNotificationParam, RequestMetaObject, ServerCapabilities, UpdateTaskParams,
 };
+use rmcp::service::RequestContext;
+use rmcp::task_manager::{TaskContext, TaskExit, TaskFuture};
 use rmcp::{tool, tool_handler, tool_router, ErrorData, Peer, RoleServer, ServerHandler};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -69,6 +74,15 @@ pub struct WaitCellArgs {
     pub wait_s: Option<f64>,
 }
 
+/// Arguments of `interrupt`.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InterruptArgs {
+    /// Stop this cell (an id from a `running: true` result) rather than whichever runs now.
+    #[serde(default)]
+    pub cell: Option<u64>,
+}
+
 /// How long a call waits: its `wait_s`, else the server's.
 fn wait_for(wait_s: Option<f64>, default: Duration) -> Result<Duration, ErrorData> {
     match wait_s {
@@ -101,7 +115,8 @@ pub struct ReadOutputArgs {
 /// `interrupt`'s structured result.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct InterruptOut {
-    /// True when a cell was running and was sent KeyboardInterrupt.
+    /// True when a cell was running and was sent KeyboardInterrupt (or, given `cell`, was
+    /// still queued and is dropped).
     pub interrupted: bool,
     /// What happens next.
     pub message: String,
@@ -205,6 +220,28 @@ pub fn answer_result(answer: Answer) -> CallToolResult {
     }
 }
 
+/// What a cell still running shows: its state and the end of its output so far.
+fn running_cell(shared: &Shared, id: u64, started: Instant, ticket: &Ticket) -> RunningCell {
+    let queued = ticket.is_queued();
+    let tail = if queued {
+        None
+    } else {
+        shared.control.output_tail(shared.max_chars / 2)
+    };
+    let tail = tail.unwrap_or_default();
+    let [stdout, stderr] = tail.recent;
+    RunningCell {
+        running: true,
+        cell: id,
+        elapsed_s: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+        queued,
+        stdout,
+        stderr,
+        stdout_bytes: tail.bytes[0],
+        stderr_bytes: tail.bytes[1],
+    }
+}
+
 /// The server's tools as a server with these settings lists them (`flowrepl serve` lists
 /// its kernels' tools so).
 pub fn listed(max_chars: usize, default_timeout_ms: u64, wait: Duration) -> Vec<rmcp::model::Tool> {
@@ -212,28 +249,6 @@ pub fn listed(max_chars: usize, default_timeout_ms: u64, wait: Duration) -> Vec<
 }
 
 impl KernelServer {
-    /// What a cell still running shows: its state and the end of its output so far.
-    fn running_cell(&self, id: u64, started: Instant, ticket: &Ticket) -> RunningCell {
-        let queued = ticket.is_queued();
-        let tail = if queued {
-            None
-        } else {
-            self.shared.control.output_tail(self.shared.max_chars / 2)
-        };
-        let tail = tail.unwrap_or_default();
-        let [stdout, stderr] = tail.recent;
-        RunningCell {
-            running: true,
-            cell: id,
-            elapsed_s: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
-            queued,
-            stdout,
-            stderr,
-            stdout_bytes: tail.bytes[0],
-            stderr_bytes: tail.bytes[1],
-        }
-    }
-
     /// The router, its descriptions stating these settings rather than copies of defaults.
     fn described(
         max_chars: usize,
@@ -352,7 +367,7 @@ impl KernelServer {
                 }
                 _ = &mut answer_by, if !cancelled => {
                     let id = ticket.id();
-                    let now = self.running_cell(id, started, &ticket);
+                    let now = running_cell(&self.shared, id, started, &ticket);
                     self.shared.parked().park(id, Waiting { rx, started, ticket });
                     return Ok(render::running_result(now));
                 }
@@ -440,7 +455,7 @@ impl KernelServer {
                 r.map_err(|_| internal("the cell was dropped before it ran (the client went away)"))
             }
             _ = tokio::time::sleep(wait) => {
-                let now = self.running_cell(id, waiting.started, &waiting.ticket);
+                let now = running_cell(&self.shared, id, waiting.started, &waiting.ticket);
                 self.shared.parked().put_back(id, waiting);
                 Ok(render::running_result(now))
             }
@@ -480,22 +495,41 @@ impl KernelServer {
 
     #[tool(
         name = "interrupt",
-        description = "Stop the cell that is running now (another execute_code call still waiting for it) with KeyboardInterrupt; its variables are kept. If the cell does not stop within the grace period (2 s by default), worker mode kills the worker and its processes (all variables are lost) and the session continues in a fresh one. Does nothing when no cell runs.",
+        description = "Stop the cell that is running now (another execute_code call still waiting for it) with KeyboardInterrupt; its variables are kept. With cell (an id from a running: true result), stop that cell only: interrupted if it runs, dropped if it still waits its turn, nothing if it has ended. If the cell does not stop within the grace period (2 s by default), worker mode kills the worker and its processes (all variables are lost) and the session continues in a fresh one. Does nothing when no cell runs.",
+        input_schema = schema_for_input::<Parameters<InterruptArgs>>().expect("an object schema"),
         output_schema = schema::shallow::<InterruptOut>(),
         annotations(title = "Interrupt the running cell", destructive_hint = false, open_world_hint = false)
     )]
-    async fn interrupt(&self) -> Result<CallToolResult, ErrorData> {
-        let interrupted = self.shared.control.interrupt();
-        let message = if interrupted {
-            "KeyboardInterrupt was sent to the running cell; its execute_code call returns with the error"
-        } else {
-            "no cell was running"
+    async fn interrupt(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
+        let args: InterruptArgs = parse_args(args)?;
+        let (interrupted, message) = match args.cell {
+            None => {
+                let interrupted = self.shared.control.interrupt();
+                let message = if interrupted {
+                    "KeyboardInterrupt was sent to the running cell; its execute_code call returns with the error"
+                } else {
+                    "no cell was running"
+                };
+                (interrupted, message.to_owned())
+            }
+            Some(id) => match self.shared.parked().ticket(id) {
+                Some(ticket) if !ticket.is_done() => {
+                    let message = if ticket.is_queued() {
+                        format!("cell {id} was waiting its turn: it will not run")
+                    } else {
+                        format!("KeyboardInterrupt was sent to cell {id}; wait_cell (or its task) gives its result")
+                    };
+                    super::cancel(&self.shared, &ticket);
+                    (true, message)
+                }
+                _ => (false, format!("cell {id} is not running")),
+            },
         };
         let out = InterruptOut {
             interrupted,
-            message: message.into(),
+            message: message.clone(),
         };
-        Ok(structured(message.into(), &out, false))
+        Ok(structured(message, &out, false))
     }
 
     #[tool(
@@ -574,14 +608,93 @@ fn variables_text(vars: &[VariableInfo]) -> String {
     t
 }
 
+/// A task's operation on this kernel: wait for the parked cell `id`; a `tasks/cancel` stops it.
+fn finish_cell(shared: Arc<Shared>) -> impl FnOnce(u64, TaskContext) -> TaskFuture {
+    move |id, ctx| {
+        Box::pin(async move {
+            let Take::Got(mut waiting) = shared.parked().take(id) else {
+                return Err(TaskExit::Error(internal(format!("cell {id} is gone"))));
+            };
+            let mut status = tokio::time::interval(tasks::STATUS_EVERY);
+            let result = loop {
+                tokio::select! {
+                    r = &mut waiting.rx => break r.map_err(|_| TaskExit::Cancelled),
+                    _ = ctx.cancelled() => {
+                        tracing::info!(cell = id, "task cancelled: stopping its cell");
+                        super::cancel(&shared, &waiting.ticket);
+                        let _ = (&mut waiting.rx).await;
+                        break Err(TaskExit::Cancelled);
+                    }
+                    _ = status.tick() => {
+                        let now = running_cell(&shared, id, waiting.started, &waiting.ticket);
+                        ctx.set_status_message(render::running_text(&now, render::Next::Task));
+                    }
+                }
+            };
+            shared.parked().collected(id);
+            result
+        })
+    }
+}
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for KernelServer {
     fn get_info(&self) -> InitializeResult {
-        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("flowrepl", env!("CARGO_PKG_VERSION"))
-                    .with_title("flowrepl Python kernel"),
-            )
-            .with_instructions(self.shared.instructions.clone())
+        InitializeResult::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(
+            Implementation::new("flowrepl", env!("CARGO_PKG_VERSION"))
+                .with_title("flowrepl Python kernel"),
+        )
+        .with_instructions(self.shared.instructions.clone())
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let asked_for_tasks = tasks::declared(&context).then(|| context.clone());
+        let response = self
+            .tool_router
+            .call(ToolCallContext::new(self, request, context))
+            .await?;
+        Ok(match (response, asked_for_tasks) {
+            (CallToolResponse::Complete(result), Some(context)) => {
+                let finish = finish_cell(Arc::clone(&self.shared));
+                self.shared.tasks.or_task(&context, result, finish)
+            }
+            (response, _) => response,
+        })
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        self.shared.tasks.get(&request.task_id)
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.shared
+            .tasks
+            .update(&request.task_id, request.input_responses)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.shared.tasks.cancel(&request.task_id)
     }
 }

@@ -1,16 +1,18 @@
 //! The MCP server `serve` is: the kernels' tools, each with optional `task` and `plan`
 //! arguments that pick the kernel, plus `list_kernels` and `stop_kernel`.
 
-use super::child::TaskKey;
+use super::child::{Child, TaskKey};
 use super::pool::{KernelInfo, Pool, PoolError};
-use crate::mcp::schema;
+use crate::mcp::tasks::{self, CellTasks};
+use crate::mcp::{render, schema};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    InitializeResult, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
-    Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    GetTaskParams, GetTaskResult, Implementation, InitializeResult, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, Tool, ToolAnnotations, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData, RoleServer, ServerHandler};
+use rmcp::task_manager::{TaskContext, TaskExit, TaskFuture};
+use rmcp::{ErrorData, Peer, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -49,6 +51,8 @@ pub struct Serve {
     tools: Arc<Vec<Tool>>,
     defaults: Arc<TaskKey>,
     instructions: Arc<str>,
+    /// Cells that became MCP tasks (clients with the tasks extension).
+    tasks: CellTasks,
 }
 
 impl Serve {
@@ -86,6 +90,7 @@ impl Serve {
             tools: Arc::new(tools),
             defaults: Arc::new(defaults),
             instructions: instructions.into(),
+            tasks: CellTasks::default(),
         }
     }
 
@@ -128,6 +133,54 @@ impl Serve {
     }
 }
 
+/// A task's operation through the relay: `wait_cell` on the kernel until the cell's result
+/// comes, each running answer (every [`tasks::STATUS_EVERY`]) becoming the task's status
+/// message; a `tasks/cancel` sends `interrupt {cell}` and the task ends cancelled once the
+/// cell has stopped.
+fn finish_relayed(
+    kernel: Arc<Child>,
+    peer: Peer<RoleServer>,
+) -> impl FnOnce(u64, TaskContext) -> TaskFuture {
+    move |cell, ctx| {
+        Box::pin(async move {
+            let never = tokio_util::sync::CancellationToken::new();
+            let args = |wait: Option<f64>| -> JsonObject {
+                let mut a = JsonObject::new();
+                a.insert("cell".into(), json!(cell));
+                if let Some(w) = wait {
+                    a.insert("wait_s".into(), json!(w));
+                }
+                a
+            };
+            let every = tasks::STATUS_EVERY.as_secs_f64();
+            let mut cancelled = false;
+            loop {
+                let wait = kernel.call_tool("wait_cell", args(Some(every)), None, &peer, &never);
+                tokio::pin!(wait);
+                let result = loop {
+                    tokio::select! {
+                        r = &mut wait => break r.map_err(TaskExit::Error)?,
+                        _ = ctx.cancelled(), if !cancelled => {
+                            cancelled = true;
+                            tracing::info!(cell, "task cancelled: interrupting its cell");
+                            if let Err(e) = kernel.call_tool("interrupt", args(None), None, &peer, &never).await {
+                                tracing::warn!(cell, error = %e.message, "interrupting a task's cell failed");
+                            }
+                        }
+                    }
+                };
+                match render::running_cell(&result) {
+                    Some(now) => {
+                        ctx.set_status_message(render::running_text(&now, render::Next::Task))
+                    }
+                    None if cancelled => return Err(TaskExit::Cancelled),
+                    None => return Ok(result),
+                }
+            }
+        })
+    }
+}
+
 fn structured<T: serde::Serialize>(text: String, value: &T) -> CallToolResult {
     let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
     r.structured_content = serde_json::to_value(value).ok();
@@ -161,12 +214,41 @@ fn with_task_args(mut tool: Tool) -> Tool {
 
 impl ServerHandler for Serve {
     fn get_info(&self) -> InitializeResult {
-        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("flowrepl", env!("CARGO_PKG_VERSION"))
-                    .with_title("flowrepl Python kernels"),
-            )
-            .with_instructions(self.instructions.to_string())
+        InitializeResult::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(
+            Implementation::new("flowrepl", env!("CARGO_PKG_VERSION"))
+                .with_title("flowrepl Python kernels"),
+        )
+        .with_instructions(self.instructions.to_string())
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        self.tasks.get(&request.task_id)
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.update(&request.task_id, request.input_responses)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.cancel(&request.task_id)
     }
 
     async fn list_tools(
@@ -222,9 +304,10 @@ impl ServerHandler for Serve {
             }
         };
         let progress = context.meta.get_progress_token();
-        kernel
+        let result = kernel
             .call_tool(name, args, progress, &context.peer, &context.ct)
-            .await
-            .map(Into::into)
+            .await?;
+        let finish = finish_relayed(kernel, context.peer.clone());
+        Ok(self.tasks.or_task(&context, result, finish))
     }
 }

@@ -52,8 +52,25 @@ fn a_long_cell_answers_running_and_wait_cell_collects_it() {
             "{mode}: {facts}"
         );
         let records = read_log(&log);
-        assert_eq!(records.len(), 3, "{mode}");
+        // The cell dropped by `interrupt {cell}` never ran: no record.
+        assert_eq!(records.len(), 6, "{mode}");
         assert_eq!(records[0].result.as_deref(), Some("'done'"), "{mode}");
+        assert!(records[4].interrupted, "{mode}: {:?}", records[4]);
+    }
+}
+
+/// The MCP tasks extension (2026-07-28, the SDK's own `Client`): a cell outliving `wait_s`
+/// becomes a task that ends with its result; `tasks/cancel` interrupts its cell, whose record
+/// says so.
+#[test]
+fn a_long_cell_becomes_a_task_for_clients_with_the_tasks_extension() {
+    for mode in MODES {
+        let (facts, log, _logs) = Scenario::mode(mode).run("tasks");
+        assert_eq!(facts["tasks"], 2, "{mode}: {facts}");
+        let records = read_log(&log);
+        assert_eq!(records.len(), 4, "{mode}");
+        assert_eq!(records[1].result.as_deref(), Some("'done'"), "{mode}");
+        assert!(records[2].interrupted, "{mode}: {:?}", records[2]);
     }
 }
 

@@ -136,6 +136,25 @@ fn a_cancelled_call_interrupts_its_cell() {
     assert!(records[1].interrupted, "the cancelled cell was interrupted");
 }
 
+/// 2026-07-28 clients (no session; the SDK's default): every result carries `resultType`,
+/// and with the tasks extension a long cell is a task that `tasks/cancel` interrupts.
+#[test]
+fn clients_of_the_2026_protocol_run_cells_and_long_cells_become_tasks() {
+    let server = Server::start(&[]);
+    let facts = server.run("modern", &[]);
+    eprintln!("modern: {facts}");
+    assert_eq!(facts["tasks"], 2, "{facts}");
+    assert!(facts["quick_s"][0].as_f64().unwrap() < 1.0, "{facts}");
+    assert!(facts["cancelled_s"].as_f64().unwrap() < 10.0, "{facts}");
+    let records = read_log(&server.log_of("m-a"));
+    assert_eq!(records.len(), 6, "{records:?}");
+    assert_eq!(records[3].result.as_deref(), Some("'done'"));
+    assert!(
+        records[4].interrupted,
+        "the cancelled task's cell was interrupted"
+    );
+}
+
 #[test]
 fn sigterm_lets_running_cells_finish_then_checkpoints_and_stops_every_kernel() {
     let mut server = Server::start(&[]);
