@@ -673,6 +673,11 @@ async def tasks(c, opts):
     ext.on_task = None
     r = await run_cell(c, "x")
     assert text_of(r) == "Out[4]: 6", text_of(r)
+    # 2026-07-28 has no server-to-client requests: an approval cannot reach this client, even
+    # though it has an elicitation callback; the cell hears so at once.
+    r = await run_cell(c, "print(flow.request_approval('accept this?'))")
+    assert text_of(r).startswith("None") and "2026-07-28" in text_of(r), text_of(r)
+    assert not ASKED, ASKED
     return {"tasks": len(ext.seen), "cancelled_s": cancelled_s}
 
 
@@ -708,7 +713,7 @@ async def run_scenario(opts, params):
         # The SDK's own Client: it negotiates 2026-07-28 (server/discover) and carries the
         # tasks extension.
         opts.tasks = Tasks(poll_s=0.2)
-        async with Client(params, extensions=[opts.tasks]) as c:
+        async with Client(params, extensions=[opts.tasks], elicitation_callback=elicit) as c:
             facts = await SCENARIOS[opts.scenario](c, opts)
         print(json.dumps(facts or {}))
         return

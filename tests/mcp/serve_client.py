@@ -487,6 +487,10 @@ async def modern(opts):
         cancelled_s = time.perf_counter() - t0
         ext.on_task = None
         assert (await ok(c, "m-a", "x")).structured_content["result"] == "9"
+        # No server-to-client requests in 2026-07-28: the cell's approval is cancelled, saying why.
+        r = await run(c, "m-b", "flow.request_approval('Deploy?')")
+        assert r.is_error and "ApprovalCancelled" in text_of(r) and "2026-07-28" in text_of(r), \
+            text_of(r)
     return {"tasks": len(ext.seen), "quick_s": quick, "cancelled_s": cancelled_s}
 
 

@@ -6,7 +6,8 @@
 //! approved (`True`), `decline` → declined (`False`), `cancel` or an error → cancelled
 //! (`flow.ApprovalCancelled`). When the cell stops waiting first (its `timeout_s`, an
 //! interrupt, a cancelled call), the request is cancelled with `notifications/cancelled`.
-//! Without the capability nothing is sent and the cell gets `None` at once.
+//! Without the capability, or with a 2026-07-28 client (no `initialize`; that revision has
+//! no server-to-client requests), nothing is sent and the cell gets `None` at once.
 
 use crate::approvals::{Approvals, Asker};
 use flowrepl_os::lock;
@@ -43,10 +44,24 @@ impl ElicitAsker {
         }
     }
 
-    fn supported(&self) -> bool {
-        self.peer
+    /// Whether the client can be asked, else why not.
+    fn askable(&self) -> Result<(), String> {
+        if self.peer.peer_info().is_none() {
+            // No `initialize`: a 2026-07-28 client, to which a server sends no requests.
+            return Err("the MCP client speaks protocol 2026-07-28, where a server cannot send it elicitation requests, so nobody can be asked".into());
+        }
+        if self
+            .peer
             .supported_elicitation_modes()
             .contains(&rmcp::service::ElicitationMode::Form)
+        {
+            Ok(())
+        } else {
+            Err(
+                "the MCP client did not declare the elicitation capability, so nobody can be asked"
+                    .into(),
+            )
+        }
     }
 }
 
@@ -101,12 +116,7 @@ fn answer_of(approval_id: &str, reply: Result<ClientResult, rmcp::ServiceError>)
 
 impl Asker for ElicitAsker {
     fn ask(&self, request: &ApprovalRequest, approvals: &Arc<Approvals>) -> Result<(), String> {
-        if !self.supported() {
-            return Err(
-                "the MCP client did not declare the elicitation capability, so nobody can be asked"
-                    .into(),
-            );
-        }
+        self.askable()?;
         let params = ElicitRequestParams::FormElicitationParams {
             meta: None,
             message: prompt(request),

@@ -540,16 +540,25 @@ async fn answer(child: &Child, method: &str, id: Value, msg: Value) {
 
 /// A cell's approval, asked of the client of the latest `execute_code` call.
 async fn elicit(child: &Child, params: &Value) -> Result<Value, (i64, String)> {
-    let peer = lock(&child.asker).clone();
-    let Some(peer) = peer.filter(|p| {
-        p.peer_info()
-            .is_some_and(|i| i.capabilities.elicitation.is_some())
-    }) else {
+    let Some(peer) = lock(&child.asker).clone() else {
+        return Err((
+            -32600,
+            "no client has called execute_code: nobody can answer".into(),
+        ));
+    };
+    let Some(info) = peer.peer_info() else {
+        // No `initialize`: a 2026-07-28 client, to which a server sends no requests.
+        return Err((
+            -32600,
+            "the client of this call speaks protocol 2026-07-28, where a server cannot send it elicitation requests: nobody can answer".into(),
+        ));
+    };
+    if info.capabilities.elicitation.is_none() {
         return Err((
             -32600,
             "the client of this call declared no elicitation: nobody can answer".into(),
         ));
-    };
+    }
     let params: ElicitRequestParams =
         serde_json::from_value(params.clone()).map_err(|e| (-32602, e.to_string()))?;
     match peer.create_elicitation(params).await {
