@@ -11,6 +11,13 @@
 //! one lock that every cell holds while it runs, so a checkpoint never sees a cell half-way.
 //! A pending checkpoint is also written when the session ends.
 //!
+//! Writes are spaced: after one, the next waits at least [`MIN_CHECKPOINT_INTERVAL`], or
+//! [`WRITE_SHARE`]` - 1` times as long as the last one took if that is longer, so that the
+//! writer spends at most a tenth of the time writing (the overdue rule above still holds).
+//! A person or an agent sends cells seconds apart and sees no difference; a client sending
+//! cells back to back (a script, 50 clients on 10 kernels) no longer pays a write after
+//! almost every cell: that was half the machine's CPU in `bench/run --serve`.
+//!
 //! # What
 //! Incremental: the names rebound since the last write (by identity), plus the names the
 //! cells since then may have changed without rebinding: every global their code names, and
@@ -53,6 +60,10 @@ use std::time::{Duration, Instant};
 pub const IDLE_BEFORE_CHECKPOINT: Duration = Duration::from_millis(2);
 /// ... but no longer than this: then it is written before the next cell.
 pub const MAX_CHECKPOINT_DELAY: Duration = Duration::from_secs(1);
+/// Automatic writes (on-success) are at least this far apart...
+pub const MIN_CHECKPOINT_INTERVAL: Duration = Duration::from_millis(50);
+/// ... and the writer spends at most 1 / `WRITE_SHARE` of the time writing.
+pub const WRITE_SHARE: u64 = 10;
 /// Pickles up to this size are loaded back when written, to catch ones that do not load.
 const VERIFY_BYTES: u64 = 16 << 20;
 /// Past this many cells' code objects kept for the next write, it saves every name instead.
@@ -247,8 +258,9 @@ impl Drop for Checkpointer {
 }
 
 /// The writer thread: parked until a write is pending, then it waits until no cell has run
-/// for [`IDLE_BEFORE_CHECKPOINT`] (or the write is [`MAX_CHECKPOINT_DELAY`] old and no cell
-/// runs), and writes it.
+/// for [`IDLE_BEFORE_CHECKPOINT`] and the last write is far enough behind
+/// ([`MIN_CHECKPOINT_INTERVAL`]), or the write is [`MAX_CHECKPOINT_DELAY`] old and no cell
+/// runs, and writes it.
 fn write_when_idle(s: &Shared) {
     crate::sys::block_sigint();
     // every-cell: at once, once the cell has let go of the state.
@@ -259,6 +271,9 @@ fn write_when_idle(s: &Shared) {
         IDLE_BEFORE_CHECKPOINT.as_micros() as u64
     };
     let overdue = MAX_CHECKPOINT_DELAY.as_micros() as u64;
+    // When the next automatic write may start (see MIN_CHECKPOINT_INTERVAL); every-cell
+    // writes are never held back.
+    let mut next_write = 0u64;
     while !s.stop.load(Ordering::Acquire) {
         if !s.pending.load(Ordering::Acquire) {
             s.sleeping.store(true, Ordering::Release);
@@ -279,8 +294,12 @@ fn write_when_idle(s: &Shared) {
             std::thread::park_timeout(IDLE_BEFORE_CHECKPOINT);
             continue;
         }
-        if quiet < idle && age < overdue {
-            let wait = (idle - quiet).max(200);
+        if (quiet < idle || now < next_write) && age < overdue {
+            let wait = idle
+                .saturating_sub(quiet)
+                .max(next_write.saturating_sub(now))
+                .min(overdue - age)
+                .max(200);
             std::thread::park_timeout(Duration::from_micros(wait));
             continue;
         }
@@ -289,8 +308,15 @@ fn write_when_idle(s: &Shared) {
             std::thread::park_timeout(Duration::from_micros(idle));
             continue;
         };
+        let started = s.now();
         Python::attach(|py| st.write_pending(py, s.globals.bind(py)));
         s.pending.store(st.pending.is_some(), Ordering::Release);
+        if !every_cell {
+            let ended = s.now();
+            let took = ended.saturating_sub(started);
+            let floor = MIN_CHECKPOINT_INTERVAL.as_micros() as u64;
+            next_write = ended + floor.max(took * (WRITE_SHARE - 1));
+        }
         // Before the lock goes: the next cell, which takes it, must see this.
         s.imported.store(true, Ordering::Release);
     }
