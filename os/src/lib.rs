@@ -94,8 +94,72 @@ pub fn spin_before_block() -> Duration {
     })
 }
 
+/// After this many polls in a row at a [`Spin`] site found nothing, it stops polling...
+pub const SPIN_MISSES_BEFORE_PAUSE: u32 = 8;
+/// ... except once every this many waits, to notice when polling pays again.
+pub const SPIN_PROBE_EVERY: u32 = 32;
+
+/// One place where a thread polls before it sleeps (see [`spin_before_block`]), which polls
+/// only while polling pays there: after [`SPIN_MISSES_BEFORE_PAUSE`] polls in a row that
+/// found nothing (the other side is slow: a client thinking, or a machine with more runnable
+/// threads than CPUs, where polling only takes the CPU from the thread it waits for), it
+/// sleeps at once, polling again once every [`SPIN_PROBE_EVERY`] waits and for good after
+/// one poll that found something. The figures (50 clients on 10 kernels, one client) are in
+/// docs/design.md, "Polling that does not pay stops".
+#[derive(Debug, Default)]
+pub struct Spin {
+    misses: std::sync::atomic::AtomicU32,
+    waits: std::sync::atomic::AtomicU32,
+}
+
+impl Spin {
+    /// A site that polls until it learns that it should not.
+    pub const fn new() -> Spin {
+        Spin {
+            misses: std::sync::atomic::AtomicU32::new(0),
+            waits: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
+    /// Whether this wait polls first.
+    fn polls(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.misses.load(Relaxed) < SPIN_MISSES_BEFORE_PAUSE {
+            return true;
+        }
+        self.waits.fetch_add(1, Relaxed) % SPIN_PROBE_EVERY == 0
+    }
+
+    fn found(&self, found: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if found {
+            self.misses.store(0, Relaxed);
+        } else {
+            let _ = self
+                .misses
+                .fetch_update(Relaxed, Relaxed, |m| Some(m.saturating_add(1)));
+        }
+    }
+
+    /// [`spin_until`], when this site polls at all.
+    pub fn until(&self, ready: impl FnMut() -> bool) -> bool {
+        if !self.polls() {
+            return false;
+        }
+        let found = spin_until(ready);
+        self.found(found);
+        found
+    }
+
+    /// [`spin_until_readable`], when this site polls at all.
+    pub fn until_readable(&self, fd: RawFd) -> bool {
+        self.until(|| poll_readable(fd, Duration::ZERO).unwrap_or(true))
+    }
+}
+
 /// Looks at `ready` again and again, yielding the CPU between looks, for up to
-/// [`spin_before_block`]; true once it said yes.
+/// [`spin_before_block`]; true once it said yes. (Always: where polling may not pay, a
+/// [`Spin`] site decides.)
 pub fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
     let spin = spin_before_block();
     let start = std::time::Instant::now();

@@ -302,7 +302,8 @@ pub fn serve(
 fn next_job(queue: &std::sync::mpsc::Receiver<Job>) -> Option<Job> {
     use std::sync::mpsc::TryRecvError;
     let mut got = None;
-    flowrepl_os::spin_until(|| match queue.try_recv() {
+    static NEXT_JOB: flowrepl_os::Spin = flowrepl_os::Spin::new();
+    NEXT_JOB.until(|| match queue.try_recv() {
         Ok(job) => got.replace(Some(job)).is_none(),
         Err(TryRecvError::Disconnected) => got.replace(None).is_none(),
         Err(TryRecvError::Empty) => false,

@@ -162,7 +162,8 @@ fn checkpoint_args(args: JsonObject) -> Result<CheckpointParams, ErrorData> {
 /// (yielding between looks); `None` if nothing came.
 fn spin_for<T>(rx: &mut oneshot::Receiver<T>) -> Option<Result<T, ()>> {
     let mut got = None;
-    flowrepl_os::spin_until(|| match rx.try_recv() {
+    static CELL_RESULT: flowrepl_os::Spin = flowrepl_os::Spin::new();
+    CELL_RESULT.until(|| match rx.try_recv() {
         Ok(v) => got.replace(Ok(v)).is_none(),
         Err(oneshot::error::TryRecvError::Closed) => got.replace(Err(())).is_none(),
         Err(oneshot::error::TryRecvError::Empty) => false,

@@ -170,7 +170,8 @@ fn serve(
             let mut input = lock(input);
             if input.is_empty() {
                 // The next frame usually comes within tens of µs: look before sleeping.
-                crate::sys::spin_until_readable(input.get_ref().as_raw_fd());
+                static NEXT_FRAME: crate::sys::Spin = crate::sys::Spin::new();
+                NEXT_FRAME.until_readable(input.get_ref().as_raw_fd());
             }
             input.read_frame()
         };

@@ -157,7 +157,8 @@ impl Worker {
         // once, without polling again).
         let mut readable = alive
             && self.state.process().is_some_and(|p| {
-                flowrepl_os::spin_until_readable(p.from_worker.get_ref().as_raw_fd())
+                static WORKER_FRAME: flowrepl_os::Spin = flowrepl_os::Spin::new();
+                WORKER_FRAME.until_readable(p.from_worker.get_ref().as_raw_fd())
             });
         while alive && c.done.is_none() {
             let got = if std::mem::take(&mut readable) {
