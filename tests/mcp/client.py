@@ -673,11 +673,19 @@ async def tasks(c, opts):
     ext.on_task = None
     r = await run_cell(c, "x")
     assert text_of(r) == "Out[4]: 6", text_of(r)
-    # 2026-07-28 has no server-to-client requests: an approval cannot reach this client, even
-    # though it has an elicitation callback; the cell hears so at once.
-    r = await run_cell(c, "print(flow.request_approval('accept this?'))")
-    assert text_of(r).startswith("None") and "2026-07-28" in text_of(r), text_of(r)
-    assert not ASKED, ASKED
+    # 2026-07-28 has no server-to-client requests: approvals reach the person through the
+    # call's InputRequiredResult (the SDK asks the callback and sends the call again), and the
+    # cell runs once.
+    r = await run_cell(c, "runs = globals().get('runs', 0) + 1\n"
+                          "a = flow.request_approval('accept this?')\n"
+                          "b = flow.request_approval('decline that?')\n(a, b, runs)")
+    assert text_of(r).endswith("Out[5]: (True, False, 1)"), text_of(r)
+    assert [q["message"] for q in ASKED] == ["accept this?", "decline that?"], ASKED
+    # A client without an elicitation callback is not asked: None at once.
+    async with Client(opts.params) as plain:
+        r = await run_cell(plain, "print(flow.request_approval('accept me?'))")
+        assert text_of(r).startswith("None") and "elicitation" in text_of(r), text_of(r)
+    assert len(ASKED) == 2, ASKED
     return {"tasks": len(ext.seen), "cancelled_s": cancelled_s}
 
 
@@ -713,6 +721,7 @@ async def run_scenario(opts, params):
         # The SDK's own Client: it negotiates 2026-07-28 (server/discover) and carries the
         # tasks extension.
         opts.tasks = Tasks(poll_s=0.2)
+        opts.params = params
         async with Client(params, extensions=[opts.tasks], elicitation_callback=elicit) as c:
             facts = await SCENARIOS[opts.scenario](c, opts)
         print(json.dumps(facts or {}))

@@ -6,20 +6,96 @@
 //! approved (`True`), `decline` → declined (`False`), `cancel` or an error → cancelled
 //! (`flow.ApprovalCancelled`). When the cell stops waiting first (its `timeout_s`, an
 //! interrupt, a cancelled call), the request is cancelled with `notifications/cancelled`.
-//! Without the capability, or with a 2026-07-28 client (no `initialize`; that revision has
-//! no server-to-client requests), nothing is sent and the cell gets `None` at once.
+//! Without the capability nothing is sent and the cell gets `None` at once.
+//!
+//! A 2026-07-28 client (no `initialize`) cannot be sent requests: its approvals go into the
+//! [`Inbox`], and the call waiting for the cell (`execute_code`, `wait_cell`) answers with an
+//! `InputRequiredResult` carrying them as `inputRequests` (SEP-2322, keyed by approval id)
+//! and `requestState: "cell:<id>"`; the client asks the person and sends the same call again
+//! with `inputResponses`, which answer the approvals, and the call goes on waiting for the
+//! same cell (the code does not run twice). Whether such a client can answer is per request
+//! (its `_meta` capabilities); the latest waiting call's say is the one used.
 
 use crate::approvals::{Approvals, Asker};
 use flowrepl_os::lock;
 use flowrepl_protocol::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};
 use rmcp::model::{
-    CancelledNotificationParam, ClientResult, ElicitRequest, ElicitRequestParams,
-    ElicitationAction, ElicitationSchema, ServerRequest,
+    CancelledNotificationParam, ClientResult, ElicitRequest, ElicitRequestParams, ElicitResult,
+    ElicitationAction, ElicitationSchema, InputRequest, InputRequests, InputResponses,
+    ServerRequest,
 };
 use rmcp::service::PeerRequestOptions;
 use rmcp::{Peer, RoleServer};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// Approvals waiting to go to a 2026-07-28 client in an answer's `inputRequests`.
+#[derive(Default)]
+pub struct Inbox {
+    waiting: Mutex<BTreeMap<String, ElicitRequestParams>>,
+    /// Bumped when an approval comes in.
+    changed: tokio::sync::watch::Sender<u64>,
+    /// The latest call waiting for a cell came from a client that can answer them.
+    open: AtomicBool,
+}
+
+impl Inbox {
+    /// Notified when an approval comes in.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Says whether the client of the call now waiting for a cell can answer approvals.
+    pub fn set_open(&self, open: bool) {
+        self.open.store(open, Ordering::Release);
+    }
+
+    /// The approvals waiting, as `inputRequests` (none: `None`).
+    pub fn requests(&self) -> Option<InputRequests> {
+        let waiting = lock(&self.waiting);
+        if waiting.is_empty() {
+            return None;
+        }
+        Some(
+            waiting
+                .iter()
+                .map(|(id, params)| {
+                    let request = ElicitRequest::new(params.clone());
+                    (id.clone(), InputRequest::Elicitation(request))
+                })
+                .collect(),
+        )
+    }
+
+    fn put(&self, approval_id: &str, params: ElicitRequestParams) {
+        lock(&self.waiting).insert(approval_id.to_owned(), params);
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    fn remove(&self, approval_id: &str) -> bool {
+        lock(&self.waiting).remove(approval_id).is_some()
+    }
+
+    /// Answers the approvals `responses` name (each an `ElicitResult`); the others are
+    /// ignored, as SEP-2322 asks.
+    pub fn deliver(&self, responses: InputResponses, approvals: &Approvals) {
+        for (id, value) in responses {
+            if !self.remove(&id) {
+                continue;
+            }
+            let reply = serde_json::from_value::<ElicitResult>(value)
+                .map(ClientResult::ElicitResult)
+                .map_err(|e| {
+                    rmcp::ServiceError::McpError(rmcp::ErrorData::invalid_params(
+                        format!("not an elicitation result: {e}"),
+                        None,
+                    ))
+                });
+            approvals.answer(answer_of(&id, reply));
+        }
+    }
+}
 
 /// The MCP front's [`Asker`].
 pub struct ElicitAsker {
@@ -27,6 +103,8 @@ pub struct ElicitAsker {
     runtime: tokio::runtime::Handle,
     /// Requests in flight: the task awaiting each, and its request id once sent.
     asks: Arc<Mutex<HashMap<String, InFlight>>>,
+    /// For a 2026-07-28 client.
+    inbox: Arc<Inbox>,
 }
 
 struct InFlight {
@@ -35,21 +113,23 @@ struct InFlight {
 }
 
 impl ElicitAsker {
-    /// Asks through `peer`, on the MCP thread's runtime.
-    pub fn new(peer: Peer<RoleServer>, runtime: tokio::runtime::Handle) -> ElicitAsker {
+    /// Asks through `peer`, on the MCP thread's runtime (a 2026-07-28 client: through
+    /// `inbox`).
+    pub fn new(
+        peer: Peer<RoleServer>,
+        runtime: tokio::runtime::Handle,
+        inbox: Arc<Inbox>,
+    ) -> ElicitAsker {
         ElicitAsker {
             peer,
             runtime,
             asks: Arc::default(),
+            inbox,
         }
     }
 
     /// Whether the client can be asked, else why not.
     fn askable(&self) -> Result<(), String> {
-        if self.peer.peer_info().is_none() {
-            // No `initialize`: a 2026-07-28 client, to which a server sends no requests.
-            return Err("the MCP client speaks protocol 2026-07-28, where a server cannot send it elicitation requests, so nobody can be asked".into());
-        }
         if self
             .peer
             .supported_elicitation_modes()
@@ -63,6 +143,12 @@ impl ElicitAsker {
             )
         }
     }
+}
+
+/// Whether `peer` connected without `initialize` (protocol 2026-07-28, no server-to-client
+/// requests).
+pub fn is_2026(peer: &Peer<RoleServer>) -> bool {
+    peer.peer_info().is_none()
 }
 
 /// The text shown to the person: the message, then the data when there is any.
@@ -116,12 +202,22 @@ fn answer_of(approval_id: &str, reply: Result<ClientResult, rmcp::ServiceError>)
 
 impl Asker for ElicitAsker {
     fn ask(&self, request: &ApprovalRequest, approvals: &Arc<Approvals>) -> Result<(), String> {
-        self.askable()?;
         let params = ElicitRequestParams::FormElicitationParams {
             meta: None,
             message: prompt(request),
             requested_schema: schema(),
         };
+        if is_2026(&self.peer) {
+            if !self.inbox.open.load(Ordering::Acquire) {
+                return Err(
+                    "the MCP client did not declare the elicitation capability, so nobody can be asked"
+                        .into(),
+                );
+            }
+            self.inbox.put(&request.approval_id, params);
+            return Ok(());
+        }
+        self.askable()?;
         let id = request.approval_id.clone();
         let request_id = Arc::new(Mutex::new(None));
         let (peer, approvals, asks, sent) = (
@@ -160,6 +256,7 @@ impl Asker for ElicitAsker {
     }
 
     fn withdraw(&self, approval_id: &str) {
+        self.inbox.remove(approval_id);
         let Some(f) = lock(&self.asks).remove(approval_id) else {
             return;
         };

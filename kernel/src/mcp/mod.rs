@@ -136,6 +136,8 @@ pub struct Shared {
     parked: Mutex<parked::Parked>,
     /// Cells that became MCP tasks (clients with the tasks extension).
     pub tasks: tasks::CellTasks,
+    /// Approvals for a 2026-07-28 client, answered through `inputRequests`.
+    pub inbox: Arc<approval::Inbox>,
     /// The task log, named in messages.
     pub log_file: String,
     /// The server's `instructions`.
@@ -160,7 +162,11 @@ impl Shared {
     /// Approval requests go to this client (as elicitation requests when it can answer them).
     pub fn ask_through(&self, peer: &rmcp::Peer<rmcp::RoleServer>) {
         self.asking.call_once(|| {
-            let asker = approval::ElicitAsker::new(peer.clone(), tokio::runtime::Handle::current());
+            let asker = approval::ElicitAsker::new(
+                peer.clone(),
+                tokio::runtime::Handle::current(),
+                Arc::clone(&self.inbox),
+            );
             self.approvals.set_asker(Arc::new(asker));
         });
     }
@@ -224,6 +230,7 @@ pub fn serve(
         wait: Duration::from_secs(mcp.wait_s),
         parked: Mutex::new(parked::Parked::default()),
         tasks: tasks::CellTasks::default(),
+        inbox: Arc::default(),
         log_file: config.log_file.display().to_string(),
         instructions: instructions(config, session.board().status(false).sandbox.as_ref()),
         closing: AtomicBool::new(false),

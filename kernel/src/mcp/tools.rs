@@ -18,12 +18,13 @@ use flowrepl_protocol::{
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::schema_for_input;
-use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::handler::server::tool::{InputResponses, RequestState, ToolCallContext};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
-    GetTaskParams, GetTaskResult, Implementation, InitializeResult, JsonObject,
-    ProgressNotificationParam, RequestMetaObject, ServerCapabilities, UpdateTaskParams,
+    GetTaskParams, GetTaskResult, Implementation, InitializeResult, InputRequiredResult,
+    JsonObject, ProgressNotificationParam, ProgressToken, RequestMetaObject, ServerCapabilities,
+    UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::task_manager::{TaskContext, TaskExit, TaskFuture};
@@ -243,6 +244,163 @@ fn running_cell(shared: &Shared, id: u64, started: Instant, ticket: &Ticket) -> 
     }
 }
 
+/// How a call that waits for a cell ends when its client cancels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnCancel {
+    /// `execute_code`: the cell is interrupted (dropped if still queued).
+    Interrupt,
+    /// `wait_cell`: only the waiting stops.
+    StopWaiting,
+}
+
+/// How a call follows its cell.
+struct Follow {
+    /// Answer `running: true` after this long.
+    wait: Duration,
+    /// Send progress notifications to this token.
+    token: Option<ProgressToken>,
+    on_cancel: OnCancel,
+    /// The client can answer approvals through `inputRequests` (2026-07-28).
+    asks: bool,
+}
+
+/// The cell id of an `InputRequiredResult`'s `requestState`.
+fn cell_of_state(state: &str) -> Result<u64, ErrorData> {
+    state
+        .strip_prefix("cell:")
+        .and_then(|id| id.parse().ok())
+        .ok_or_else(|| {
+            ErrorData::invalid_params(
+                format!("requestState {state:?} is not one this server gave"),
+                None,
+            )
+        })
+}
+
+impl KernelServer {
+    /// Whether this call's client answers approvals through `inputRequests` (a 2026-07-28
+    /// client that declared elicitation in the request's `_meta`); said to the inbox.
+    fn answers_approvals(&self, peer: &Peer<RoleServer>, meta: &RequestMetaObject) -> bool {
+        let asks = super::approval::is_2026(peer)
+            && meta
+                .client_capabilities()
+                .is_some_and(|c| c.elicitation.is_some());
+        self.shared.inbox.set_open(asks);
+        asks
+    }
+
+    /// Takes parked cell `id` for a call to follow.
+    fn take_parked(&self, id: u64) -> Result<Waiting, ErrorData> {
+        match self.shared.parked().take(id) {
+            Take::Got(w) => Ok(w),
+            Take::Busy => Err(ErrorData::invalid_params(
+                format!("another call is already waiting for cell {id}"),
+                None,
+            )),
+            Take::Unknown => Err(ErrorData::invalid_params(
+                format!("no cell {id} to wait for: ids come from a running: true result, and a result is given once"),
+                None,
+            )),
+        }
+    }
+
+    /// Waits for cell `id` up to `follow.wait`: its result; or, still running, `running: true`
+    /// (the cell parked for `wait_cell`); or, when the client can answer approvals through
+    /// `inputRequests` and the cell waits for one, an `InputRequiredResult` (parked too).
+    /// Meanwhile: progress notifications, cancellation, calls stuck behind a cell that
+    /// ignores SIGINT.
+    async fn follow(
+        &self,
+        id: u64,
+        mut waiting: Waiting,
+        follow: Follow,
+        peer: &Peer<RoleServer>,
+        ct: &CancellationToken,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let started = Instant::now();
+        let mut heartbeat = tokio::time::interval_at((started + HEARTBEAT).into(), HEARTBEAT);
+        let mut stuck_check = tokio::time::interval(STUCK_CHECK);
+        // One timer for the whole wait, not one per pass of the loop.
+        let answer_by = tokio::time::sleep_until(tokio::time::Instant::from(started + follow.wait));
+        tokio::pin!(answer_by);
+        let mut inbox = self.shared.inbox.subscribe();
+        let mut previous = OutputTail::default();
+        let mut last_line: Option<String> = None;
+        let mut cancelled = false;
+        loop {
+            if follow.asks && !cancelled {
+                if let Some(requests) = self.shared.inbox.requests() {
+                    self.shared.parked().park(id, waiting);
+                    let state = format!("cell:{id}");
+                    return Ok(InputRequiredResult::new(Some(requests), Some(state)).into());
+                }
+            }
+            tokio::select! {
+                r = &mut waiting.rx => {
+                    self.shared.parked().collected(id);
+                    return r.map(Into::into).map_err(|_| internal("the cell was dropped before it ran"));
+                }
+                _ = &mut answer_by, if !cancelled => {
+                    let now = running_cell(&self.shared, id, waiting.started, &waiting.ticket);
+                    self.shared.parked().park(id, waiting);
+                    return Ok(render::running_result(now).into());
+                }
+                _ = inbox.changed(), if follow.asks => {}
+                _ = ct.cancelled(), if !cancelled => {
+                    if follow.on_cancel == OnCancel::StopWaiting {
+                        self.shared.parked().park(id, waiting);
+                        return Err(internal("cancelled: stopped waiting (the cell goes on)"));
+                    }
+                    cancelled = true;
+                    tracing::info!("execute_code cancelled by the client: interrupting the cell");
+                    super::cancel(&self.shared, &waiting.ticket);
+                }
+                _ = stuck_check.tick(), if !cancelled && waiting.ticket.is_queued() => {
+                    // In-process, a cell that ignores SIGINT cannot be stopped: do not leave
+                    // the calls behind it waiting without a word (the JSON-RPC front's
+                    // CellNotStopped). Worker mode kills such cells instead.
+                    let grace = self.shared.kill_grace;
+                    let stuck = unstoppable_for(&*self.shared.control, grace).is_some();
+                    if stuck && waiting.ticket.withdraw() {
+                        self.shared.parked().collected(id);
+                        let report = not_stopped(self.shared.mode, grace, false);
+                        let text = report.error.map(|e| e.traceback).unwrap_or_default();
+                        return Ok(error_text(text.trim_end().to_owned()).into());
+                    }
+                }
+                _ = heartbeat.tick(), if follow.token.is_some() && !cancelled => {
+                    let elapsed = waiting.started.elapsed().as_secs_f64();
+                    let mut message = if waiting.ticket.is_queued() {
+                        format!("waiting {elapsed:.0} s for the previous call to finish")
+                    } else if let Some(q) = self.shared.approvals.waiting_for() {
+                        format!("running for {elapsed:.0} s, waiting for approval: {q}")
+                    } else {
+                        format!("running for {elapsed:.0} s")
+                    };
+                    if let Some(tail) = self.shared.control.output_tail(0) {
+                        if let Some(l) = tail.latest_line(&previous) {
+                            last_line = Some(l.to_owned());
+                        }
+                        previous = tail;
+                    }
+                    match &last_line {
+                        Some(l) => { let _ = write!(message, "; last output: {l}"); }
+                        None => message.push_str("; no output yet"),
+                    }
+                    let p = ProgressNotificationParam::new(
+                        follow.token.clone().expect("checked"),
+                        (elapsed * 10.0).round() / 10.0,
+                    )
+                    .with_message(message);
+                    if let Err(e) = peer.notify_progress(p).await {
+                        tracing::debug!(error = %e, "progress notification not sent");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The server's tools as a server with these settings lists them (`flowrepl serve` lists
 /// its kernels' tools so).
 pub fn listed(max_chars: usize, default_timeout_ms: u64, wait: Duration) -> Vec<rmcp::model::Tool> {
@@ -320,10 +478,27 @@ impl KernelServer {
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
         ct: CancellationToken,
-    ) -> Result<CallToolResult, ErrorData> {
+        state: RequestState,
+        responses: InputResponses,
+    ) -> Result<CallToolResponse, ErrorData> {
         let args: ExecuteArgs = parse_args(args)?;
         let wait = wait_for(args.wait_s, self.shared.wait)?;
         self.shared.ask_through(&peer);
+        let follow = Follow {
+            wait,
+            token: meta.get_progress_token(),
+            on_cancel: OnCancel::Interrupt,
+            asks: self.answers_approvals(&peer, &meta),
+        };
+        if let Some(state) = state.0 {
+            // The same call again with the person's answers: follow the same cell.
+            let id = cell_of_state(&state)?;
+            self.shared
+                .inbox
+                .deliver(responses.0.unwrap_or_default(), &self.shared.approvals);
+            let waiting = self.take_parked(id)?;
+            return self.follow(id, waiting, follow, &peer, &ct).await;
+        }
         if let Some(t) = args.timeout_ms {
             if t == 0 || t > MAX_TIMEOUT_MS {
                 return Err(ErrorData::invalid_params(
@@ -349,76 +524,17 @@ impl KernelServer {
             .map_err(|_| internal("the kernel is shutting down"))?;
         // A short cell answers within tens of µs: look before this thread sleeps.
         if let Some(r) = spin_for(&mut rx) {
-            return r.map_err(|_| internal("the cell was cancelled before it started"));
+            return r
+                .map(Into::into)
+                .map_err(|_| internal("the cell was dropped before it ran"));
         }
-        let token = meta.get_progress_token();
-        let started = Instant::now();
-        let mut heartbeat = tokio::time::interval_at((started + HEARTBEAT).into(), HEARTBEAT);
-        let mut stuck_check = tokio::time::interval(STUCK_CHECK);
-        // One timer for the whole wait, not one per pass of the loop.
-        let answer_by = tokio::time::sleep_until(tokio::time::Instant::from(started + wait));
-        tokio::pin!(answer_by);
-        let mut previous = OutputTail::default();
-        let mut last_line: Option<String> = None;
-        let mut cancelled = false;
-        loop {
-            tokio::select! {
-                r = &mut rx => {
-                    return r.map_err(|_| internal("the cell was cancelled before it started"));
-                }
-                _ = &mut answer_by, if !cancelled => {
-                    let id = ticket.id();
-                    let now = running_cell(&self.shared, id, started, &ticket);
-                    self.shared.parked().park(id, Waiting { rx, started, ticket });
-                    return Ok(render::running_result(now));
-                }
-                _ = ct.cancelled(), if !cancelled => {
-                    cancelled = true;
-                    tracing::info!("execute_code cancelled by the client: interrupting the cell");
-                    super::cancel(&self.shared, &ticket);
-                }
-                _ = stuck_check.tick(), if !cancelled && ticket.is_queued() => {
-                    // In-process, a cell that ignores SIGINT cannot be stopped: do not leave
-                    // the calls behind it waiting without a word (the JSON-RPC front's
-                    // CellNotStopped). Worker mode kills such cells instead.
-                    let grace = self.shared.kill_grace;
-                    let stuck = unstoppable_for(&*self.shared.control, grace).is_some();
-                    if stuck && ticket.withdraw() {
-                        let report = not_stopped(self.shared.mode, grace, false);
-                        let text = report.error.map(|e| e.traceback).unwrap_or_default();
-                        return Ok(error_text(text.trim_end().to_owned()));
-                    }
-                }
-                _ = heartbeat.tick(), if token.is_some() && !cancelled => {
-                    let elapsed = started.elapsed().as_secs_f64();
-                    let mut message = if ticket.is_queued() {
-                        format!("waiting {elapsed:.0} s for the previous call to finish")
-                    } else if let Some(q) = self.shared.approvals.waiting_for() {
-                        format!("running for {elapsed:.0} s, waiting for approval: {q}")
-                    } else {
-                        format!("running for {elapsed:.0} s")
-                    };
-                    if let Some(tail) = self.shared.control.output_tail(0) {
-                        if let Some(l) = tail.latest_line(&previous) {
-                            last_line = Some(l.to_owned());
-                        }
-                        previous = tail;
-                    }
-                    match &last_line {
-                        Some(l) => { let _ = write!(message, "; last output: {l}"); }
-                        None => message.push_str("; no output yet"),
-                    }
-                    let p = ProgressNotificationParam::new(
-                        token.clone().expect("checked"),
-                        (elapsed * 10.0).round() / 10.0,
-                    )
-                    .with_message(message);
-                    if let Err(e) = peer.notify_progress(p).await {
-                        tracing::debug!(error = %e, "progress notification not sent");
-                    }
-                }
-            }
-        }
+        let waiting = Waiting {
+            rx,
+            started: Instant::now(),
+            ticket,
+        };
+        self.follow(waiting.ticket.id(), waiting, follow, &peer, &ct)
+            .await
     }
 
     #[tool(
@@ -431,40 +547,24 @@ impl KernelServer {
     async fn wait_cell(
         &self,
         args: JsonObject,
+        meta: RequestMetaObject,
+        peer: Peer<RoleServer>,
         ct: CancellationToken,
-    ) -> Result<CallToolResult, ErrorData> {
+        responses: InputResponses,
+    ) -> Result<CallToolResponse, ErrorData> {
         let args: WaitCellArgs = parse_args(args)?;
         let wait = wait_for(args.wait_s, self.shared.wait)?;
-        let id = args.cell;
-        let mut waiting = match self.shared.parked().take(id) {
-            Take::Got(w) => w,
-            Take::Busy => {
-                return Ok(error_text(format!(
-                    "another wait_cell call is already waiting for cell {id}"
-                )))
-            }
-            Take::Unknown => {
-                return Err(ErrorData::invalid_params(
-                    format!("no cell {id} to wait for: ids come from a running: true result, and a result is given once"),
-                    None,
-                ))
-            }
-        };
-        tokio::select! {
-            r = &mut waiting.rx => {
-                self.shared.parked().collected(id);
-                r.map_err(|_| internal("the cell was dropped before it ran (the client went away)"))
-            }
-            _ = tokio::time::sleep(wait) => {
-                let now = running_cell(&self.shared, id, waiting.started, &waiting.ticket);
-                self.shared.parked().put_back(id, waiting);
-                Ok(render::running_result(now))
-            }
-            _ = ct.cancelled() => {
-                self.shared.parked().put_back(id, waiting);
-                Err(internal("cancelled: stopped waiting (the cell goes on)"))
-            }
+        if let Some(responses) = responses.0 {
+            self.shared.inbox.deliver(responses, &self.shared.approvals);
         }
+        let follow = Follow {
+            wait,
+            token: meta.get_progress_token(),
+            on_cancel: OnCancel::StopWaiting,
+            asks: self.answers_approvals(&peer, &meta),
+        };
+        let waiting = self.take_parked(args.cell)?;
+        self.follow(args.cell, waiting, follow, &peer, &ct).await
     }
 
     #[tool(
