@@ -65,16 +65,18 @@ class Modern:
     """The SDK's own Client, which negotiates 2026-07-28 (server/discover, no session),
     with the given extensions."""
 
-    def __init__(self, opts, extensions=()):
+    def __init__(self, opts, extensions=(), elicitation_callback=None):
         self.opts = opts
         self.extensions = list(extensions)
+        self.elicitation_callback = elicitation_callback
 
     async def __aenter__(self):
         self._http = httpx2.AsyncClient(
             headers={"Authorization": f"Bearer {self.opts.token}"}, timeout=120)
         await self._http.__aenter__()
         transport = streamable_http_client(self.opts.url, http_client=self._http)
-        self._client = SdkClient(transport, extensions=self.extensions)
+        self._client = SdkClient(transport, extensions=self.extensions,
+                                 elicitation_callback=self.elicitation_callback)
         return await self._client.__aenter__()
 
     async def __aexit__(self, *exc):
@@ -487,10 +489,24 @@ async def modern(opts):
         cancelled_s = time.perf_counter() - t0
         ext.on_task = None
         assert (await ok(c, "m-a", "x")).structured_content["result"] == "9"
-        # No server-to-client requests in 2026-07-28: the cell's approval is cancelled, saying why.
+        # Without an elicitation callback, an approval is cancelled, saying why.
         r = await run(c, "m-b", "flow.request_approval('Deploy?')")
-        assert r.is_error and "ApprovalCancelled" in text_of(r) and "2026-07-28" in text_of(r), \
+        assert r.is_error and "ApprovalCancelled" in text_of(r) and "elicitation" in text_of(r), \
             text_of(r)
+    # No server-to-client requests in 2026-07-28: approvals go in the call's answer
+    # (inputRequests), the SDK asks the person and sends the call again; the cell runs once.
+    asked = []
+
+    async def person(ctx, params):
+        asked.append(params.message)
+        return types.ElicitResult(action="accept" if params.message.startswith("accept") else "decline")
+
+    async with Modern(opts, elicitation_callback=person) as c:
+        r = await ok(c, "m-b", "runs = globals().get('runs', 0) + 1\n"
+                               "(flow.request_approval('accept this?'), "
+                               "flow.request_approval('decline that?'), runs)")
+        assert r.structured_content["result"] == "(True, False, 1)", r.structured_content
+    assert asked == ["accept this?", "decline that?"], asked
     return {"tasks": len(ext.seen), "quick_s": quick, "cancelled_s": cancelled_s}
 
 

@@ -22,12 +22,12 @@ use flowrepl_protocol::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};
 use rmcp::model::{
     CancelledNotificationParam, ClientResult, ElicitRequest, ElicitRequestParams, ElicitResult,
     ElicitationAction, ElicitationSchema, InputRequest, InputRequests, InputResponses,
-    ServerRequest,
+    RequestMetaObject, ServerRequest,
 };
 use rmcp::service::PeerRequestOptions;
 use rmcp::{Peer, RoleServer};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 /// Approvals waiting to go to a 2026-07-28 client in an answer's `inputRequests`.
@@ -36,19 +36,14 @@ pub struct Inbox {
     waiting: Mutex<BTreeMap<String, ElicitRequestParams>>,
     /// Bumped when an approval comes in.
     changed: tokio::sync::watch::Sender<u64>,
-    /// The latest call waiting for a cell came from a client that can answer them.
-    open: AtomicBool,
+    /// How the client of the latest call waiting for a cell can be asked.
+    pub asking: LatestAsking,
 }
 
 impl Inbox {
     /// Notified when an approval comes in.
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changed.subscribe()
-    }
-
-    /// Says whether the client of the call now waiting for a cell can answer approvals.
-    pub fn set_open(&self, open: bool) {
-        self.open.store(open, Ordering::Release);
     }
 
     /// The approvals waiting, as `inputRequests` (none: `None`).
@@ -137,18 +132,78 @@ impl ElicitAsker {
         {
             Ok(())
         } else {
-            Err(
-                "the MCP client did not declare the elicitation capability, so nobody can be asked"
-                    .into(),
-            )
+            Err(NOT_DECLARED.into())
         }
     }
 }
 
-/// Whether `peer` connected without `initialize` (protocol 2026-07-28, no server-to-client
-/// requests).
-pub fn is_2026(peer: &Peer<RoleServer>) -> bool {
-    peer.peer_info().is_none()
+/// How the client of a call can be asked for approvals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Asking {
+    /// Through elicitation requests (a handshake-era client; whether it declared the
+    /// capability is in its `initialize`).
+    #[default]
+    Requests,
+    /// In the call's answer, as `inputRequests` (a client of a revision without
+    /// `initialize`, 2026-07-28 on, that declared elicitation in the request).
+    InAnswers,
+    /// Not at all (such a client that did not declare elicitation).
+    Nobody,
+}
+
+impl Asking {
+    /// How the client of a request with `meta`, from `peer`, can be asked.
+    pub fn of(meta: &RequestMetaObject, peer: &Peer<RoleServer>) -> Asking {
+        let version = meta
+            .protocol_version()
+            .or_else(|| peer.peer_info().map(|i| i.protocol_version.clone()));
+        match version {
+            // No `initialize` in the revision: no server-to-client requests either.
+            Some(v) if !v.has_initialize() => {
+                let declared = meta
+                    .client_capabilities()
+                    .is_some_and(|c| c.elicitation.is_some());
+                if declared {
+                    Asking::InAnswers
+                } else {
+                    Asking::Nobody
+                }
+            }
+            _ => Asking::Requests,
+        }
+    }
+
+    fn code(self) -> u8 {
+        self as u8
+    }
+
+    fn from_code(code: u8) -> Asking {
+        match code {
+            1 => Asking::InAnswers,
+            2 => Asking::Nobody,
+            _ => Asking::Requests,
+        }
+    }
+}
+
+/// Why nobody can be asked, when the client did not declare elicitation.
+pub const NOT_DECLARED: &str =
+    "the MCP client did not declare the elicitation capability, so nobody can be asked";
+
+/// The latest [`Asking`] said, shared between threads.
+#[derive(Debug, Default)]
+pub struct LatestAsking(std::sync::atomic::AtomicU8);
+
+impl LatestAsking {
+    /// Says how the client of the latest call can be asked.
+    pub fn set(&self, asking: Asking) {
+        self.0.store(asking.code(), Ordering::Release);
+    }
+
+    /// How the client of the latest call can be asked.
+    pub fn get(&self) -> Asking {
+        Asking::from_code(self.0.load(Ordering::Acquire))
+    }
 }
 
 /// The text shown to the person: the message, then the data when there is any.
@@ -207,17 +262,14 @@ impl Asker for ElicitAsker {
             message: prompt(request),
             requested_schema: schema(),
         };
-        if is_2026(&self.peer) {
-            if !self.inbox.open.load(Ordering::Acquire) {
-                return Err(
-                    "the MCP client did not declare the elicitation capability, so nobody can be asked"
-                        .into(),
-                );
+        match self.inbox.asking.get() {
+            Asking::Requests => self.askable()?,
+            Asking::Nobody => return Err(NOT_DECLARED.into()),
+            Asking::InAnswers => {
+                self.inbox.put(&request.approval_id, params);
+                return Ok(());
             }
-            self.inbox.put(&request.approval_id, params);
-            return Ok(());
         }
-        self.askable()?;
         let id = request.approval_id.clone();
         let request_id = Arc::new(Mutex::new(None));
         let (peer, approvals, asks, sent) = (

@@ -3,6 +3,7 @@
 //! through a oneshot channel. `interrupt` and `read_output` are answered here at once, even
 //! while a cell runs.
 
+use super::approval::Asking;
 use super::parked::{Take, Waiting};
 use super::render::{self, McpExecuteResult, RunningCell};
 use super::schema;
@@ -281,12 +282,9 @@ impl KernelServer {
     /// Whether this call's client answers approvals through `inputRequests` (a 2026-07-28
     /// client that declared elicitation in the request's `_meta`); said to the inbox.
     fn answers_approvals(&self, peer: &Peer<RoleServer>, meta: &RequestMetaObject) -> bool {
-        let asks = super::approval::is_2026(peer)
-            && meta
-                .client_capabilities()
-                .is_some_and(|c| c.elicitation.is_some());
-        self.shared.inbox.set_open(asks);
-        asks
+        let asking = Asking::of(meta, peer);
+        self.shared.inbox.asking.set(asking);
+        asking == Asking::InAnswers
     }
 
     /// Takes parked cell `id` for a call to follow.

@@ -15,9 +15,12 @@
 //! The child ends when its stdin closes (its running cell is interrupted, every record is
 //! written); [`Child::stop`] checkpoints it first.
 
+use crate::mcp::approval::{Asking, LatestAsking};
 use flowrepl_os::lock;
 use rmcp::model::{
-    CallToolResult, ElicitRequestParams, ProgressNotificationParam, ProgressToken, ResultType,
+    CallToolResponse, CallToolResult, ElicitRequest, ElicitRequestParams, InputRequest,
+    InputRequests, InputRequiredResult, InputResponses, ProgressNotificationParam, ProgressToken,
+    ResultType,
 };
 use rmcp::{ErrorData, Peer, RoleServer};
 use serde_json::{json, Value};
@@ -122,6 +125,16 @@ pub struct Child {
     pending: Mutex<HashMap<u64, oneshot::Sender<Value>>>,
     progress: Mutex<HashMap<String, Progress>>,
     asker: Mutex<Option<Peer<RoleServer>>>,
+    /// How the client of the latest `execute_code` can be asked for approvals.
+    asking: LatestAsking,
+    /// The kernel's elicitation requests waiting for such a client, by key (`e<request id>`),
+    /// with where their answer goes.
+    inbox: Mutex<std::collections::BTreeMap<String, (ElicitRequestParams, Answer)>>,
+    /// Bumped when a request comes into `inbox`.
+    inbox_changed: tokio::sync::watch::Sender<u64>,
+    /// Calls answered with `inputRequests`, by their id in the kernel (`requestState`
+    /// `relay:<id>`), waiting for the client's next round.
+    parked_calls: Mutex<std::collections::BTreeMap<u64, oneshot::Receiver<Value>>>,
     next_id: AtomicU64,
     /// Calls in flight.
     in_flight: AtomicU32,
@@ -137,6 +150,21 @@ pub struct Child {
 
 /// Lines of a kernel's stderr kept for its error messages.
 const LAST_WORDS: usize = 8;
+/// Calls kept waiting for a 2026-07-28 client's next round.
+const MAX_PARKED_CALLS: usize = 256;
+
+/// Where the answer to the kernel's elicitation request goes.
+type Answer = oneshot::Sender<Result<Value, (i64, String)>>;
+
+/// How a call is relayed.
+#[derive(Debug, Default)]
+pub struct Relay {
+    /// How its client can be asked for approvals.
+    pub asking: Asking,
+    /// The call sent again: the kernel call it continues (`requestState` `relay:<id>`) and
+    /// the client's `inputResponses`.
+    pub resume: Option<(u64, InputResponses)>,
+}
 
 /// Marks a call in flight for as long as it lives.
 struct InFlight<'a>(&'a Child);
@@ -211,6 +239,10 @@ impl Child {
             pending: Mutex::new(HashMap::new()),
             progress: Mutex::new(HashMap::new()),
             asker: Mutex::new(None),
+            asking: LatestAsking::default(),
+            inbox: Mutex::default(),
+            inbox_changed: tokio::sync::watch::channel(0).0,
+            parked_calls: Mutex::default(),
             next_id: AtomicU64::new(1),
             in_flight: AtomicU32::new(0),
             cells: AtomicU64::new(0),
@@ -265,7 +297,11 @@ impl Child {
     }
 
     /// Calls tool `name` with `arguments`; progress goes to `peer` under `progress` (the
-    /// client's token), a cancelled `ct` cancels the call in the child.
+    /// client's token), a cancelled `ct` cancels the call in the child. `how.asks`: the
+    /// client answers approvals in this call's answer (a 2026-07-28 client that declared
+    /// elicitation): an approval the kernel asks meanwhile ends the call with an
+    /// `InputRequiredResult`, and `how.resume` (the call sent again with `requestState` and
+    /// `inputResponses`) answers it and goes on waiting for the same reply.
     pub async fn call_tool(
         &self,
         name: &str,
@@ -273,42 +309,74 @@ impl Child {
         progress: Option<ProgressToken>,
         peer: &Peer<RoleServer>,
         ct: &CancellationToken,
-    ) -> Result<CallToolResult, ErrorData> {
+        how: Relay,
+    ) -> Result<CallToolResponse, ErrorData> {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         let _in_flight = InFlight(self);
         if name == "execute_code" {
             *lock(&self.asker) = Some(peer.clone());
+            self.asking.set(how.asking);
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut params = json!({"name": name, "arguments": arguments});
-        let mapped = progress.map(|token| {
-            let ours = format!("p{id}");
-            lock(&self.progress).insert(
-                ours.clone(),
-                Progress {
-                    peer: peer.clone(),
-                    token,
-                },
-            );
-            params["_meta"] = json!({"progressToken": ours});
-            ours
-        });
-        let rx = self.register(id);
-        let sent = self
-            .send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}))
-            .await;
+        let asks = how.asking == Asking::InAnswers;
+        let mut inbox = self.inbox_changed.subscribe();
+        let (id, mut rx, mapped, sent) = match how.resume {
+            Some((call, responses)) => {
+                self.deliver(responses);
+                let rx = lock(&self.parked_calls).remove(&call).ok_or_else(|| {
+                    ErrorData::invalid_params(
+                        format!("requestState relay:{call} is not a call this server parked (or it was answered)"),
+                        None,
+                    )
+                })?;
+                (call, rx, None, Ok(()))
+            }
+            None => {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                let mut params = json!({"name": name, "arguments": arguments});
+                let mapped = progress.map(|token| {
+                    let ours = format!("p{id}");
+                    lock(&self.progress).insert(
+                        ours.clone(),
+                        Progress {
+                            peer: peer.clone(),
+                            token,
+                        },
+                    );
+                    params["_meta"] = json!({"progressToken": ours});
+                    ours
+                });
+                let rx = self.register(id);
+                let sent = self
+                    .send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}))
+                    .await;
+                (id, rx, mapped, sent)
+            }
+        };
         // Err(Some(_)): the kernel is gone; Err(None): the client cancelled.
         let outcome = match sent {
             Err(e) => Err(Some(e)),
-            Ok(()) => tokio::select! {
-                r = rx => r.map_err(|_| Some(self.exited("during the call"))),
-                _ = ct.cancelled() => {
-                    let _ = self
-                        .send(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                            "params": {"requestId": id, "reason": "cancelled by the client"}}))
-                        .await;
-                    lock(&self.pending).remove(&id);
-                    Err(None)
+            Ok(()) => loop {
+                if asks {
+                    if let Some(requests) = self.inbox_requests() {
+                        if let Some(ours) = &mapped {
+                            lock(&self.progress).remove(ours);
+                        }
+                        self.park_call(id, rx);
+                        let state = format!("relay:{id}");
+                        return Ok(InputRequiredResult::new(Some(requests), Some(state)).into());
+                    }
+                }
+                tokio::select! {
+                    r = &mut rx => break r.map_err(|_| Some(self.exited("during the call"))),
+                    _ = inbox.changed(), if asks => {}
+                    _ = ct.cancelled() => {
+                        let _ = self
+                            .send(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                "params": {"requestId": id, "reason": "cancelled by the client"}}))
+                            .await;
+                        lock(&self.pending).remove(&id);
+                        break Err(None);
+                    }
                 }
             },
         };
@@ -319,11 +387,12 @@ impl Child {
             Ok(r) => r,
             // A result the model reads (isError), not a protocol error.
             Err(Some(gone)) => {
-                return Ok(CallToolResult::error(vec![
-                    rmcp::model::ContentBlock::text(format!(
+                return Ok(
+                    CallToolResult::error(vec![rmcp::model::ContentBlock::text(format!(
                         "{gone}; the task's next call starts it again from its last checkpoint"
-                    )),
-                ]))
+                    ))])
+                    .into(),
+                )
             }
             Err(None) => return Err(ErrorData::internal_error("cancelled by the client", None)),
         };
@@ -349,7 +418,44 @@ impl Child {
         // The kernel speaks the handshake-era protocol to us, whose results carry no
         // `resultType`; 2026-07-28 clients require it.
         result.result_type.get_or_insert(ResultType::COMPLETE);
-        Ok(result)
+        Ok(result.into())
+    }
+
+    /// The approvals waiting for a 2026-07-28 client, as `inputRequests` (none: `None`).
+    fn inbox_requests(&self) -> Option<InputRequests> {
+        let inbox = lock(&self.inbox);
+        if inbox.is_empty() {
+            return None;
+        }
+        Some(
+            inbox
+                .iter()
+                .map(|(key, (params, _))| {
+                    let request = ElicitRequest::new(params.clone());
+                    (key.clone(), InputRequest::Elicitation(request))
+                })
+                .collect(),
+        )
+    }
+
+    /// Answers the kernel's elicitation requests that `responses` name (others are ignored,
+    /// as SEP-2322 asks).
+    fn deliver(&self, responses: InputResponses) {
+        for (key, value) in responses {
+            if let Some((_, tx)) = lock(&self.inbox).remove(&key) {
+                let _ = tx.send(Ok(value));
+            }
+        }
+    }
+
+    /// Keeps a call's reply for the client's next round (at most [`MAX_PARKED_CALLS`]; past
+    /// that the oldest is forgotten).
+    fn park_call(&self, id: u64, rx: oneshot::Receiver<Value>) {
+        let mut parked = lock(&self.parked_calls);
+        parked.insert(id, rx);
+        while parked.len() > MAX_PARKED_CALLS {
+            parked.pop_first();
+        }
     }
 
     /// Sends a request and waits for its response message.
@@ -484,6 +590,11 @@ async fn read_loop(
                 }
             }
             (Some("notifications/progress"), None) => forward_progress(&child, &msg["params"]),
+            (Some("notifications/cancelled"), None) => {
+                // The cell stopped waiting for an approval: withdraw it.
+                let key = elicitation_key(&msg["params"]["requestId"]);
+                lock(&child.inbox).remove(&key);
+            }
             (Some(_), None) | (None, None) => {}
             (Some(method), Some(id)) => {
                 let child = Arc::clone(&child);
@@ -522,11 +633,16 @@ fn forward_progress(child: &Child, params: &Value) {
     });
 }
 
+/// The key of the kernel's elicitation request `id` in `inputRequests`.
+fn elicitation_key(id: &Value) -> String {
+    format!("e{id}")
+}
+
 /// Answers a request from the child.
 async fn answer(child: &Child, method: &str, id: Value, msg: Value) {
     let result: Result<Value, (i64, String)> = match method {
         "ping" => Ok(json!({})),
-        "elicitation/create" => elicit(child, &msg["params"]).await,
+        "elicitation/create" => elicit(child, &elicitation_key(&id), &msg["params"]).await,
         other => Err((-32601, format!("method not found: {other}"))),
     };
     let reply = match result {
@@ -539,30 +655,40 @@ async fn answer(child: &Child, method: &str, id: Value, msg: Value) {
 }
 
 /// A cell's approval, asked of the client of the latest `execute_code` call.
-async fn elicit(child: &Child, params: &Value) -> Result<Value, (i64, String)> {
+/// `key` names the request in a 2026-07-28 client's `inputRequests`.
+async fn elicit(child: &Child, key: &str, params: &Value) -> Result<Value, (i64, String)> {
     let Some(peer) = lock(&child.asker).clone() else {
         return Err((
             -32600,
             "no client has called execute_code: nobody can answer".into(),
         ));
     };
-    let Some(info) = peer.peer_info() else {
-        // No `initialize`: a 2026-07-28 client, to which a server sends no requests.
-        return Err((
-            -32600,
-            "the client of this call speaks protocol 2026-07-28, where a server cannot send it elicitation requests: nobody can answer".into(),
-        ));
-    };
-    if info.capabilities.elicitation.is_none() {
-        return Err((
-            -32600,
-            "the client of this call declared no elicitation: nobody can answer".into(),
-        ));
-    }
     let params: ElicitRequestParams =
         serde_json::from_value(params.clone()).map_err(|e| (-32602, e.to_string()))?;
-    match peer.create_elicitation(params).await {
-        Ok(r) => serde_json::to_value(r).map_err(|e| (-32603, e.to_string())),
-        Err(e) => Err((-32603, e.to_string())),
+    let declared = peer
+        .peer_info()
+        .is_some_and(|i| i.capabilities.elicitation.is_some());
+    match child.asking.get() {
+        Asking::Requests if declared => match peer.create_elicitation(params).await {
+            Ok(r) => serde_json::to_value(r).map_err(|e| (-32603, e.to_string())),
+            Err(e) => Err((-32603, e.to_string())),
+        },
+        Asking::InAnswers => {
+            // A client of a revision without server-to-client requests: it gets the request
+            // in the answer of the call waiting for the cell (`inputRequests`).
+            let (tx, rx) = oneshot::channel();
+            lock(&child.inbox).insert(key.to_owned(), (params, tx));
+            child.inbox_changed.send_modify(|n| *n += 1);
+            rx.await.unwrap_or_else(|_| {
+                Err((
+                    -32603,
+                    "the request was withdrawn before the client answered".into(),
+                ))
+            })
+        }
+        Asking::Requests | Asking::Nobody => Err((
+            -32600,
+            "the client of this call declared no elicitation: nobody can answer".into(),
+        )),
     }
 }

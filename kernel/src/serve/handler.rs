@@ -1,8 +1,9 @@
 //! The MCP server `serve` is: the kernels' tools, each with optional `task` and `plan`
 //! arguments that pick the kernel, plus `list_kernels` and `stop_kernel`.
 
-use super::child::{Child, TaskKey};
+use super::child::{Child, Relay, TaskKey};
 use super::pool::{KernelInfo, Pool, PoolError};
+use crate::mcp::approval::Asking;
 use crate::mcp::tasks::{self, CellTasks};
 use crate::mcp::{render, schema};
 use rmcp::model::{
@@ -155,7 +156,14 @@ fn finish_relayed(
             let every = tasks::STATUS_EVERY.as_secs_f64();
             let mut cancelled = false;
             loop {
-                let wait = kernel.call_tool("wait_cell", args(Some(every)), None, &peer, &never);
+                let wait = relayed(kernel.call_tool(
+                    "wait_cell",
+                    args(Some(every)),
+                    None,
+                    &peer,
+                    &never,
+                    Relay::default(),
+                ));
                 tokio::pin!(wait);
                 let result = loop {
                     tokio::select! {
@@ -163,7 +171,8 @@ fn finish_relayed(
                         _ = ctx.cancelled(), if !cancelled => {
                             cancelled = true;
                             tracing::info!(cell, "task cancelled: interrupting its cell");
-                            if let Err(e) = kernel.call_tool("interrupt", args(None), None, &peer, &never).await {
+                            let stop = kernel.call_tool("interrupt", args(None), None, &peer, &never, Relay::default());
+                            if let Err(e) = stop.await {
                                 tracing::warn!(cell, error = %e.message, "interrupting a task's cell failed");
                             }
                         }
@@ -178,6 +187,32 @@ fn finish_relayed(
                 }
             }
         })
+    }
+}
+
+/// The relayed call a `requestState` this server gave names.
+fn relayed_call_of(state: &str) -> Result<u64, ErrorData> {
+    state
+        .strip_prefix("relay:")
+        .and_then(|id| id.parse().ok())
+        .ok_or_else(|| {
+            ErrorData::invalid_params(
+                format!("requestState {state:?} is not one this server gave"),
+                None,
+            )
+        })
+}
+
+/// A relayed call's tool result (a task's relayed calls never ask for input).
+async fn relayed(
+    call: impl std::future::Future<Output = Result<CallToolResponse, ErrorData>>,
+) -> Result<CallToolResult, ErrorData> {
+    match call.await? {
+        CallToolResponse::Complete(r) => Ok(r),
+        _ => Err(ErrorData::internal_error(
+            "the kernel's answer to a task's call is not a tool result",
+            None,
+        )),
     }
 }
 
@@ -304,10 +339,25 @@ impl ServerHandler for Serve {
             }
         };
         let progress = context.meta.get_progress_token();
-        let result = kernel
-            .call_tool(name, args, progress, &context.peer, &context.ct)
+        let how = Relay {
+            asking: Asking::of(&context.meta, &context.peer),
+            resume: match request.request_state.as_deref() {
+                None => None,
+                Some(state) => Some((
+                    relayed_call_of(state)?,
+                    request.input_responses.unwrap_or_default(),
+                )),
+            },
+        };
+        let response = kernel
+            .call_tool(name, args, progress, &context.peer, &context.ct, how)
             .await?;
-        let finish = finish_relayed(kernel, context.peer.clone());
-        Ok(self.tasks.or_task(&context, result, finish))
+        Ok(match response {
+            CallToolResponse::Complete(result) => {
+                let finish = finish_relayed(kernel, context.peer.clone());
+                self.tasks.or_task(&context, result, finish)
+            }
+            other => other,
+        })
     }
 }
