@@ -681,11 +681,23 @@ async def tasks(c, opts):
                           "b = flow.request_approval('decline that?')\n(a, b, runs)")
     assert text_of(r).endswith("Out[5]: (True, False, 1)"), text_of(r)
     assert [q["message"] for q in ASKED] == ["accept this?", "decline that?"], ASKED
+    # A task's cell that asks: the task is input_required with the elicitation, and the
+    # client's tasks/update answers it.
+    async def person(request):
+        ASKED.append({"message": request["params"]["message"], "via": "task"})
+        return {"action": "accept", "content": {}}
+    ext.on_input = person
+    r = await run_cell(c, "import time\ntime.sleep(0.8)\nflow.request_approval('accept from a task?')",
+                       wait_s=0.3)
+    task = ext.seen[-1]
+    assert text_of(r).endswith("Out[6]: True"), text_of(r)
+    assert "input_required" in task["polls"] and task["answered"], task
+    assert ASKED[-1] == {"message": "accept from a task?", "via": "task"}, ASKED
     # A client without an elicitation callback is not asked: None at once.
     async with Client(opts.params) as plain:
         r = await run_cell(plain, "print(flow.request_approval('accept me?'))")
         assert text_of(r).startswith("None") and "elicitation" in text_of(r), text_of(r)
-    assert len(ASKED) == 2, ASKED
+    assert len(ASKED) == 3, ASKED
     return {"tasks": len(ext.seen), "cancelled_s": cancelled_s}
 
 

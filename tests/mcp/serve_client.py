@@ -501,12 +501,22 @@ async def modern(opts):
         asked.append(params.message)
         return types.ElicitResult(action="accept" if params.message.startswith("accept") else "decline")
 
-    async with Modern(opts, elicitation_callback=person) as c:
+    async def task_person(request):
+        asked.append(request["params"]["message"])
+        return {"action": "accept"}
+
+    ext2 = Tasks(poll_s=0.2, on_input=task_person)
+    async with Modern(opts, [ext2], elicitation_callback=person) as c:
         r = await ok(c, "m-b", "runs = globals().get('runs', 0) + 1\n"
                                "(flow.request_approval('accept this?'), "
                                "flow.request_approval('decline that?'), runs)")
         assert r.structured_content["result"] == "(True, False, 1)", r.structured_content
-    assert asked == ["accept this?", "decline that?"], asked
+        # A task's cell that asks: input_required, answered with tasks/update.
+        r = await ok(c, "m-b", "import time\ntime.sleep(0.8)\n"
+                               "flow.request_approval('accept from a task?')", wait_s=0.3)
+        assert r.structured_content["result"] == "True", r.structured_content
+        assert "input_required" in ext2.seen[-1]["polls"], ext2.seen
+    assert asked == ["accept this?", "decline that?", "accept from a task?"], asked
     return {"tasks": len(ext.seen), "quick_s": quick, "cancelled_s": cancelled_s}
 
 

@@ -4,8 +4,9 @@ but no tasks client.
 
 `Tasks()` in `Client(extensions=[...])` declares the extension (protocol 2026-07-28) and
 resolves a `resultType: "task"` answer to `tools/call` by polling `tasks/get` until the task
-ends: `completed` gives the tool result, `failed` and `cancelled` raise. Every task seen and
-every status polled is recorded in `Tasks.seen` for the tests to check.
+ends: `completed` gives the tool result, `failed` and `cancelled` raise; `input_required`
+sends each new input request to `on_input(request)` and its answer with `tasks/update`.
+Every task seen and every status polled is recorded in `Tasks.seen` for the tests to check.
 """
 from __future__ import annotations
 
@@ -47,6 +48,17 @@ class TasksCancel(types.Request[TaskIdParams, Literal["tasks/cancel"]]):
     name_param = "taskId"
 
 
+class UpdateParams(types.RequestParams):
+    task_id: str = Field(alias="taskId")
+    input_responses: dict[str, Any] = Field(alias="inputResponses")
+
+
+class TasksUpdate(types.Request[UpdateParams, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
+    params: UpdateParams
+    name_param = "taskId"
+
+
 class TaskState(BaseModel):
     """`tasks/get`'s answer, as sent."""
 
@@ -56,6 +68,7 @@ class TaskState(BaseModel):
     status_message: str | None = Field(default=None, alias="statusMessage")
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
+    input_requests: dict[str, Any] | None = Field(default=None, alias="inputRequests")
 
 
 class TaskEnded(RuntimeError):
@@ -77,9 +90,10 @@ async def cancel(session, task_id: str) -> None:
 class Tasks(ClientExtension):
     identifier = TASKS
 
-    def __init__(self, poll_s: float | None = None, on_task=None):
+    def __init__(self, poll_s: float | None = None, on_task=None, on_input=None):
         self.poll_s = poll_s
         self.on_task = on_task
+        self.on_input = on_input
         self.seen: list[dict[str, Any]] = []
 
     def claims(self):
@@ -100,4 +114,14 @@ class Tasks(ClientExtension):
                 return types.CallToolResult.model_validate(state.result)
             if state.status in ("failed", "cancelled"):
                 raise TaskEnded(state)
+            if state.status == "input_required" and self.on_input is not None:
+                answers = {}
+                for key, request in (state.input_requests or {}).items():
+                    if key not in entry.setdefault("answered", []):
+                        entry["answered"].append(key)
+                        answers[key] = await self.on_input(request)
+                if answers:
+                    params = UpdateParams(taskId=handle.task_id, inputResponses=answers)
+                    await ctx.session.send_request(TasksUpdate(params=params), types.EmptyResult)
+                    continue
             await anyio.sleep(pause)

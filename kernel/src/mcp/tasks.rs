@@ -12,17 +12,23 @@
 //! While the cell runs, the task's `statusMessage` says for how long and ends with the end
 //! of its output so far (brought up to date every [`STATUS_EVERY`]).
 //!
+//! A cell of a task that asks for approval (a 2026-07-28 client that declared elicitation)
+//! puts the task in `input_required` with the elicitation in `inputRequests` (keyed by
+//! approval id); the client's `tasks/update` `inputResponses` answer it ([`InputForwarder`]).
+//!
 //! A task is kept [`TASK_TTL`] from its start: a cell still running then is reported
 //! `failed` (it goes on, and its record still goes to the task log), and a finished task is
 //! forgotten one more [`TASK_TTL`] after it ended.
 
 use super::render;
 use rmcp::model::{
-    CallToolResponse, CallToolResult, CreateTaskResult, GetTaskResult, InputResponses,
+    CallToolResponse, CallToolResult, CreateTaskResult, GetTaskResult, InputRequests,
+    InputResponses,
 };
 use rmcp::service::RequestContext;
 use rmcp::task_manager::{TaskContext, TaskFuture, TaskManager, TaskOptions};
 use rmcp::{ErrorData, RoleServer};
+use std::collections::HashSet;
 use std::time::Duration;
 
 /// How long a task is kept from its start (and a finished one after it ended).
@@ -79,8 +85,8 @@ impl CellTasks {
         self.manager.get_task(task_id).map(GetTaskResult::new)
     }
 
-    /// `tasks/update` (no cell asks for input through a task; answers are accepted and
-    /// ignored as the extension says).
+    /// `tasks/update`: answers to the task's `inputRequests` (others are ignored, as the
+    /// extension says).
     pub fn update(&self, task_id: &str, responses: InputResponses) -> Result<(), ErrorData> {
         self.manager.update_task(task_id, responses)
     }
@@ -93,5 +99,32 @@ impl CellTasks {
     /// Forgets every task (their cells go on).
     pub fn shutdown(&self) {
         self.manager.shutdown();
+    }
+}
+
+/// Puts a task's cell's approvals in the task's `inputRequests` (each once) and passes the
+/// client's answers on.
+#[derive(Default)]
+pub struct InputForwarder {
+    forwarded: HashSet<String>,
+}
+
+impl InputForwarder {
+    /// Forwards the `requests` not forwarded yet; `deliver(key, answer)` gets each answer.
+    pub fn forward<D>(&mut self, ctx: &TaskContext, requests: Option<InputRequests>, deliver: D)
+    where
+        D: Fn(String, serde_json::Value) + Clone + Send + 'static,
+    {
+        for (key, request) in requests.unwrap_or_default() {
+            if !self.forwarded.insert(key.clone()) {
+                continue;
+            }
+            let (ctx, deliver) = (ctx.clone(), deliver.clone());
+            tokio::spawn(async move {
+                if let Ok(answer) = ctx.request_input(key.clone(), request).await {
+                    deliver(key, answer);
+                }
+            });
+        }
     }
 }

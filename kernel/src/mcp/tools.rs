@@ -715,8 +715,15 @@ fn finish_cell(shared: Arc<Shared>) -> impl FnOnce(u64, TaskContext) -> TaskFutu
                 return Err(TaskExit::Error(internal(format!("cell {id} is gone"))));
             };
             let mut status = tokio::time::interval(tasks::STATUS_EVERY);
+            let mut inbox = shared.inbox.subscribe();
+            let mut inputs = tasks::InputForwarder::default();
             let result = loop {
+                let to = Arc::clone(&shared);
+                inputs.forward(&ctx, shared.inbox.requests(), move |key, answer| {
+                    to.inbox.deliver([(key, answer)].into(), &to.approvals);
+                });
                 tokio::select! {
+                    _ = inbox.changed() => {}
                     r = &mut waiting.rx => break r.map_err(|_| TaskExit::Cancelled),
                     _ = ctx.cancelled() => {
                         tracing::info!(cell = id, "task cancelled: stopping its cell");

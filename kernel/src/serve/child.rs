@@ -421,8 +421,13 @@ impl Child {
         Ok(result.into())
     }
 
+    /// Notified when an approval for a 2026-07-28 client comes in.
+    pub fn inbox_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inbox_changed.subscribe()
+    }
+
     /// The approvals waiting for a 2026-07-28 client, as `inputRequests` (none: `None`).
-    fn inbox_requests(&self) -> Option<InputRequests> {
+    pub fn inbox_requests(&self) -> Option<InputRequests> {
         let inbox = lock(&self.inbox);
         if inbox.is_empty() {
             return None;
@@ -440,7 +445,7 @@ impl Child {
 
     /// Answers the kernel's elicitation requests that `responses` name (others are ignored,
     /// as SEP-2322 asks).
-    fn deliver(&self, responses: InputResponses) {
+    pub fn deliver(&self, responses: InputResponses) {
         for (key, value) in responses {
             if let Some((_, tx)) = lock(&self.inbox).remove(&key) {
                 let _ = tx.send(Ok(value));

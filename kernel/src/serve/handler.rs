@@ -155,6 +155,8 @@ fn finish_relayed(
             };
             let every = tasks::STATUS_EVERY.as_secs_f64();
             let mut cancelled = false;
+            let mut inbox = kernel.inbox_changes();
+            let mut inputs = tasks::InputForwarder::default();
             loop {
                 let wait = relayed(kernel.call_tool(
                     "wait_cell",
@@ -166,8 +168,13 @@ fn finish_relayed(
                 ));
                 tokio::pin!(wait);
                 let result = loop {
+                    let to = Arc::clone(&kernel);
+                    inputs.forward(&ctx, kernel.inbox_requests(), move |key, answer| {
+                        to.deliver([(key, answer)].into());
+                    });
                     tokio::select! {
                         r = &mut wait => break r.map_err(TaskExit::Error)?,
+                        _ = inbox.changed() => {}
                         _ = ctx.cancelled(), if !cancelled => {
                             cancelled = true;
                             tracing::info!(cell, "task cancelled: interrupting its cell");

@@ -66,9 +66,9 @@ fn a_long_cell_answers_running_and_wait_cell_collects_it() {
 fn a_long_cell_becomes_a_task_for_clients_with_the_tasks_extension() {
     for mode in MODES {
         let (facts, log, _logs) = Scenario::mode(mode).run("tasks");
-        assert_eq!(facts["tasks"], 2, "{mode}: {facts}");
+        assert_eq!(facts["tasks"], 3, "{mode}: {facts}");
         let records = read_log(&log);
-        assert_eq!(records.len(), 6, "{mode}");
+        assert_eq!(records.len(), 7, "{mode}");
         assert_eq!(records[1].result.as_deref(), Some("'done'"), "{mode}");
         assert!(records[2].interrupted, "{mode}: {:?}", records[2]);
     }
