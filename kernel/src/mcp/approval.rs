@@ -48,19 +48,7 @@ impl Inbox {
 
     /// The approvals waiting, as `inputRequests` (none: `None`).
     pub fn requests(&self) -> Option<InputRequests> {
-        let waiting = lock(&self.waiting);
-        if waiting.is_empty() {
-            return None;
-        }
-        Some(
-            waiting
-                .iter()
-                .map(|(id, params)| {
-                    let request = ElicitRequest::new(params.clone());
-                    (id.clone(), InputRequest::Elicitation(request))
-                })
-                .collect(),
-        )
+        input_requests(lock(&self.waiting).iter())
     }
 
     fn put(&self, approval_id: &str, params: ElicitRequestParams) {
@@ -90,6 +78,19 @@ impl Inbox {
             approvals.answer(answer_of(&id, reply));
         }
     }
+}
+
+/// Elicitation requests by key as `inputRequests` (none: `None`).
+pub fn input_requests<'a>(
+    requests: impl Iterator<Item = (&'a String, &'a ElicitRequestParams)>,
+) -> Option<InputRequests> {
+    let requests: InputRequests = requests
+        .map(|(key, params)| {
+            let request = ElicitRequest::new(params.clone());
+            (key.clone(), InputRequest::Elicitation(request))
+        })
+        .collect();
+    (!requests.is_empty()).then_some(requests)
 }
 
 /// The MCP front's [`Asker`].

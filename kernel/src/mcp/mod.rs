@@ -46,6 +46,21 @@ use std::time::Duration;
 use store::OutputStore;
 use tokio::sync::oneshot;
 
+/// What both MCP fronts say of themselves: tools and the tasks extension, flowrepl's name
+/// and version, `title` and `instructions`.
+pub fn server_info(title: &str, instructions: String) -> rmcp::model::InitializeResult {
+    use rmcp::model::{Implementation, InitializeResult, ServerCapabilities};
+    let capabilities = ServerCapabilities::builder()
+        .enable_tools()
+        .enable_tasks()
+        .build();
+    InitializeResult::new(capabilities)
+        .with_server_info(
+            Implementation::new("flowrepl", env!("CARGO_PKG_VERSION")).with_title(title),
+        )
+        .with_instructions(instructions)
+}
+
 /// Work for the main thread.
 pub enum Job {
     /// Run a call and answer with its rendered tool result.

@@ -23,9 +23,8 @@ use rmcp::handler::server::tool::{InputResponses, RequestState, ToolCallContext}
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
-    GetTaskParams, GetTaskResult, Implementation, InitializeResult, InputRequiredResult,
-    JsonObject, ProgressNotificationParam, ProgressToken, RequestMetaObject, ServerCapabilities,
-    UpdateTaskParams,
+    GetTaskParams, GetTaskResult, InitializeResult, InputRequiredResult, JsonObject,
+    ProgressNotificationParam, ProgressToken, RequestMetaObject, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::task_manager::{TaskContext, TaskExit, TaskFuture};
@@ -746,17 +745,7 @@ fn finish_cell(shared: Arc<Shared>) -> impl FnOnce(u64, TaskContext) -> TaskFutu
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for KernelServer {
     fn get_info(&self) -> InitializeResult {
-        InitializeResult::new(
-            ServerCapabilities::builder()
-                .enable_tools()
-                .enable_tasks()
-                .build(),
-        )
-        .with_server_info(
-            Implementation::new("flowrepl", env!("CARGO_PKG_VERSION"))
-                .with_title("flowrepl Python kernel"),
-        )
-        .with_instructions(self.shared.instructions.clone())
+        super::server_info("flowrepl Python kernel", self.shared.instructions.clone())
     }
 
     async fn call_tool(

@@ -18,9 +18,8 @@
 use crate::mcp::approval::{Asking, LatestAsking};
 use flowrepl_os::lock;
 use rmcp::model::{
-    CallToolResponse, CallToolResult, ElicitRequest, ElicitRequestParams, InputRequest,
-    InputRequests, InputRequiredResult, InputResponses, ProgressNotificationParam, ProgressToken,
-    ResultType,
+    CallToolResponse, CallToolResult, ElicitRequestParams, InputRequests, InputRequiredResult,
+    InputResponses, ProgressNotificationParam, ProgressToken, ResultType,
 };
 use rmcp::{ErrorData, Peer, RoleServer};
 use serde_json::{json, Value};
@@ -429,18 +428,7 @@ impl Child {
     /// The approvals waiting for a 2026-07-28 client, as `inputRequests` (none: `None`).
     pub fn inbox_requests(&self) -> Option<InputRequests> {
         let inbox = lock(&self.inbox);
-        if inbox.is_empty() {
-            return None;
-        }
-        Some(
-            inbox
-                .iter()
-                .map(|(key, (params, _))| {
-                    let request = ElicitRequest::new(params.clone());
-                    (key.clone(), InputRequest::Elicitation(request))
-                })
-                .collect(),
-        )
+        crate::mcp::approval::input_requests(inbox.iter().map(|(key, (params, _))| (key, params)))
     }
 
     /// Answers the kernel's elicitation requests that `responses` name (others are ignored,

@@ -8,8 +8,8 @@ use crate::mcp::tasks::{self, CellTasks};
 use crate::mcp::{render, schema};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
-    GetTaskParams, GetTaskResult, Implementation, InitializeResult, JsonObject, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, Tool, ToolAnnotations, UpdateTaskParams,
+    GetTaskParams, GetTaskResult, InitializeResult, JsonObject, ListToolsResult,
+    PaginatedRequestParams, Tool, ToolAnnotations, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::task_manager::{TaskContext, TaskExit, TaskFuture};
@@ -256,17 +256,7 @@ fn with_task_args(mut tool: Tool) -> Tool {
 
 impl ServerHandler for Serve {
     fn get_info(&self) -> InitializeResult {
-        InitializeResult::new(
-            ServerCapabilities::builder()
-                .enable_tools()
-                .enable_tasks()
-                .build(),
-        )
-        .with_server_info(
-            Implementation::new("flowrepl", env!("CARGO_PKG_VERSION"))
-                .with_title("flowrepl Python kernels"),
-        )
-        .with_instructions(self.instructions.to_string())
+        crate::mcp::server_info("flowrepl Python kernels", self.instructions.to_string())
     }
 
     async fn get_task(
