@@ -382,7 +382,7 @@ impl Child {
         if let Some(ours) = mapped {
             lock(&self.progress).remove(&ours);
         }
-        let reply = match outcome {
+        let mut reply = match outcome {
             Ok(r) => r,
             // A result the model reads (isError), not a protocol error.
             Err(Some(gone)) => {
@@ -408,7 +408,7 @@ impl Child {
             self.cells.fetch_add(1, Ordering::Relaxed);
         }
         let mut result: CallToolResult =
-            serde_json::from_value(reply["result"].clone()).map_err(|e| {
+            serde_json::from_value(reply["result"].take()).map_err(|e| {
                 ErrorData::internal_error(
                     format!("the kernel's result is not a tool result: {e}"),
                     None,
@@ -457,10 +457,10 @@ impl Child {
         let rx = self.register(id);
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
             .await?;
-        let reply = rx.await.map_err(|_| self.exited("before it answered"))?;
+        let mut reply = rx.await.map_err(|_| self.exited("before it answered"))?;
         match reply.get("error") {
             Some(e) => Err(ChildError::Rpc(e.to_string())),
-            None => Ok(reply["result"].clone()),
+            None => Ok(reply["result"].take()),
         }
     }
 
