@@ -681,6 +681,15 @@ async def tasks(c, opts):
                           "b = flow.request_approval('decline that?')\n(a, b, runs)")
     assert text_of(r).endswith("Out[5]: (True, False, 1)"), text_of(r)
     assert [q["message"] for q in ASKED] == ["accept this?", "decline that?"], ASKED
+    # A requestState this server did not give, or for a cell no longer parked: -32602.
+    for state, said in (("bogus", "not one this server gave"), ("cell:999", "no cell 999")):
+        try:
+            await c.session.call_tool("execute_code", {"code": "1"}, request_state=state,
+                                      input_responses={}, allow_input_required=True)
+        except MCPError as e:
+            assert e.error.code == -32602 and said in str(e), e
+        else:
+            raise AssertionError(f"requestState {state} was accepted")
     # A task's cell that asks: the task is input_required with the elicitation, and the
     # client's tasks/update answers it.
     async def person(request):

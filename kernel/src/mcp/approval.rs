@@ -80,6 +80,20 @@ impl Inbox {
     }
 }
 
+/// The id in a `requestState` this server gave (`<prefix>:<id>`), else -32602.
+pub fn state_id(state: &str, prefix: &str) -> Result<u64, rmcp::ErrorData> {
+    state
+        .strip_prefix(prefix)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .and_then(|id| id.parse().ok())
+        .ok_or_else(|| {
+            rmcp::ErrorData::invalid_params(
+                format!("requestState {state:?} is not one this server gave"),
+                None,
+            )
+        })
+}
+
 /// Elicitation requests by key as `inputRequests` (none: `None`).
 pub fn input_requests<'a>(
     requests: impl Iterator<Item = (&'a String, &'a ElicitRequestParams)>,

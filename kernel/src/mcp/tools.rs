@@ -264,19 +264,6 @@ struct Follow {
     asks: bool,
 }
 
-/// The cell id of an `InputRequiredResult`'s `requestState`.
-fn cell_of_state(state: &str) -> Result<u64, ErrorData> {
-    state
-        .strip_prefix("cell:")
-        .and_then(|id| id.parse().ok())
-        .ok_or_else(|| {
-            ErrorData::invalid_params(
-                format!("requestState {state:?} is not one this server gave"),
-                None,
-            )
-        })
-}
-
 impl KernelServer {
     /// Whether this call's client answers approvals through `inputRequests` (a 2026-07-28
     /// client that declared elicitation in the request's `_meta`); said to the inbox.
@@ -489,7 +476,7 @@ impl KernelServer {
         };
         if let Some(state) = state.0 {
             // The same call again with the person's answers: follow the same cell.
-            let id = cell_of_state(&state)?;
+            let id = super::approval::state_id(&state, "cell")?;
             self.shared
                 .inbox
                 .deliver(responses.0.unwrap_or_default(), &self.shared.approvals);

@@ -197,19 +197,6 @@ fn finish_relayed(
     }
 }
 
-/// The relayed call a `requestState` this server gave names.
-fn relayed_call_of(state: &str) -> Result<u64, ErrorData> {
-    state
-        .strip_prefix("relay:")
-        .and_then(|id| id.parse().ok())
-        .ok_or_else(|| {
-            ErrorData::invalid_params(
-                format!("requestState {state:?} is not one this server gave"),
-                None,
-            )
-        })
-}
-
 /// A relayed call's tool result (a task's relayed calls never ask for input).
 async fn relayed(
     call: impl std::future::Future<Output = Result<CallToolResponse, ErrorData>>,
@@ -341,7 +328,7 @@ impl ServerHandler for Serve {
             resume: match request.request_state.as_deref() {
                 None => None,
                 Some(state) => Some((
-                    relayed_call_of(state)?,
+                    crate::mcp::approval::state_id(state, "relay")?,
                     request.input_responses.unwrap_or_default(),
                 )),
             },
