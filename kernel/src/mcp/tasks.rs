@@ -95,11 +95,6 @@ impl CellTasks {
     pub fn cancel(&self, task_id: &str) -> Result<(), ErrorData> {
         self.manager.cancel_task(task_id)
     }
-
-    /// Forgets every task (their cells go on).
-    pub fn shutdown(&self) {
-        self.manager.shutdown();
-    }
 }
 
 /// Puts a task's cell's approvals in the task's `inputRequests` (each once) and passes the
