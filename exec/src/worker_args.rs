@@ -41,6 +41,12 @@ pub struct WorkerArgs {
     /// The session's setup ([`SessionSetup`] as JSON).
     #[arg(long, value_name = "JSON", value_parser = parse_setup)]
     pub setup: Option<SessionSetup>,
+    /// Fd 5 holds the task's context to start from (`flow.context`, JSON), read and closed
+    /// at start ([`WorkerArgs::take_context`]): not on the command line, where Linux bounds
+    /// each string to 128 KiB (a bigger context stopped every worker of its task from
+    /// starting).
+    #[arg(long)]
+    pub context_fd: bool,
     /// Fds 3 and 4 are the capture files for stdout and stderr (memfds the kernel keeps, so
     /// that it can read what this worker had not sent when it dies).
     #[arg(long)]
@@ -88,6 +94,9 @@ pub fn inherited_capture() -> io::Result<[Arc<std::os::fd::OwnedFd>; 2]> {
     Ok([take(3)?, take(4)?])
 }
 
+/// The descriptor `--context-fd` names.
+pub const CONTEXT_FD: i32 = 5;
+
 fn parse_sandbox(s: &str) -> Result<SandboxPolicy, String> {
     serde_json::from_str(s).map_err(|e| e.to_string())
 }
@@ -123,6 +132,7 @@ impl WorkerArgs {
             cpu_seconds,
             max_images: images.max_images,
             max_image_pixels: images.max_pixels,
+            context_fd: setup.flow.context.is_some(),
             setup: (setup != SessionSetup::default()).then_some(setup),
             capture_fds,
             snapshot_dir: snapshots.map(|s| s.root.clone()),
@@ -160,8 +170,14 @@ impl WorkerArgs {
             a.extend(["--cpu-seconds".into(), s.to_string().into()]);
         }
         if let Some(setup) = &self.setup {
-            let json = serde_json::to_string(setup).expect("setup serializes");
+            // The context goes through fd 5 (`--context-fd`).
+            let mut setup = setup.clone();
+            setup.flow.context = None;
+            let json = serde_json::to_string(&setup).expect("setup serializes");
             a.extend(["--setup".into(), json.into()]);
+        }
+        if self.context_fd {
+            a.push("--context-fd".into());
         }
         if let Some(d) = &self.snapshot_dir {
             a.extend(["--snapshot-dir".into(), d.clone().into()]);
@@ -177,6 +193,34 @@ impl WorkerArgs {
             a.push("--capture-fds".into());
         }
         a
+    }
+
+    /// With `--context-fd`: reads the context from [`CONTEXT_FD`] (at most
+    /// [`MAX_CONTEXT_BYTES`](flowrepl_protocol::limits::MAX_CONTEXT_BYTES)) into the setup and
+    /// closes it. A context that cannot be read is left out (the session starts from `{}`),
+    /// with the reason returned for the worker's diagnostics.
+    pub fn take_context(&mut self) -> Result<(), String> {
+        use std::io::Read;
+        use std::os::fd::FromRawFd;
+        if !std::mem::take(&mut self.context_fd) {
+            return Ok(());
+        }
+        // SAFETY: the kernel's pre-exec code put the memfd at this fd for us, and nothing
+        // else in this process owns it; it is closed when `file` drops.
+        let file = unsafe { std::fs::File::from_raw_fd(CONTEXT_FD) };
+        let limit = flowrepl_protocol::limits::MAX_CONTEXT_BYTES as u64;
+        let mut text = String::new();
+        file.take(limit + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| format!("the task's context could not be read: {e}"))?;
+        if text.len() as u64 > limit {
+            return Err(format!("the task's context is larger than {limit} bytes"));
+        }
+        self.setup
+            .get_or_insert_with(SessionSetup::default)
+            .flow
+            .context = Some(text);
+        Ok(())
     }
 
     /// Checkpoints, when on.

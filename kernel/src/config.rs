@@ -147,6 +147,9 @@ pub enum ConfigError {
     /// `FLOWREPL_SANDBOX_SKIP` names a layer that does not exist.
     #[error("FLOWREPL_SANDBOX_SKIP: no sandbox layer {0:?} (the layers: {1})")]
     SandboxLayer(String, String),
+    /// `--sandbox=strict` with layers left out: strict means every layer.
+    #[error("--sandbox=strict refuses FLOWREPL_SANDBOX_SKIP ({0}): strict means every layer; use --sandbox to leave layers out")]
+    StrictSkip(String),
     /// A `--startup` file is missing.
     #[error("startup file {0} not found")]
     StartupMissing(String),
@@ -210,6 +213,9 @@ impl Config {
                 bad.clone(),
                 flowrepl_sandbox::LAYERS.join(", "),
             ));
+        }
+        if strict && !skip.is_empty() {
+            return Err(ConfigError::StrictSkip(skip.join(",")));
         }
         Ok(Some(SandboxConfig {
             strict,

@@ -2,6 +2,8 @@
 //! reported as the host enforced it ([`flowrepl_protocol::sandbox::SandboxReport`]).
 //!
 //! # Layers, in the order they are applied
+//! - [`terminal`]: no controlling terminal (the kernel started the worker in a session of
+//!   its own; checked here), so no input pushed into the user's terminal.
 //! - [`namespaces`]: a user namespace, and in it a network namespace of its own (only `lo`,
 //!   down: no TCP even to the host's 127.0.0.1), an IPC namespace and a mount namespace whose
 //!   `/tmp` is the kernel's private folder and whose `/run`, `/var/tmp` and `/dev/shm` are
@@ -14,7 +16,8 @@
 //!   `/tmp` and the checkpoint folder writable, nothing else; TCP bind and connect denied
 //!   when the network is off; signals and abstract Unix sockets scoped to the sandbox.
 //! - [`syscalls`]: seccomp: what sandboxes are escaped through (`io_uring_*`, `ptrace`,
-//!   `process_vm_*`, `bpf`, mounts, new namespaces, `keyctl`, `perf_event_open`, ...), and
+//!   `process_vm_*`, `bpf`, mounts, new namespaces, `keyctl`, `perf_event_open`, the
+//!   terminal ioctls that inject input, ...), and
 //!   sockets other than `AF_UNIX` when the network is off. Last, since it forbids what the
 //!   layers before it use.
 //!
@@ -28,11 +31,13 @@ pub mod files;
 pub mod namespaces;
 pub mod processes;
 pub mod syscalls;
+pub mod terminal;
 
 use flowrepl_protocol::sandbox::{SandboxLayer, SandboxPolicy, SandboxReport};
 
 /// Every layer, by the name reports use.
-pub const LAYERS: [&str; 10] = [
+pub const LAYERS: [&str; 11] = [
+    terminal::LAYER,
     namespaces::USER,
     namespaces::NETWORK,
     namespaces::IPC,
@@ -75,8 +80,23 @@ pub struct Confined {
 /// namespace cannot be entered otherwise) and must not have started Python. With the PID
 /// namespace, only the process that will run Python returns (see [`processes`]).
 pub fn apply(policy: &SandboxPolicy) -> Result<Confined, Refused> {
+    if policy.strict && !policy.skip.is_empty() {
+        // The kernel refuses this at its start; a worker started so by anything else refuses
+        // too, before it confines anything.
+        return Err(Refused {
+            missing: policy.skip.clone(),
+            why: vec!["strict refuses FLOWREPL_SANDBOX_SKIP".into()],
+            report: SandboxReport {
+                level: "strict".into(),
+                network: if policy.network { "host" } else { "none" }.into(),
+                layers: policy.skip.iter().map(|l| skipped(l)).collect(),
+            },
+        });
+    }
     let skip = |layer: &str| policy.skip.iter().any(|s| s == layer);
+    let terminal = terminal::check(&skip);
     let mut layers = namespaces::enter(policy, &skip);
+    layers.insert(0, terminal);
     let mount_ns = layers
         .iter()
         .any(|l| l.layer == namespaces::MOUNT && l.enforced);

@@ -3,7 +3,8 @@
 //! layers see), `ptrace` and `process_vm_*`, `bpf`, `perf_event_open`, the key store, mounts
 //! and new namespaces (`unshare`, `setns`, `clone` with a `CLONE_NEW*` flag; `clone3`, whose
 //! flags a filter cannot read, answers `ENOSYS` so that libc falls back to `clone`), module
-//! and kexec loading; and, when the network is off, sockets of any family but `AF_UNIX`
+//! and kexec loading; `ioctl(TIOCSTI)` and `ioctl(TIOCLINUX)`, which push input into a
+//! terminal (whatever the host's `dev.tty.legacy_tiocsti`); and, when the network is off, sockets of any family but `AF_UNIX`
 //! (`EAFNOSUPPORT`).
 
 use flowrepl_protocol::sandbox::{SandboxLayer, SandboxPolicy};
@@ -64,6 +65,9 @@ const NEW_NAMESPACES: [libc::c_int; 7] = [
     libc::CLONE_NEWCGROUP,
 ];
 
+/// `ioctl` requests refused on any descriptor: they push input into a terminal.
+const TERMINAL_INJECTION: [u64; 2] = [libc::TIOCSTI as u64, libc::TIOCLINUX as u64];
+
 /// Installs the filters (and `no_new_privs`, which they need).
 pub fn install(policy: &SandboxPolicy, skip: &dyn Fn(&str) -> bool) -> SandboxLayer {
     if skip(LAYER) {
@@ -78,7 +82,7 @@ pub fn install(policy: &SandboxPolicy, skip: &dyn Fn(&str) -> bool) -> SandboxLa
                     .map_err(|e| format!("the host refused the filter: {e}"))?;
             }
             Ok(format!(
-                "{} calls denied, clone with CLONE_NEW* denied, clone3 ENOSYS{}",
+                "{} calls denied, clone with CLONE_NEW* denied, ioctl TIOCSTI and TIOCLINUX denied, clone3 ENOSYS{}",
                 DENIED.len(),
                 if policy.network {
                     ""
@@ -109,6 +113,16 @@ fn filters(network: bool) -> Result<Vec<BpfProgram>, String> {
                     SeccompCmpOp::MaskedEq(*f as u64),
                     *f as u64,
                 )?)
+            })
+            .collect::<Result<_, _>>()?,
+    );
+    eperm.insert(
+        libc::SYS_ioctl,
+        TERMINAL_INJECTION
+            .iter()
+            .map(|req| {
+                // The kernel reads an ioctl's request as an unsigned int: its low 32 bits.
+                rule(cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *req)?)
             })
             .collect::<Result<_, _>>()?,
     );

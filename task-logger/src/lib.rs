@@ -12,6 +12,8 @@
 //! - [`reader`]: reads a log, skipping lines that are torn or not records.
 //! - [`snapshot`]: namespace checkpoints beside the log (`<task>.snapshot/`), and the one
 //!   reader of their journal.
+//! - [`untrusted`]: opening files in folders a cell can write (no symlinks, regular files,
+//!   bounded reads).
 #![warn(missing_docs)]
 
 mod name_watch;
@@ -19,6 +21,7 @@ pub mod path;
 pub mod reader;
 pub mod record;
 pub mod snapshot;
+pub mod untrusted;
 pub mod writer;
 
 pub use path::{safe_component, task_log_path, PLAN_ID_ENV, TASK_ID_ENV, TASK_NAME_ENV};

@@ -188,9 +188,27 @@ pub fn save_context(log: &Path, json: &str) -> io::Result<()> {
 
 /// The task's current context, from its context file (see [`save_context`]): one small read,
 /// whatever the size of the log. `None` when there is none (no context was ever set), or when
-/// it is not a JSON object (then [`last_context`] can recover it from the log).
+/// it is not a JSON object (then [`last_context`] can recover it from the log). A file larger
+/// than [`MAX_CONTEXT_BYTES`](flowrepl_protocol::limits::MAX_CONTEXT_BYTES) is an error
+/// (`InvalidData`), read no further: the kernel then starts from `{}` and says so.
 pub fn load_context(log: &Path) -> io::Result<Option<String>> {
-    match std::fs::read_to_string(context_path(log)) {
+    use std::io::Read;
+    let limit = flowrepl_protocol::limits::MAX_CONTEXT_BYTES as u64;
+    let read = std::fs::File::open(context_path(log)).and_then(|f| {
+        let mut text = String::new();
+        f.take(limit + 1).read_to_string(&mut text)?;
+        if text.len() as u64 > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} is larger than {limit} bytes",
+                    context_path(log).display()
+                ),
+            ));
+        }
+        Ok(text)
+    });
+    match read {
         Ok(text) => {
             let object = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&text);
             Ok(object.is_ok().then_some(text))

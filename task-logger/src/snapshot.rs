@@ -23,7 +23,7 @@ use flowrepl_protocol::CheckpointInfo;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, BufRead};
+use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -31,6 +31,9 @@ use std::path::{Path, PathBuf};
 pub const JOURNAL: &str = "journal.jsonl";
 /// The journal format this reader knows.
 pub const SNAPSHOT_FORMAT: u32 = 1;
+/// The largest journal read (a checkpoint's journal is compacted long before: a bigger one
+/// was not written by the executor).
+pub const MAX_JOURNAL_BYTES: u64 = 64 << 20;
 /// Longest checkpoint name.
 pub const MAX_NAME_LEN: usize = 64;
 
@@ -251,24 +254,29 @@ impl Checkpoint {
     }
 }
 
-/// Folds the journal of the checkpoint folder `dir` (named `name`). `Ok(None)`: no checkpoint
-/// there (no journal, or no whole line in it).
-pub fn read(dir: &Path, name: &str) -> Result<Option<Checkpoint>, SnapshotError> {
-    let path = dir.join(JOURNAL);
-    let file = match fs::File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+/// Folds the journal of checkpoint `name` in the snapshot folder `root`. `Ok(None)`: no
+/// checkpoint there (no journal, or no whole line in it).
+///
+/// The folder is writable from inside the sandbox, so the journal is opened as untrusted
+/// input ([`crate::untrusted`]): no symlink followed, a regular file only, at most
+/// [`MAX_JOURNAL_BYTES`] read.
+pub fn read(root: &Path, name: &str) -> Result<Option<Checkpoint>, SnapshotError> {
+    let path = journal_path(root, name);
+    let file = match crate::untrusted::open_beneath(root, name, JOURNAL) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Ok(None),
         Err(e) => return Err(io_err("cannot open", &path)(e)),
     };
+    let bytes = crate::untrusted::read_bounded(file, MAX_JOURNAL_BYTES, &path)
+        .map_err(io_err("cannot read", &path))?;
     let mut groups: Vec<Group> = Vec::new();
     let mut names: BTreeMap<String, Entry> = BTreeMap::new();
     let mut cp: Option<Checkpoint> = None;
-    for line in io::BufReader::new(file).split(b'\n') {
-        let line = line.map_err(io_err("cannot read", &path))?;
+    for line in bytes.split(|&b| b == b'\n') {
         // A line without its newline was torn by a kill: `split` yields it last; serde
         // rejects a cut object, and a cut that still parses cannot happen (the object's
         // closing brace is its last byte).
-        let Ok(l) = serde_json::from_slice::<JournalLine>(&line) else {
+        let Ok(l) = serde_json::from_slice::<JournalLine>(line) else {
             continue;
         };
         if l.v > SNAPSHOT_FORMAT {
@@ -337,7 +345,7 @@ pub fn read(dir: &Path, name: &str) -> Result<Option<Checkpoint>, SnapshotError>
 pub fn load(root: &Path, name: &str) -> Result<Checkpoint, SnapshotError> {
     check_name(name)?;
     let root = open_root(root)?;
-    read(&root.join(name), name)?.ok_or_else(|| SnapshotError::Missing(name.to_owned()))
+    read(&root, name)?.ok_or_else(|| SnapshotError::Missing(name.to_owned()))
 }
 
 /// Every checkpoint of the task whose snapshot folder is `root`, by name; folders that hold
@@ -357,7 +365,7 @@ pub fn list(root: &Path) -> Result<Vec<CheckpointInfo>, SnapshotError> {
             continue;
         }
         // An empty folder, or one that cannot be read (a newer format), is not listed.
-        if let Ok(Some(cp)) = read(&entry.path(), &name) {
+        if let Ok(Some(cp)) = read(&root, &name) {
             out.push(cp.info());
         }
     }
@@ -394,7 +402,8 @@ mod tests {
         let mut body = format!("{}\n{}\n", text[0], text[1]);
         // The third line was cut by a kill.
         body.push_str(&text[2][..text[2].len() - 5]);
-        fs::write(dir.path().join(JOURNAL), body).unwrap();
+        fs::create_dir(dir.path().join("auto")).unwrap();
+        fs::write(journal_path(dir.path(), "auto"), body).unwrap();
         let cp = read(dir.path(), "auto").unwrap().unwrap();
         assert_eq!(cp.execution_count, 2);
         assert_eq!(cp.names(), ["a", "b", "np"]);
@@ -413,7 +422,7 @@ mod tests {
         );
         // A full line starts over.
         fs::write(
-            dir.path().join(JOURNAL),
+            journal_path(dir.path(), "auto"),
             format!(
                 "{}\n{}\n",
                 text[0],
@@ -423,6 +432,28 @@ mod tests {
         .unwrap();
         let cp = read(dir.path(), "auto").unwrap().unwrap();
         assert_eq!((cp.execution_count, cp.names()), (5, vec!["z".to_owned()]));
+    }
+
+    /// What a cell may plant in the folder: a FIFO, links to a device and to a file outside,
+    /// a checkpoint folder that is a link, a journal over the limit. Each is an error at once.
+    #[test]
+    fn planted_journals_are_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for d in ["fifo", "zero", "outside", "big"] {
+            fs::create_dir(root.join(d)).unwrap();
+        }
+        nix::unistd::mkfifo(&journal_path(root, "fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", journal_path(root, "zero")).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", journal_path(root, "outside")).unwrap();
+        std::os::unix::fs::symlink(root.join("big"), root.join("linked")).unwrap();
+        let big = fs::File::create(journal_path(root, "big")).unwrap();
+        big.set_len(MAX_JOURNAL_BYTES + 1).unwrap();
+        for name in ["fifo", "zero", "outside", "big"] {
+            assert!(read(root, name).is_err(), "{name}");
+        }
+        assert!(read(root, "linked").is_err());
+        assert!(read(root, "missing").unwrap().is_none());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! Size: the one harness every integration test drives kernels with.
 
 pub mod mcp;
+pub mod pty;
 pub mod schema;
 pub mod serve;
 
@@ -88,6 +89,7 @@ pub struct KernelOptions {
     log_dir: Option<PathBuf>,
     parent: ParentSignals,
     wrap: Vec<String>,
+    terminal: Option<std::ffi::CString>,
 }
 
 /// What the kernel inherits of SIGINT from its parent, as `exec` passes it on.
@@ -141,6 +143,12 @@ impl KernelOptions {
     /// command line): `unshare`, `sh -c`, ...
     pub fn wrap(mut self, wrap: Vec<String>) -> Self {
         self.wrap = wrap;
+        self
+    }
+    /// Starts the kernel as a session leader with this terminal (`pty::Pty::slave`) as its
+    /// controlling terminal, as from an interactive shell (stdin and stdout stay pipes).
+    pub fn controlling_terminal(mut self, slave: &std::ffi::CStr) -> Self {
+        self.terminal = Some(slave.to_owned());
         self
     }
     /// Uses this log directory instead of a fresh temporary one.
@@ -211,6 +219,13 @@ impl Kernel {
         cmd.env("FLOWREPL_LOG_DIR", &log_dir);
         for (k, v) in &opts.env {
             cmd.env(k, v);
+        }
+        if let Some(slave) = opts.terminal.clone() {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || pty::take_as_controlling_terminal(&slave));
+            }
         }
         let parent = opts.parent;
         if parent != ParentSignals::Default {

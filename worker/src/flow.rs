@@ -64,6 +64,14 @@ pub fn install_flow(
         move |args: &Bound<'_, PyTuple>, _: Option<&Bound<'_, PyDict>>| -> PyResult<Py<PyAny>> {
             let (new,): (Bound<'_, PyDict>,) = args.extract()?;
             let json = dict_json("flow.context.update", &new)?;
+            let limit = flowrepl_protocol::limits::MAX_CONTEXT_BYTES;
+            if json.len() > limit {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "flow.context.update: the new context is {} bytes of JSON; a task's context holds at most {limit} ({} KiB). Nothing was saved: keep large data in files.",
+                    json.len(),
+                    limit >> 10
+                )));
+            }
             let copy = json_to_py(args.py(), &serde_json::from_str(&json).expect("valid JSON"))?;
             saver.set_context(json);
             Ok(copy)

@@ -16,6 +16,9 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let mut args = WorkerArgs::parse();
+    if let Err(e) = args.take_context() {
+        eprintln!("flowrepl-worker: {e}; the session starts from an empty context");
+    }
     let python = match &args.python_lib {
         Some(lib) => flowrepl_exec::python::library::load(lib),
         None => linked::linked(),

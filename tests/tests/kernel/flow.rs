@@ -280,3 +280,62 @@ fn a_context_change_before_a_worker_crash_is_saved_and_kept() {
         1
     );
 }
+
+/// A context of 200 KB (more than Linux lets one command-line string hold: it once stopped
+/// every later worker of the task from starting, E2BIG) reaches a fresh worker and a later
+/// kernel; one over the limit is a ValueError at `update` with nothing saved; a stored
+/// context over the limit (written by hand) does not stop a kernel: it starts from `{}` and
+/// says why on stderr. Sandboxed, as serve runs workers.
+#[test]
+fn a_large_context_starts_every_later_worker_and_a_too_large_one_is_refused() {
+    let logs = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let task = || {
+        Kernel::options()
+            .worker()
+            .arg("--sandbox")
+            .arg("--workspace")
+            .arg(ws.path().display().to_string())
+            .log_dir(logs.path())
+            .env("FLOW_PLAN_ID", "p")
+            .env("FLOW_TASK_ID", "big")
+            .start()
+    };
+    let mut k = task();
+    k.ok("_ = flow.context.update({'blob': 'x' * 200_000})");
+    let r = k.execute("flow.context.update({'blob': 'x' * 300_000})");
+    assert_eq!(r["error"]["type"], "ValueError", "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 262144"),
+        "{r}"
+    );
+    assert_eq!(
+        k.ok("len(flow.context['blob'])")["result"],
+        "200000",
+        "unchanged"
+    );
+    let r = k.execute("import os\nos._exit(1)");
+    assert_eq!(r["error"]["type"], "WorkerDied");
+    assert_eq!(
+        k.ok("len(flow.context['blob'])")["result"],
+        "200000",
+        "a fresh worker"
+    );
+    k.sync();
+    let path = flowrepl_task_logger::context_path(&k.log_file());
+    drop(k);
+    let mut k = task();
+    assert_eq!(
+        k.ok("len(flow.context['blob'])")["result"],
+        "200000",
+        "a later kernel"
+    );
+    drop(k);
+    std::fs::write(&path, format!("{{\"blob\":\"{}\"}}", "y".repeat(300_000))).unwrap();
+    let mut k = task();
+    assert_eq!(k.ok("dict(flow.context)")["result"], "{}");
+    assert!(k.stderr_with("larger than").contains("context"));
+}

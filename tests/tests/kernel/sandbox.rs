@@ -458,7 +458,13 @@ fn without_user_namespaces_best_effort_says_so_and_strict_refuses() {
             "{layer}: {all:?}"
         );
     }
-    let detail = k.ready["sandbox"]["layers"][0]["detail"].to_string();
+    let detail = k.ready["sandbox"]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["layer"] == "user_namespace")
+        .unwrap()["detail"]
+        .to_string();
     assert!(detail.contains("refused"), "{detail}");
     // What still holds: no TCP (Landlock, seccomp), the home unreadable.
     let got = attempt(
@@ -535,6 +541,13 @@ fn bad_sandbox_settings_exit_2_with_a_clear_error() {
             ("FLOWREPL_SANDBOX_SKIP", "seccomp,firewall"),
             "no sandbox layer \"firewall\"",
         ),
+        // Strict means every layer: a skip is refused (the same skip with `--sandbox` starts
+        // and reports the layer as not enforced: the first test here).
+        (
+            vec!["--sandbox=strict"],
+            ("FLOWREPL_SANDBOX_SKIP", "seccomp"),
+            "--sandbox=strict refuses FLOWREPL_SANDBOX_SKIP (seccomp)",
+        ),
         (
             vec!["--sandbox=maybe"],
             ("FLOWREPL_SANDBOX_SKIP", ""),
@@ -553,4 +566,103 @@ fn bad_sandbox_settings_exit_2_with_a_clear_error() {
         assert!(out.stdout.is_empty(), "{args:?}");
         assert!(err.contains(says), "{args:?}: {err}");
     }
+}
+
+/// A kernel started from an interactive shell has a controlling terminal. A cell tries to
+/// push a command into it with `ioctl(TIOCSTI)` through `/dev/tty` (the user's shell would
+/// run it once flowrepl exits): the worker's session of its own leaves it no terminal
+/// (ENXIO); seccomp refuses the ioctl on a terminal it does reach (EPERM); with both left
+/// out, the command reaches the terminal.
+#[test]
+fn a_cell_cannot_type_into_the_users_terminal() {
+    let code = "import os, fcntl, termios\ntry:\n    fd = os.open('/dev/tty', os.O_RDWR)\nexcept OSError as e:\n    r = f'open {e.errno}'\nelse:\n    try:\n        for b in b'echo pwned-by-a-cell\\n':\n            fcntl.ioctl(fd, termios.TIOCSTI, bytes([b]))\n        r = 'typed'\n    except OSError as e:\n        r = f'ioctl {e.errno}'\nr";
+    for (skip, expect) in [
+        (&[][..], "'open 6'"),
+        (&["terminal"][..], "'ioctl 1'"),
+        (&["terminal", "seccomp"][..], "'typed'"),
+    ] {
+        let pty = flowrepl_tests::pty::Pty::open();
+        let ws = tempfile::tempdir().unwrap();
+        let mut k = Kernel::options()
+            .controlling_terminal(&pty.slave)
+            .arg("--sandbox")
+            .arg("--workspace")
+            .arg(ws.path().display().to_string())
+            .env("FLOWREPL_SANDBOX_SKIP", skip.join(","))
+            .start();
+        let terminal = layers(&k)
+            .into_iter()
+            .find(|(n, _, _)| n == "terminal")
+            .unwrap();
+        assert_eq!(terminal.1, skip.is_empty(), "{skip:?}: {terminal:?}");
+        assert_eq!(attempt(&mut k, code), expect, "{skip:?}");
+        let typed = expect == "'typed'";
+        let shown = pty.shown(std::time::Duration::from_millis(if typed {
+            3000
+        } else {
+            300
+        }));
+        assert_eq!(
+            String::from_utf8_lossy(&shown).contains("pwned-by-a-cell"),
+            typed,
+            "{skip:?}: the terminal shows {:?}",
+            String::from_utf8_lossy(&shown)
+        );
+        assert_eq!(attempt(&mut k, "6 * 7"), "42");
+    }
+}
+
+/// The task's checkpoint folder is writable from inside; the kernel reads it outside the
+/// sandbox (`checkpoints`, `restore`). A cell plants a FIFO as a checkpoint's journal (an
+/// `open` or `read` of it would block the kernel for ever), a symlink to `/dev/zero` (a read
+/// that never ends), a journal that is a symlink to a file outside, and a checkpoint folder
+/// that is a symlink: every call still answers at once, the planted ones are not listed,
+/// restoring one is a clear error, and the session goes on. (Before the kernel opened these
+/// files as untrusted input, `checkpoints` hung on the FIFO and the symlink to `/dev/zero`
+/// read until memory ran out.)
+#[test]
+fn files_planted_in_the_checkpoint_folder_neither_hang_nor_exhaust_the_kernel() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut k = sandboxed(ws.path(), &[], &[]);
+    k.ok("x = 1");
+    k.wait_checkpoint(1);
+    let root = flowrepl_task_logger::snapshot::snapshot_root(&k.log_file());
+    let plant = format!(
+        r#"import os
+root = {root:?}
+for d in ('fifo', 'zero', 'outside'):
+    os.makedirs(os.path.join(root, d), exist_ok=True)
+os.mkfifo(os.path.join(root, 'fifo', 'journal.jsonl'))
+os.symlink('/dev/zero', os.path.join(root, 'zero', 'journal.jsonl'))
+os.symlink('/etc/hostname', os.path.join(root, 'outside', 'journal.jsonl'))
+os.symlink('/etc', os.path.join(root, 'linked'))
+sorted(os.listdir(root))"#,
+        root = root.display().to_string()
+    );
+    assert_eq!(
+        attempt(&mut k, &plant),
+        "['auto', 'fifo', 'linked', 'outside', 'zero']"
+    );
+    let t0 = std::time::Instant::now();
+    let list = k.call("checkpoints", Value::Null)["result"].clone();
+    let names: Vec<&str> = list["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["auto"], "{list:#}");
+    for name in ["fifo", "zero", "outside", "linked"] {
+        let e = k.call("restore", serde_json::json!({ "name": name }));
+        assert!(e["error"]["message"].is_string(), "{name}: {e}");
+        assert!(
+            !e["error"]["message"].as_str().unwrap().contains("hostname"),
+            "{name}: {e}"
+        );
+    }
+    assert!(t0.elapsed() < std::time::Duration::from_secs(20));
+    assert_eq!(k.call("status", Value::Null)["result"]["busy"], false);
+    let r = k.call("restore", serde_json::json!({ "name": "auto" }))["result"].clone();
+    assert_eq!(r["checkpoint"], "auto", "{r}");
+    assert_eq!(attempt(&mut k, "x + 41"), "42");
 }

@@ -144,10 +144,31 @@ impl WorkerProcess {
             memfd_create(c"flowrepl-worker-stderr", MFdFlags::MFD_CLOEXEC)?,
         ];
         let capture_raw = [capture[0].as_raw_fd(), capture[1].as_raw_fd()];
+        // The task's context at fd 5 (`--context-fd`), not on the command line.
+        let context = match &config.setup.flow.context {
+            Some(text) => {
+                let fd = memfd_create(c"flowrepl-worker-context", MFdFlags::MFD_CLOEXEC)?;
+                let mut f = File::from(fd);
+                io::Write::write_all(&mut f, text.as_bytes())?;
+                io::Seek::rewind(&mut f)?;
+                Some(f)
+            }
+            None => None,
+        };
+        let context_raw = context.as_ref().map_or(-1, |f| f.as_raw_fd());
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(diagnostics.try_clone()?)
-            .process_group(0);
+            .stderr(diagnostics.try_clone()?);
+        // A sandboxed worker gets a session of its own (no controlling terminal: a cell cannot
+        // type into the user's; `flowrepl_sandbox::terminal`), which is also a process group
+        // of its own; any other worker, a process group of its own in the kernel's session.
+        let new_session = config
+            .sandbox
+            .as_ref()
+            .is_some_and(|sb| flowrepl_sandbox::terminal::new_session(&sb.skip));
+        if !new_session {
+            cmd.process_group(0);
+        }
         let limits = config.limits;
         let kernel = getpid();
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
@@ -155,16 +176,30 @@ impl WorkerProcess {
         // wrappers that neither allocate nor lock.
         unsafe {
             cmd.pre_exec(move || {
-                // The capture files at fds 3 and 4 (through high fds first, so that neither
-                // overwrites the other), without close-on-exec.
+                // The capture files at fds 3 and 4 and the context at fd 5 (through high fds
+                // first, so that none overwrites another), without close-on-exec.
                 let high = [
                     libc::fcntl(capture_raw[0], libc::F_DUPFD_CLOEXEC, 100),
                     libc::fcntl(capture_raw[1], libc::F_DUPFD_CLOEXEC, 100),
+                    if context_raw >= 0 {
+                        libc::fcntl(context_raw, libc::F_DUPFD_CLOEXEC, 100)
+                    } else {
+                        -2
+                    },
                 ];
-                for (fd, target) in high.into_iter().zip([3, 4]) {
+                for (fd, target) in
+                    high.into_iter()
+                        .zip([3, 4, flowrepl_exec::worker_args::CONTEXT_FD])
+                {
+                    if fd == -2 {
+                        continue;
+                    }
                     if fd < 0 || libc::dup2(fd, target) < 0 {
                         return Err(io::Error::last_os_error());
                     }
+                }
+                if new_session {
+                    nix::unistd::setsid()?;
                 }
                 set_pdeathsig(Signal::SIGKILL)?;
                 if getppid() != kernel {
@@ -182,6 +217,7 @@ impl WorkerProcess {
             });
         }
         let mut child = cmd.spawn()?;
+        drop(context);
         let pid = child.id() as libc::pid_t;
         let to_worker = File::from(std::os::fd::OwnedFd::from(
             child.stdin.take().expect("piped stdin"),
@@ -236,7 +272,9 @@ impl WorkerProcess {
         // The worker is gone; whatever its cells started goes with it.
         self.kill_group();
         if let Some(g) = self.guard.take() {
-            // Our own child, killed above (it is in the group).
+            // Our own child, killed above when it is in the group; a sandboxed worker's
+            // session is not the kernel's, so its guard could not join the group.
+            let _ = nix::sys::signal::kill(Pid::from_raw(g), Signal::SIGKILL);
             let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(g), None);
         }
         if r != self.pid {
@@ -290,7 +328,10 @@ fn spawn_guard(pid: libc::pid_t, kernel: libc::pid_t) -> Option<libc::pid_t> {
         let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
-        if libc::setpgid(0, pid) != 0 {
+        // Joins the worker's group where it can (the worker is in the kernel's session); a
+        // worker in a session of its own (sandboxed) has a group no process outside that
+        // session can join, and the kernel then kills the guard itself.
+        if libc::setpgid(0, pid) != 0 && libc::kill(-pid, 0) != 0 {
             libc::_exit(0); // the worker is already gone
         }
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1 as libc::c_ulong);
