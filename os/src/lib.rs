@@ -200,6 +200,16 @@ pub fn poll_hangup(fd: RawFd) -> bool {
     .unwrap_or(false)
 }
 
+/// Whether the pipe `fd` has anything to read or its other end has closed (no wait).
+pub fn poll_pending(fd: RawFd) -> bool {
+    poll(
+        fd,
+        PollTimeout::ZERO,
+        PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR,
+    )
+    .unwrap_or(false)
+}
+
 fn poll(fd: RawFd, timeout: PollTimeout, wanted: PollFlags) -> std::io::Result<bool> {
     // SAFETY: the caller owns `fd` for the duration of the call.
     let fd = unsafe { BorrowedFd::borrow_raw(fd) };

@@ -167,6 +167,31 @@ codec::frames! {
     }
 }
 
+impl Frame<'_> {
+    /// The request a frame belongs to (an Execute's, Variables', Checkpoint's or Health's
+    /// id); `None` for Ready, Shutdown and ApprovalAnswer. The kernel checks it on every
+    /// frame from the worker: a cell can write to the worker's frame pipe, and a frame for a
+    /// request not sent yet is forged.
+    pub fn call_id(&self) -> Option<u64> {
+        match self {
+            Frame::Execute { id, .. }
+            | Frame::Variables { id }
+            | Frame::Checkpoint { id, .. }
+            | Frame::Health { id }
+            | Frame::Output { id, .. }
+            | Frame::Done { id, .. }
+            | Frame::VariablesReply { id, .. }
+            | Frame::Event { id, .. }
+            | Frame::Context { id, .. }
+            | Frame::ApprovalRequest { id, .. }
+            | Frame::ApprovalEnded { id, .. }
+            | Frame::CheckpointReply { id, .. }
+            | Frame::HealthReply { id, .. } => Some(*id),
+            Frame::Ready { .. } | Frame::Shutdown {} | Frame::ApprovalAnswer { .. } => None,
+        }
+    }
+}
+
 /// What is wrong with a frame.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FrameError {

@@ -666,3 +666,79 @@ sorted(os.listdir(root))"#,
     assert_eq!(r["checkpoint"], "auto", "{r}");
     assert_eq!(attempt(&mut k, "x + 41"), "42");
 }
+
+/// Done frames a cell forges for `ids`, each claiming capture offsets near 2^64, as hex.
+fn forged_done_frames(ids: std::ops::RangeInclusive<u64>) -> String {
+    use flowrepl_protocol::frame::{DoneReport, Frame};
+    let mut report = flowrepl_protocol::CellReport::new(flowrepl_protocol::Mode::Worker);
+    report.result = Some("'forged'".into());
+    let done: DoneReport = serde_json::from_value(serde_json::json!({
+        "report": report,
+        "cpu_total_ms": 0.0,
+        "capture_ends": [u64::MAX - 8, u64::MAX - 8],
+        "output_in_capture": true,
+    }))
+    .unwrap();
+    let mut out = Vec::new();
+    for id in ids {
+        Frame::Done {
+            id,
+            report: std::borrow::Cow::Borrowed(&done),
+        }
+        .encode(&mut out)
+        .unwrap();
+    }
+    out.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A cell writes `hex` to every pipe of its process open for writing (the worker's frame
+/// pipe to the kernel is one of them).
+fn forge(hex: &str) -> String {
+    format!(
+        r#"import os
+data = bytes.fromhex({hex:?})
+hit = 0
+for fd in map(int, os.listdir('/proc/self/fd')):
+    try:
+        flags = int(open(f'/proc/self/fdinfo/{{fd}}').read().split('flags:')[1].split()[0], 8)
+        if os.readlink(f'/proc/self/fd/{{fd}}').startswith('pipe:') and flags & 3 == 1:
+            os.write(fd, data)
+            hit += 1
+    except OSError:
+        pass
+hit"#
+    )
+}
+
+/// A cell can write to its worker's frame pipe. What it forges never answers a request the
+/// kernel has not sent (the worker is stopped, the call says so, and the next cell runs on a
+/// fresh worker), never makes the kernel read or allocate past the real capture files
+/// (offsets near 2^64 once aborted the kernel), and never becomes a record of a call that was
+/// not made.
+#[test]
+fn forged_frames_neither_answer_other_calls_nor_take_the_kernel_down() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut k = sandboxed(ws.path(), &[], &[]);
+    k.ok("x = 1");
+    // A Done for a request far in the future, during a cell: the worker is stopped at once.
+    let r = k.execute(&forge(&forged_done_frames(1_000_000..=1_000_000)));
+    assert_eq!(r["success"], false, "{r}");
+    assert_ne!(r["result"], "'forged'", "{r}");
+    assert_eq!(attempt(&mut k, "6 * 7"), "42");
+    // Done frames for every id up to 100: the one for the running cell ends it (the cell's
+    // own word, with offsets cut to the real capture files); those for requests not sent yet
+    // stop the worker before the next call, which runs on a fresh one and is answered by it.
+    let r = k.execute(&forge(&forged_done_frames(1..=100)));
+    assert_eq!(r["stdout"], "", "{r}");
+    let r = k.execute("'real'");
+    assert_eq!(r["result"], "'real'", "{r}");
+    assert!(
+        r["warnings"].to_string().contains("frames for no request"),
+        "{r}"
+    );
+    assert_eq!(attempt(&mut k, "6 * 7"), "42");
+    k.sync();
+    let records = flowrepl_tests::read_log(&k.log_file());
+    assert_eq!(records.len(), 6, "one record per call made");
+    assert_eq!(k.call("status", Value::Null)["result"]["busy"], false);
+}

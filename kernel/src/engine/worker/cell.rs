@@ -71,7 +71,7 @@ impl Worker {
         let mut run = match c.done {
             Some(done) => {
                 self.last_cpu_total_ms = done.cpu_total_ms;
-                self.capture_next = done.capture_ends;
+                self.capture_next = self.real_capture_ends(done.capture_ends);
                 let mut run = self.finished_run(*done, stdout, stderr, interrupted);
                 warnings.append(&mut run.outcome.report.warnings);
                 run.outcome.report.warnings = warnings;

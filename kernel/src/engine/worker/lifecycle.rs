@@ -96,13 +96,14 @@ impl Worker {
                     Ok(Frame::Ready { hello }) => {
                         let mut hello = hello.into_owned();
                         tracing::debug!(pid = hello.pid, "worker ready");
+                        let starts = self.real_capture_ends(hello.capture_starts);
                         let State::Starting(proc) =
                             std::mem::replace(&mut self.state, State::Absent)
                         else {
                             unreachable!("only a starting worker sends Ready");
                         };
                         self.python = hello.python.clone();
-                        self.capture_next = hello.capture_starts;
+                        self.capture_next = starts;
                         if let Some(r) = hello.restored.take() {
                             self.restored = Some(Ok(r));
                         } else if let Some(e) = hello.restore_error.take() {
@@ -193,18 +194,74 @@ impl Worker {
     /// a fresh worker instead of failing. Returns a warning to attach to the cell.
     pub(super) fn check_idle_worker(&mut self) -> Option<String> {
         let p = self.state.process()?;
-        if !flowrepl_os::poll_hangup(p.from_worker.get_ref().as_raw_fd()) {
+        let fd = p.from_worker.get_ref().as_raw_fd();
+        // The usual case, one poll: nothing came since the last request was answered.
+        if p.from_worker.is_empty() && !flowrepl_os::poll_pending(fd) {
+            return None;
+        }
+        let forged = self.drain_between_requests();
+        if !forged && !flowrepl_os::poll_hangup(fd) {
             return None;
         }
         let ended = self.drop_worker()?;
+        let how = if forged {
+            "sent frames for no request in flight (a cell wrote to its frame pipe) and was stopped"
+                .to_owned()
+        } else {
+            ended.describe()
+        };
         Some(format!(
-            "the worker {} while idle, after the previous cell; its state was lost and this cell ran on a fresh worker{}",
-            ended.describe(),
+            "the worker {how} while idle, after the previous cell; its state was lost and this cell ran on a fresh worker{}",
             if self.after_death().is_some() {
                 " started from the last checkpoint (see `restored`)"
             } else {
                 ""
             }
         ))
+    }
+
+    /// Between requests, reads what the worker sent unasked: late replies to requests that
+    /// timed out are dropped; a frame for a request not sent yet (written by a cell, to
+    /// answer a later call) or a frame that does not decode stops the worker (true). Only a
+    /// ready worker (a starting one's Ready frame is still to come).
+    fn drain_between_requests(&mut self) -> bool {
+        if !matches!(self.state, State::Ready { .. }) {
+            return false;
+        }
+        loop {
+            loop {
+                match self.next_buffered() {
+                    Ok(None) => break,
+                    Ok(Some(payload)) => match frame::decode(&payload) {
+                        Ok(f) if self.forged(&f, 0) => return true,
+                        Ok(f) => {
+                            tracing::debug!(kind = f.kind(), "a late frame from the worker dropped")
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "bad frame from the worker between requests; the worker is stopped");
+                            return true;
+                        }
+                    },
+                    Err(e) => {
+                        tracing::error!(error = %e, "bad frame from the worker between requests; the worker is stopped");
+                        return true;
+                    }
+                }
+            }
+            let Some(p) = self.state.process() else {
+                return false;
+            };
+            if !flowrepl_os::poll_readable(
+                p.from_worker.get_ref().as_raw_fd(),
+                std::time::Duration::ZERO,
+            )
+            .unwrap_or(false)
+            {
+                return false;
+            }
+            if matches!(self.fill_frames(), Wait::Eof) {
+                return false;
+            }
+        }
     }
 }

@@ -20,15 +20,15 @@ impl Worker {
         let mut out: [Vec<u8>; 2] = Default::default();
         for i in 0..2 {
             let fd = p.capture[i].as_fd();
-            let size = match ends {
-                Some(e) => e[i],
-                None => match file_size(fd) {
-                    Ok(s) => s,
-                    Err(_) => continue,
-                },
+            // The ends a Done frame says are the worker's word (a cell can forge frames): never
+            // past what the capture file really holds.
+            let real = match file_size(fd) {
+                Ok(s) => s,
+                Err(_) => continue,
             };
-            let start = self.capture_next[i];
-            let from = start + received[i] as u64;
+            let size = ends.map_or(real, |e| e[i].min(real));
+            let start = self.capture_next[i].min(size);
+            let from = start.saturating_add(received[i] as u64);
             let read = |buf: &mut Vec<u8>, a: u64, b: u64| {
                 if b <= a {
                     return;
@@ -54,6 +54,17 @@ impl Worker {
             }
         }
         out
+    }
+
+    /// `claimed` capture offsets (from a Ready or Done frame: the worker's word) cut to what
+    /// the capture files really hold.
+    pub(super) fn real_capture_ends(&self, claimed: [u64; 2]) -> [u64; 2] {
+        let Some(p) = self.state.process() else {
+            return [0; 2];
+        };
+        std::array::from_fn(|i| {
+            flowrepl_exec::capture::file_size(p.capture[i].as_fd()).map_or(0, |s| claimed[i].min(s))
+        })
     }
 
     /// Publishes the running cell's output so far to [`WorkerControl::output_tail`].

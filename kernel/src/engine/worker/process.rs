@@ -102,10 +102,10 @@ fn set_limit(resource: Resource, value: u64) -> nix::Result<()> {
     setrlimit(resource, value, value)
 }
 
-/// Lowers a soft limit to `value` (never above the hard limit).
-fn lower_soft_limit(resource: Resource, value: u64) -> nix::Result<()> {
+/// Lowers a limit, soft and hard, to `value` (never above the hard limit it had).
+fn lower_limit(resource: Resource, value: u64) -> nix::Result<()> {
     let (_, hard) = getrlimit(resource)?;
-    setrlimit(resource, value.min(hard), hard)
+    setrlimit(resource, value.min(hard), value.min(hard))
 }
 
 impl WorkerProcess {
@@ -211,7 +211,8 @@ impl WorkerProcess {
                     set_limit(Resource::RLIMIT_AS, mb.saturating_mul(1 << 20))?;
                 }
                 if let Some(n) = limits.max_procs {
-                    lower_soft_limit(Resource::RLIMIT_NPROC, n)?;
+                    // Soft and hard: a cell could raise a soft limit back up to the hard one.
+                    lower_limit(Resource::RLIMIT_NPROC, n)?;
                 }
                 Ok(())
             });

@@ -28,6 +28,45 @@ impl Worker {
         }
     }
 
+    /// Whether `f` cannot have come from the executor: a frame for a request not sent yet
+    /// (its id is past the last one sent), or more output than the worker may send for a
+    /// cell (`output` bytes so far). A cell can write to the worker's frame pipe; such a frame
+    /// is forged, so the worker is stopped (its group killed: the caller then sees the pipe's
+    /// end and starts a fresh worker, as after any worker fault) and the frame is not used.
+    /// What a frame for the request in flight says is the cell's own business (a cell can
+    /// print anything, and its code can change the executor in its worker), but it never
+    /// answers another call, never crashes the kernel and never makes it allocate past the
+    /// output limit.
+    pub(super) fn forged(&mut self, f: &Frame<'_>, output: usize) -> bool {
+        let why = match f {
+            f if f.call_id().is_some_and(|id| id > self.next_id) => {
+                format!(
+                    "a {:#04x} frame for request {}, which was not sent (the last was {})",
+                    f.kind(),
+                    f.call_id().unwrap_or_default(),
+                    self.next_id
+                )
+            }
+            Frame::Output { bytes, .. }
+                if (output + bytes.len()) as u64
+                    > self.spawn.max_output_bytes.saturating_mul(2) =>
+            {
+                format!(
+                    "Output frames past twice the output limit ({} bytes)",
+                    self.spawn.max_output_bytes
+                )
+            }
+            _ => return false,
+        };
+        tracing::error!(
+            "the worker sent {why}: a cell wrote to its frame pipe; the worker is stopped"
+        );
+        if let Some(p) = self.state.process() {
+            p.kill_group();
+        }
+        true
+    }
+
     /// Waits up to `wait` for the worker's pipe, then reads what is there (one `read`).
     pub(super) fn read_frames(&mut self, wait: Duration) -> io::Result<Wait> {
         let Some(p) = self.state.process_mut() else {
@@ -63,7 +102,13 @@ impl Worker {
                     return false;
                 }
             };
-            match frame::decode(&payload) {
+            let frame = frame::decode(&payload);
+            if let Ok(f) = &frame {
+                if self.forged(f, c.stdout.len() + c.stderr.len()) {
+                    return false;
+                }
+            }
+            match frame {
                 Ok(Frame::Output { id, stream, bytes }) if id == c.id => match stream {
                     OutputStream::Stdout => c.stdout.extend_from_slice(bytes),
                     OutputStream::Stderr => c.stderr.extend_from_slice(bytes),
@@ -149,6 +194,10 @@ impl Worker {
                 .map_err(WorkerError::Io)?
             {
                 match frame::decode(&payload) {
+                    Ok(f) if self.forged(&f, 0) => {
+                        // Stopped: the loop below sees its end and starts a fresh worker.
+                        continue;
+                    }
                     Ok(f) => {
                         let shown = format!("{f:?}");
                         match pick(f, id) {
