@@ -364,8 +364,16 @@ fn process_limit_is_applied_to_the_worker_only() {
         .worker()
         .env("FLOWREPL_MAX_PROCS", "4000")
         .start();
-    let r = k.ok("import resource\nresource.getrlimit(resource.RLIMIT_NPROC)[0]");
-    assert_eq!(r["result"], "4000");
+    // Soft and hard: a cell cannot raise it back (a soft limit alone it could, up to the
+    // hard one). Root may raise a hard limit: the attempt runs as nobody.
+    let r = k.ok("import resource\nresource.getrlimit(resource.RLIMIT_NPROC)");
+    assert_eq!(r["result"], "(4000, 4000)");
+    if k.ok("import os\nos.getuid()")["result"] == "0"
+        && std::env::var_os("FLOWREPL_TEST_SANDBOX").is_none()
+    {
+        let r = k.ok("import os, resource, traceback, linecache\nos.setuid(65534)\ntry:\n    resource.setrlimit(resource.RLIMIT_NPROC, (8000, 8000))\n    r = 'raised'\nexcept (ValueError, OSError) as e:\n    r = 'refused'\n(r, resource.getrlimit(resource.RLIMIT_NPROC))");
+        assert_eq!(r["result"], "('refused', (4000, 4000))");
+    }
     let mut k = Kernel::options().worker().start();
     let r = k.ok("import resource\nresource.getrlimit(resource.RLIMIT_NPROC)[0] == 4000");
     assert_eq!(r["result"], "False");

@@ -742,3 +742,36 @@ fn forged_frames_neither_answer_other_calls_nor_take_the_kernel_down() {
     assert_eq!(records.len(), 6, "one record per call made");
     assert_eq!(k.call("status", Value::Null)["result"]["busy"], false);
 }
+
+/// A sandboxed worker's private `/tmp` is a host folder only this user can open (0700), and
+/// one left behind by a kernel killed with SIGKILL (it could not remove it) is removed when
+/// the next sandboxed kernel starts.
+#[test]
+fn the_private_tmp_is_0700_and_a_killed_kernels_is_removed_at_the_next_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let ws = tempfile::tempdir().unwrap();
+    let mut k = sandboxed(ws.path(), &[], &[]);
+    k.ok("open('/tmp/left.txt', 'w').write('x')");
+    let prefix = format!("flowrepl-sandbox-{}-", k.pid());
+    let find = || -> Vec<PathBuf> {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| e.path())
+            .collect()
+    };
+    let dirs = find();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let mode = std::fs::metadata(&dirs[0]).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+    assert!(dirs[0].join("left.txt").is_file());
+    flowrepl_tests::kill(k.pid(), libc::SIGKILL);
+    k.wait();
+    // Killed, the kernel could not remove it.
+    assert_eq!(find(), dirs);
+    let ws2 = tempfile::tempdir().unwrap();
+    let mut k2 = sandboxed(ws2.path(), &[], &[]);
+    assert_eq!(attempt(&mut k2, "6 * 7"), "42");
+    assert!(find().is_empty(), "{:?}", find());
+}

@@ -64,6 +64,41 @@ fn readable(python: &Path, python_lib: Option<&Path>, setup: &SessionSetup) -> V
     out
 }
 
+/// The private folders' names in the host's temporary folder: this prefix, the kernel's pid,
+/// `-`, a random part.
+const TMP_PREFIX: &str = "flowrepl-sandbox-";
+
+/// Removes the private folders of kernels that are gone (killed before they could remove
+/// them): those of this user named for a pid no process has. Once per kernel, before its
+/// first sandboxed worker.
+fn sweep_leftovers() {
+    let me = nix::unistd::geteuid().as_raw();
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(TMP_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let mine = e
+            .metadata()
+            .is_ok_and(|m| m.is_dir() && std::os::unix::fs::MetadataExt::uid(&m) == me);
+        let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH);
+        if mine && gone && pid > 0 {
+            if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                tracing::warn!(path = %e.path().display(), error = %err, "a dead kernel's sandbox folder could not be removed");
+            }
+        }
+    }
+}
+
 /// Readies `cmd` to start a sandboxed worker: its private folder (its `/tmp`, removed with
 /// the returned value), the checkpoint folder made so that it can be granted, a cleared
 /// environment, the workspace as its working directory; and the policy it applies.
@@ -72,8 +107,12 @@ pub fn prepare(
     sandbox: &SandboxConfig,
     spawn: &SpawnConfig,
 ) -> io::Result<(SandboxPolicy, tempfile::TempDir)> {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(sweep_leftovers);
+    // 0700: only this user (and inside, only the worker) reaches what cells put there.
     let tmp = tempfile::Builder::new()
-        .prefix("flowrepl-sandbox-")
+        .prefix(&format!("{TMP_PREFIX}{}-", std::process::id()))
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .tempdir()?;
     // When it cannot be made (a full or read-only disk), the worker says so at its first
     // checkpoint, as without the sandbox.
