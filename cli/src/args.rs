@@ -171,6 +171,14 @@ pub struct Cli {
           value_parser = clap::builder::BoolishValueParser::new())]
     pub resume: bool,
 
+    /// Restore checkpoints that a sandboxed session of the task wrote, in a kernel without
+    /// the sandbox. Unpickling runs code: whatever a sandboxed cell put in its variables then
+    /// runs with this kernel's rights, outside the sandbox. Without it, such checkpoints are
+    /// listed but not restored (also FLOWREPL_TRUST_SANDBOXED_CHECKPOINTS=1).
+    #[arg(global = true, long, env = "FLOWREPL_TRUST_SANDBOXED_CHECKPOINTS", action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub trust_sandboxed_checkpoints: bool,
+
     /// `serve`: the global flags and `mcp` settings given on its command line, as flags again,
     /// for the kernels it starts (which also inherit its environment).
     #[arg(skip)]

@@ -156,6 +156,9 @@ pub struct SnapshotConfig {
     pub policy: SnapshotPolicy,
     /// Names whose pickle is larger are not saved (and listed).
     pub max_bytes: u64,
+    /// Restores are refused: the checkpoints were written by a sandboxed session and this
+    /// one is not sandboxed ([`flowrepl_task_logger::snapshot::sandboxed_mark`]).
+    pub untrusted: bool,
 }
 
 impl SnapshotConfig {

@@ -60,6 +60,10 @@ pub struct WorkerArgs {
     /// Names whose pickle is larger are not checkpointed, in MB.
     #[arg(long, default_value_t = DEFAULT_SNAPSHOT_MAX_MB)]
     pub snapshot_max_mb: u64,
+    /// Refuse every restore (the checkpoints were written by a sandboxed session, and this
+    /// worker is not sandboxed).
+    #[arg(long)]
+    pub untrusted_checkpoints: bool,
     /// Restore this checkpoint before reporting ready.
     #[arg(long, value_name = "NAME")]
     pub restore: Option<String>,
@@ -136,6 +140,7 @@ impl WorkerArgs {
             setup: (setup != SessionSetup::default()).then_some(setup),
             capture_fds,
             snapshot_dir: snapshots.map(|s| s.root.clone()),
+            untrusted_checkpoints: snapshots.is_some_and(|s| s.untrusted),
             snapshot: snapshots.map_or(SnapshotPolicy::Off, |s| s.policy),
             snapshot_max_mb: snapshots
                 .map_or(DEFAULT_SNAPSHOT_MAX_MB, |s| (s.max_bytes >> 20).max(1)),
@@ -181,6 +186,9 @@ impl WorkerArgs {
         }
         if let Some(d) = &self.snapshot_dir {
             a.extend(["--snapshot-dir".into(), d.clone().into()]);
+        }
+        if self.untrusted_checkpoints {
+            a.push("--untrusted-checkpoints".into());
         }
         if let Some(p) = &self.sandbox {
             let json = serde_json::to_string(p).expect("a policy serializes");
@@ -230,6 +238,7 @@ impl WorkerArgs {
             root,
             policy: self.snapshot,
             max_bytes: self.snapshot_max_mb.saturating_mul(1 << 20),
+            untrusted: self.untrusted_checkpoints,
         })
     }
 
@@ -254,6 +263,7 @@ mod tests {
             root: "/tmp/t.snapshot".into(),
             policy: SnapshotPolicy::EveryCell,
             max_bytes: 5 << 20,
+            untrusted: true,
         };
         let full = WorkerArgs::new(
             "/usr/bin/python3".into(),

@@ -246,6 +246,7 @@ impl Config {
         };
         let mut max_request_bytes = cli.max_request_bytes;
         let sandbox = Self::sandbox(cli, &log_dir)?;
+        let sandboxed = sandbox.is_some();
         let worker = if cli.worker || worker_env || sandbox.is_some() {
             let exe = match &cli.worker_bin {
                 Some(p) => p.clone(),
@@ -328,6 +329,9 @@ impl Config {
                 root: snapshot_root.clone(),
                 policy: cli.snapshot,
                 max_bytes: cli.snapshot_max_mb.saturating_mul(1 << 20),
+                untrusted: !sandboxed
+                    && !cli.trust_sandboxed_checkpoints
+                    && flowrepl_task_logger::snapshot::sandboxed_mark(&snapshot_root).exists(),
             }
         });
         Ok(Config {

@@ -16,7 +16,7 @@ use landlock::{
     path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus,
     Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The filesystem rules.
 pub const FILESYSTEM: &str = "landlock_filesystem";
@@ -146,8 +146,14 @@ pub fn restrict(
             have(
                 ABI::V1,
                 &format!(
-                    "{} readable, {} writable",
-                    read.len(),
+                    "readable: the system and {}; writable: {}",
+                    policy
+                        .readable
+                        .iter()
+                        .filter(|p| p.exists())
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     write
                         .iter()
                         .filter(|p| !p.starts_with("/dev/") && !p.starts_with("/proc/"))
@@ -182,4 +188,70 @@ fn etc_entries() -> Vec<PathBuf> {
         .filter(|e| !ETC_HIDDEN.iter().any(|h| e.file_name() == *h))
         .map(|e| e.path())
         .collect()
+}
+
+/// The installation prefix above `dir` (a resolved interpreter's folder): the first of its
+/// ancestors with a standard library (`lib/python3.*/os.py`), as CPython's own search finds
+/// it.
+pub fn python_prefix(dir: &Path) -> Option<PathBuf> {
+    dir.ancestors()
+        .find(|a| {
+            std::fs::read_dir(a.join("lib")).is_ok_and(|entries| {
+                entries.flatten().any(|e| {
+                    e.file_name().to_string_lossy().starts_with("python3")
+                        && e.path().join("os.py").is_file()
+                })
+            })
+        })
+        .map(Path::to_path_buf)
+}
+
+/// Why `path` must not be made readable: it is `/`, or the user's home or a folder that holds
+/// it (every file of the user's would be readable).
+pub fn too_wide(path: &Path) -> Option<&'static str> {
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    if real == Path::new("/") {
+        return Some("it is /");
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from)?;
+    let home = std::fs::canonicalize(&home).unwrap_or(home);
+    home.starts_with(&real)
+        .then_some("it is the user's home, or holds it")
+}
+
+/// The prefix of the libpython mapped in this process (the worker loads its Python library,
+/// and with it libpython, before it confines itself): the embedded interpreter finds its
+/// standard library there when its program's own prefix has none of its version (a
+/// `--python /bin/python3` served by a library built against another installation).
+pub fn libpython_prefix() -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let lib = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| {
+            Path::new(p)
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libpython3"))
+        })?;
+    python_prefix(Path::new(lib).parent()?)
+}
+
+/// Why the hidden folders (the log folder) cannot be kept from a cell without the mount
+/// namespace: one of them is inside a writable folder (the default layout puts
+/// `./.flowrepl/logs` inside the workspace, the current folder).
+pub fn exposed(policy: &SandboxPolicy) -> Option<String> {
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let writable: Vec<PathBuf> = std::iter::once(&policy.workspace)
+        .chain(&policy.writable)
+        .map(|p| real(p))
+        .collect();
+    policy.hidden.iter().map(|h| real(h)).find_map(|h| {
+        writable.iter().find(|w| h.starts_with(w)).map(|w| {
+            format!(
+                "the log folder {} is inside the writable {} and the mount namespace that would hide it is not in force: a cell could write the task log; put the log folder (FLOWREPL_LOG_DIR) or the workspace (--workspace) elsewhere",
+                h.display(),
+                w.display()
+            )
+        })
+    })
 }

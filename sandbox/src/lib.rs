@@ -15,6 +15,8 @@
 //! - [`files`]: Landlock: the system, the interpreter and the venv readable, the workspace,
 //!   `/tmp` and the checkpoint folder writable, nothing else; TCP bind and connect denied
 //!   when the network is off; signals and abstract Unix sockets scoped to the sandbox.
+//! - [`capabilities`]: none held, the bounding set empty (a kernel run as root on a host
+//!   without user namespaces would otherwise give cells every capability of root).
 //! - [`syscalls`]: seccomp: what sandboxes are escaped through (`io_uring_*`, `ptrace`,
 //!   `process_vm_*`, `bpf`, mounts, new namespaces, `keyctl`, `perf_event_open`, the
 //!   terminal ioctls that inject input, ...), and
@@ -26,6 +28,7 @@
 //! `strict`, [`apply`] fails instead. Nothing is ever reported that was not applied.
 #![warn(missing_docs)]
 
+pub mod capabilities;
 pub mod environment;
 pub mod files;
 pub mod namespaces;
@@ -36,7 +39,7 @@ pub mod terminal;
 use flowrepl_protocol::sandbox::{SandboxLayer, SandboxPolicy, SandboxReport};
 
 /// Every layer, by the name reports use.
-pub const LAYERS: [&str; 11] = [
+pub const LAYERS: [&str; 12] = [
     terminal::LAYER,
     namespaces::USER,
     namespaces::NETWORK,
@@ -47,6 +50,7 @@ pub const LAYERS: [&str; 11] = [
     files::FILESYSTEM,
     files::NETWORK,
     files::SCOPES,
+    capabilities::LAYER,
     syscalls::LAYER,
 ];
 
@@ -54,9 +58,11 @@ pub const LAYERS: [&str; 11] = [
 /// 2 itself, with the worker's line.
 pub const REFUSED_EXIT: u8 = 78;
 
-/// `strict`, and the host did not enforce every layer asked for.
+/// The sandbox refused to start: `strict`, and the host did not enforce every layer asked
+/// for; or a promise no layer in force can keep (the log folder inside the workspace with no
+/// mount namespace to hide it).
 #[derive(Debug, thiserror::Error)]
-#[error("--sandbox=strict: {} not enforced on this host ({})", .missing.join(", "), .why.join("; "))]
+#[error("{}: {} not enforced on this host ({})", if .report.level == "strict" { "--sandbox=strict" } else { "--sandbox" }, .missing.join(", "), .why.join("; "))]
 pub struct Refused {
     /// The missing layers.
     pub missing: Vec<String>,
@@ -103,7 +109,29 @@ pub fn apply(policy: &SandboxPolicy) -> Result<Confined, Refused> {
     let entered = processes::enter(mount_ns, &skip);
     layers.push(entered.report);
     layers.push(environment::settle(policy, mount_ns, &skip));
+    if !mount_ns && !skip(files::FILESYSTEM) {
+        // Landlock can only grant: what lies inside the writable workspace cannot be taken
+        // out of it. Without the mount namespace to cover it, the task log and the
+        // checkpoint folders would be writable from a cell: refuse, whatever the level.
+        if let Some(why) = files::exposed(policy) {
+            return Err(Refused {
+                missing: vec![files::FILESYSTEM.into()],
+                why: vec![why],
+                report: SandboxReport {
+                    level: if policy.strict {
+                        "strict"
+                    } else {
+                        "best-effort"
+                    }
+                    .into(),
+                    network: if policy.network { "host" } else { "none" }.into(),
+                    layers,
+                },
+            });
+        }
+    }
     layers.extend(files::restrict(policy, mount_ns, &skip));
+    layers.push(capabilities::drop_all(&skip));
     layers.push(syscalls::install(policy, &skip));
     let report = SandboxReport {
         level: if policy.strict {

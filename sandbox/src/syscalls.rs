@@ -66,7 +66,7 @@ const NEW_NAMESPACES: [libc::c_int; 7] = [
 ];
 
 /// `ioctl` requests refused on any descriptor: they push input into a terminal.
-const TERMINAL_INJECTION: [u64; 2] = [libc::TIOCSTI as u64, libc::TIOCLINUX as u64];
+const TERMINAL_INJECTION: [libc::Ioctl; 2] = [libc::TIOCSTI, libc::TIOCLINUX];
 
 /// Installs the filters (and `no_new_privs`, which they need).
 pub fn install(policy: &SandboxPolicy, skip: &dyn Fn(&str) -> bool) -> SandboxLayer {
@@ -122,7 +122,12 @@ fn filters(network: bool) -> Result<Vec<BpfProgram>, String> {
             .iter()
             .map(|req| {
                 // The kernel reads an ioctl's request as an unsigned int: its low 32 bits.
-                rule(cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *req)?)
+                rule(cond(
+                    1,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::Eq,
+                    u64::from(*req as u32),
+                )?)
             })
             .collect::<Result<_, _>>()?,
     );

@@ -50,6 +50,9 @@ pub enum SnapshotError {
     /// The folder is not the kernel's own.
     #[error("{0} is not a private directory of this user (owner and mode 0700 required); refusing to load pickles from it")]
     NotPrivate(PathBuf),
+    /// The task's checkpoints were written by a sandboxed session and this one has no sandbox.
+    #[error("this task's checkpoints were written by a sandboxed session ({0} exists): restoring one without the sandbox would run whatever code a cell put in its pickles with this kernel's rights; start with --sandbox, or with --trust-sandboxed-checkpoints to take that risk")]
+    SandboxedOrigin(PathBuf),
     /// A journal line of a newer format.
     #[error("checkpoint {name:?} was written in format {found}; this flowrepl reads format {SNAPSHOT_FORMAT}")]
     NewerFormat {
@@ -88,6 +91,14 @@ pub fn snapshot_root(log_file: &Path) -> PathBuf {
 /// checkpoint was written.
 pub fn journal_path(root: &Path, name: &str) -> PathBuf {
     root.join(name).join(JOURNAL)
+}
+
+/// The mark a sandboxed session leaves beside the task's snapshot folder (`<task>.sandboxed`,
+/// in the log folder, out of a cell's reach): its checkpoints hold pickles a sandboxed cell
+/// made, and unpickling runs code, so a kernel without the sandbox does not restore them
+/// unless told to (`--trust-sandboxed-checkpoints`).
+pub fn sandboxed_mark(root: &Path) -> PathBuf {
+    root.with_extension("sandboxed")
 }
 
 /// Checks a checkpoint name (see [`SnapshotError::BadName`]).

@@ -588,6 +588,14 @@ impl Checkpoints {
         if self.config.policy == SnapshotPolicy::Off {
             return Err(CheckpointError::Off);
         }
+        if self.config.untrusted {
+            return Err(
+                snapshot::SnapshotError::SandboxedOrigin(snapshot::sandboxed_mark(
+                    &self.config.root,
+                ))
+                .into(),
+            );
+        }
         Ok(snapshot::load(&self.config.root, name)?)
     }
 

@@ -31,7 +31,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(policy) = &args.sandbox {
+    if let Some(policy) = &mut args.sandbox {
+        // Where the embedded interpreter may find its standard library: beside the libpython
+        // it just mapped (the kernel cannot know which one the dynamic linker picked).
+        if let Some(prefix) = flowrepl_sandbox::files::libpython_prefix()
+            .filter(|p| flowrepl_sandbox::files::too_wide(p).is_none())
+        {
+            policy.readable.push(prefix);
+        }
         match flowrepl_sandbox::apply(policy) {
             Ok(confined) => {
                 args.sandboxed = Some(confined.report);

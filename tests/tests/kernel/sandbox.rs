@@ -297,7 +297,8 @@ dict(
     assert!(got.contains("'kill': 'denied 1'"), "EPERM: {got}");
     assert!(got.contains("'environ': 'denied 13'"), "EACCES: {got}");
     // Without Landlock, the user namespace alone still denies `environ` to a kernel that
-    // runs as root (its capabilities are out of the namespace's reach): leave both out.
+    // runs as root (its capabilities are out of the namespace's reach), and so does dropping
+    // every capability: leave all three out.
     let mut k = sandboxed(
         ws.path(),
         &[
@@ -306,6 +307,7 @@ dict(
             "landlock_scopes",
             "user_namespace",
             "environment",
+            "capabilities",
         ],
         &[],
     );
@@ -404,7 +406,8 @@ json.dumps(dict(
     ] {
         assert_eq!(got[call], errno, "{call}: {got}");
     }
-    let mut k = sandboxed(ws.path(), &["seccomp"], &[]);
+    // (Without capabilities, `unshare` is EPERM even without the filter: leave both out.)
+    let mut k = sandboxed(ws.path(), &["seccomp", "capabilities"], &[]);
     let got = errnos(&mut k);
     for (call, errno) in [
         ("ptrace", 3),          // ESRCH
@@ -774,4 +777,197 @@ fn the_private_tmp_is_0700_and_a_killed_kernels_is_removed_at_the_next_start() {
     let mut k2 = sandboxed(ws2.path(), &[], &[]);
     assert_eq!(attempt(&mut k2, "6 * 7"), "42");
     assert!(find().is_empty(), "{:?}", find());
+}
+
+/// With `--python /bin/python3` (Debian's, where `/bin` is a link to `/usr/bin`) the
+/// interpreter's folder's parent is `/`: the readable set once widened to the whole
+/// filesystem. It is found as CPython finds its prefix (`/usr`), so a file in the user's home
+/// and `/etc/shadow` stay unreadable, numpy-free stdlib imports work, and `ready` says what
+/// was made readable; with the filesystem layer left out, the same reads succeed.
+#[test]
+fn the_readable_set_never_widens_to_the_root_or_the_home() {
+    let python = Path::new("/bin/python3");
+    let supported = std::fs::canonicalize(python)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .is_some_and(|n| {
+            ["3.10", "3.11", "3.12", "3.13", "3.14"]
+                .iter()
+                .any(|v| n == format!("python{v}"))
+        });
+    if !supported {
+        eprintln!("skipped: no supported CPython at /bin/python3 on this machine");
+        return;
+    }
+    let home = HomeDir::new("wide");
+    let secret = home.0.join("secret.txt");
+    std::fs::write(&secret, "private").unwrap();
+    let code = format!(
+        "import json, sqlite3, decimal\ndef tryit(p):\n    try:\n        open(p).read()\n        return 'read'\n    except OSError as e:\n        return f'denied {{e.errno}}'\n(tryit({:?}), tryit('/etc/shadow'))",
+        secret.display().to_string()
+    );
+    for (skip, expect) in [
+        (&[][..], "('denied 13', 'denied 13')"),
+        (&["landlock_filesystem"][..], "('read', 'read')"),
+    ] {
+        let ws = tempfile::tempdir().unwrap();
+        let mut k = sandboxed(ws.path(), skip, &["--python", "/bin/python3"]);
+        assert_eq!(attempt(&mut k, &code), expect, "{skip:?}");
+        if skip.is_empty() {
+            let fs = k.ready["sandbox"]["layers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|l| l["layer"] == "landlock_filesystem")
+                .unwrap()["detail"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let readable: Vec<&str> = fs
+                .split_once("readable: the system and ")
+                .and_then(|(_, r)| r.split_once("; writable"))
+                .map(|(r, _)| r.split(", ").collect())
+                .unwrap_or_else(|| panic!("{fs}"));
+            assert!(readable.contains(&"/usr"), "{fs}");
+            let home = std::env::var("HOME").unwrap();
+            for p in readable {
+                assert!(p != "/" && !Path::new(&home).starts_with(p), "{p} in {fs}");
+            }
+        }
+    }
+}
+
+/// On a host without user namespaces (no mount namespace to hide the log folder) and the
+/// default layout (workspace = the current folder, logs in a folder inside it), a cell could
+/// append forged records to the real task log: the sandbox refuses to start (exit 2, one line
+/// naming the log folder). With the filesystem layer left out (nothing claims to protect the
+/// log) the kernel starts, and the same cell does append to its task log.
+#[test]
+fn without_a_mount_namespace_a_log_folder_inside_the_workspace_is_refused() {
+    let cwd = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(NO_USER_NAMESPACES[0]);
+    cmd.args(&NO_USER_NAMESPACES[1..])
+        .arg(flowrepl_tests::flowrepl_bin())
+        .arg("--sandbox")
+        .current_dir(cwd.path())
+        .env("FLOWREPL_LOG_DIR", cwd.path().join(".flowrepl/logs"))
+        .env_remove("FLOWREPL_SANDBOX_SKIP")
+        .stdin(std::process::Stdio::null());
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(out.stdout.is_empty());
+    assert!(err.contains("the log folder"), "{err}");
+    // The control: nothing claims the log is out of reach, and a cell writes it.
+    let mut k = Kernel::options()
+        .wrap(NO_USER_NAMESPACES.iter().map(|s| s.to_string()).collect())
+        .arg("--sandbox")
+        .env("FLOWREPL_SANDBOX_SKIP", "landlock_filesystem")
+        .start();
+    assert!(k.log_file().starts_with(k.dir.path()));
+    k.ok("x = 1");
+    k.sync();
+    let forged = format!(
+        "with open({:?}, 'a') as f:\n    f.write('{{\"type\": \"forged\"}}\\n')\n'appended'",
+        k.log_file().display().to_string()
+    );
+    assert_eq!(attempt(&mut k, &forged), "'appended'");
+    k.sync();
+    let log = std::fs::read_to_string(k.log_file()).unwrap();
+    assert!(log.contains("\"forged\""), "{log}");
+    // (Taken out again, so that the harness's schema check of every log passes.)
+    let kept: String = log
+        .lines()
+        .filter(|l| !l.contains("\"forged\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(k.log_file(), kept).unwrap();
+}
+
+/// A kernel run as root on a host without user namespaces (the user namespace left out
+/// here, which leaves out every namespace): the worker would hold every capability of the
+/// host's root, and `CAP_SYS_PTRACE` lets a cell read the kernel's `/proc/<pid>/environ` past
+/// Landlock's ptrace rule. The capabilities layer drops them all (EACCES, and the cell's
+/// capability sets are empty); with it left out as well, the kernel's secret is read.
+#[test]
+fn as_root_without_user_namespaces_a_cell_holds_no_capability() {
+    // SAFETY: plain syscall.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: the kernel does not run as root here");
+        return;
+    }
+    for (skip, expect) in [
+        (&["user_namespace"][..], "denied 13"),
+        (&["user_namespace", "capabilities"][..], "read"),
+    ] {
+        let ws = tempfile::tempdir().unwrap();
+        let mut k = sandboxed(ws.path(), skip, &[]);
+        let code = format!(
+            "try:\n    r = 'read' if 's3cr3t' in open('/proc/{}/environ').read() else 'no secret'\nexcept OSError as e:\n    r = f'denied {{e.errno}}'\nr",
+            k.pid()
+        );
+        assert_eq!(attempt(&mut k, &code), format!("'{expect}'"), "{skip:?}");
+        let caps = attempt(
+            &mut k,
+            "[l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapBnd'))]",
+        );
+        assert_eq!(
+            caps == "['0000000000000000', '0000000000000000']",
+            skip.len() == 1,
+            "{skip:?}: {caps}"
+        );
+    }
+}
+
+/// A sandboxed cell binds an object whose `__reduce__` makes unpickling create a file in the
+/// user's home (any code could run there). A kernel without the sandbox resuming the task
+/// (in-process: inside the kernel itself) does not unpickle it: it starts, says why, and
+/// refuses `restore`; with `--trust-sandboxed-checkpoints` (the risk named) it restores, and
+/// the planted code runs outside the sandbox.
+#[test]
+fn a_sandboxed_sessions_checkpoint_is_not_unpickled_outside_the_sandbox() {
+    let home = HomeDir::new("pickle");
+    let planted = home.0.join("ran-outside.txt");
+    let logs = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let task = |o: flowrepl_tests::KernelOptions| {
+        o.log_dir(logs.path())
+            .env("FLOW_PLAN_ID", "p")
+            .env("FLOW_TASK_ID", "pickled")
+    };
+    let mut k = task(Kernel::options())
+        .arg("--sandbox")
+        .arg("--workspace")
+        .arg(ws.path().display().to_string())
+        .start();
+    k.ok(&format!(
+        "class Evil:\n    def __reduce__(self):\n        return (exec, ({:?},))\nevil = Evil()\nn = 7",
+        // Quiet in the sandbox (the checkpoint's own load-back there passes), harmful outside.
+        format!(
+            "try:\n    open({:?}, 'w').write('ran')\nexcept OSError:\n    pass",
+            planted.display().to_string()
+        )
+    ));
+    k.wait_checkpoint(1);
+    drop(k);
+    assert!(!planted.exists());
+    let mut k = task(Kernel::options()).arg("--resume").start();
+    assert_eq!(k.ok("'n' in globals()")["result"], "False");
+    let e = k.call("restore", Value::Null);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("written by a sandboxed session"),
+        "{e}"
+    );
+    assert!(!planted.exists(), "the pickle ran outside the sandbox");
+    drop(k);
+    let mut k = task(Kernel::options())
+        .arg("--resume")
+        .arg("--trust-sandboxed-checkpoints")
+        .start();
+    let r = k.ok("n");
+    assert_eq!(r["result"], "7");
+    assert!(planted.exists(), "trusted: the planted code ran: {r}");
 }

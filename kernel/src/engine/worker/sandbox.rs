@@ -10,22 +10,15 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// What a sandboxed worker may read beyond the system: the interpreter's prefixes (the venv,
-/// the installation it was made from, as named and as resolved), the Python library, the
-/// session's startup files and drop-in script folder, `PYTHONPATH`.
+/// What a sandboxed worker may read beyond the system: the interpreter's installation (the
+/// venv, and the prefix of the Python it was made from, found as CPython finds it: from the
+/// resolved program up to the first folder with a `lib/python3.*/os.py`), the Python library,
+/// the support-code cache, the session's startup files and drop-in script folder,
+/// `PYTHONPATH`. Never `/`, the user's home or a folder above it
+/// ([`flowrepl_sandbox::files::too_wide`]): those are
+/// left out, with a warning.
 fn readable(python: &Path, python_lib: Option<&Path>, setup: &SessionSetup) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let mut prefix_of = |exe: &Path| {
-        if exe.is_dir() {
-            out.push(exe.to_path_buf());
-        } else if let Some(p) = exe.parent().and_then(Path::parent) {
-            out.push(p.to_path_buf());
-        }
-    };
-    prefix_of(python);
-    if let Ok(real) = std::fs::canonicalize(python) {
-        prefix_of(&real);
-    }
     let venv = if python.is_dir() {
         Some(python.to_path_buf())
     } else {
@@ -33,22 +26,26 @@ fn readable(python: &Path, python_lib: Option<&Path>, setup: &SessionSetup) -> V
             .parent()
             .and_then(Path::parent)
             .map(Path::to_path_buf)
-    };
-    if let Some(cfg) = venv.map(|v| v.join("pyvenv.cfg")) {
-        let home = std::fs::read_to_string(cfg).ok().and_then(|text| {
-            text.lines()
-                .filter_map(|l| l.split_once('='))
-                .find(|(k, _)| k.trim() == "home")
-                .map(|(_, v)| PathBuf::from(v.trim()))
-        });
-        if let Some(home) = home {
-            for h in [Some(home.clone()), std::fs::canonicalize(&home).ok()]
-                .into_iter()
-                .flatten()
-            {
-                out.extend(h.parent().map(Path::to_path_buf));
-            }
+    }
+    .filter(|v| v.join("pyvenv.cfg").is_file());
+    let base_from = match &venv {
+        Some(v) => {
+            out.push(v.clone());
+            venv_home(v).unwrap_or_else(|| v.join("bin"))
         }
+        None => python.parent().map_or_else(PathBuf::new, Path::to_path_buf),
+    };
+    // The program as resolved (`/bin/python3` is `/usr/bin/python3.11`), then its folder's.
+    for start in [
+        std::fs::canonicalize(python)
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf)),
+        std::fs::canonicalize(&base_from).ok(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        out.extend(flowrepl_sandbox::files::python_prefix(&start));
     }
     out.extend(python_lib.map(Path::to_path_buf));
     // The compiled support code (read only: a cell must not plant code that a kernel outside
@@ -59,9 +56,25 @@ fn readable(python: &Path, python_lib: Option<&Path>, setup: &SessionSetup) -> V
     if let Some(pp) = std::env::var_os("PYTHONPATH") {
         out.extend(std::env::split_paths(&pp).filter(|p| p.is_absolute()));
     }
+    out.retain(|p| match flowrepl_sandbox::files::too_wide(p) {
+        Some(why) => {
+            tracing::warn!(path = %p.display(), "not made readable in the sandbox: {why}");
+            false
+        }
+        None => true,
+    });
     out.sort();
     out.dedup();
     out
+}
+
+/// `home` of a venv's `pyvenv.cfg`: the folder of the interpreter it was made from.
+fn venv_home(venv: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(venv.join("pyvenv.cfg")).ok()?;
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .find(|(k, _)| k.trim() == "home")
+        .map(|(_, v)| PathBuf::from(v.trim()))
 }
 
 /// The private folders' names in the host's temporary folder: this prefix, the kernel's pid,
@@ -121,6 +134,19 @@ pub fn prepare(
         .as_ref()
         .map(|s| s.root.as_path())
         .filter(|root| flowrepl_task_logger::snapshot::open_root(root).is_ok());
+    if let Some(root) = checkpoints {
+        // From now on the task's checkpoints hold what sandboxed cells made: a kernel without
+        // the sandbox does not restore them unless told to.
+        let mark = flowrepl_task_logger::snapshot::sandboxed_mark(root);
+        if !mark.exists() {
+            if let Err(e) = std::fs::write(
+                &mark,
+                "checkpoints of this task were written by a sandboxed session\n",
+            ) {
+                tracing::warn!(path = %mark.display(), error = %e, "cannot mark the task's checkpoints as written by a sandboxed session");
+            }
+        }
+    }
     let policy = SandboxPolicy {
         strict: sandbox.strict,
         network: sandbox.network,
