@@ -971,3 +971,68 @@ fn a_sandboxed_sessions_checkpoint_is_not_unpickled_outside_the_sandbox() {
     assert_eq!(r["result"], "7");
     assert!(planted.exists(), "trusted: the planted code ran: {r}");
 }
+
+/// The kernel's stderr is a file (`flowrepl 2>>kernel.log`). A cell looks for it among its
+/// process's descriptors to truncate it and write a line that reads as the kernel's: a
+/// sandboxed worker's stderr is a pipe the kernel relays, each line marked as the worker's,
+/// so the file is neither found nor truncated (the worker's own lines still arrive: the strict
+/// refusal's line, in the test without user namespaces). A worker without the sandbox (no
+/// relay) holds the file itself, and the same cell truncates it.
+#[test]
+fn a_cell_cannot_truncate_or_forge_the_kernels_diagnostics() {
+    let dir = tempfile::tempdir().unwrap();
+    let diag = dir.path().join("kernel.log");
+    let code = format!(
+        r#"import os
+hit = []
+for fd in map(int, os.listdir('/proc/self/fd')):
+    try:
+        if os.readlink(f'/proc/self/fd/{{fd}}') == {diag:?}:
+            os.ftruncate(fd, 0)
+            os.write(fd, b'2026-01-01T00:00:00Z ERROR flowrepl: forged by a cell\n')
+            hit.append(fd)
+    except OSError:
+        pass
+hit"#,
+        diag = diag.display().to_string()
+    );
+    for sandbox in [true, false] {
+        std::fs::write(&diag, "").unwrap();
+        let ws = tempfile::tempdir().unwrap();
+        let mut cmd = std::process::Command::new(flowrepl_tests::flowrepl_bin());
+        cmd.env("USE_SUBPROCESS_WORKER", "1")
+            .env("FLOWREPL_LOG_DIR", dir.path().join("logs"))
+            .env_remove("FLOWREPL_SANDBOX")
+            .env_remove("FLOWREPL_SANDBOX_SKIP")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&diag)
+                    .unwrap(),
+            );
+        if sandbox {
+            cmd.arg("--sandbox").arg("--workspace").arg(ws.path());
+        }
+        let mut child = cmd.spawn().unwrap();
+        let request = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "execute_code", "params": {"code": code}});
+        std::io::Write::write_all(
+            child.stdin.as_mut().unwrap(),
+            format!("{request}\n").as_bytes(),
+        )
+        .unwrap();
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        let reply = String::from_utf8_lossy(&out.stdout);
+        let log = std::fs::read_to_string(&diag).unwrap();
+        if sandbox {
+            assert!(reply.contains(r#""result":"[]""#), "{reply}");
+            assert!(log.contains("flowrepl ready"), "not truncated: {log}");
+            assert!(!log.contains("forged by a cell"), "{log}");
+        } else {
+            assert!(!reply.contains(r#""result":"[]""#), "{reply}");
+            assert!(!log.contains("flowrepl ready"), "truncated: {log}");
+        }
+    }
+}

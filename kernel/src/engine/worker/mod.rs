@@ -27,6 +27,7 @@
 //! - `control.rs`: [`WorkerControl`], what other threads reach while a cell runs;
 //! - [`ladder`]: when to re-send SIGINT and when to kill; [`process`]: spawning the process.
 
+pub mod diagnostics;
 pub mod ladder;
 pub mod process;
 

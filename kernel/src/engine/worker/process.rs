@@ -66,6 +66,8 @@ pub struct WorkerProcess {
     reaped: bool,
     /// A sandboxed worker's private `/tmp`, removed with this value.
     _tmp: Option<tempfile::TempDir>,
+    /// A sandboxed worker's stderr, relayed to the diagnostics (`super::diagnostics`).
+    relay: Option<super::diagnostics::Relay>,
 }
 
 /// How a worker ended, with what it used (from `wait4`).
@@ -156,9 +158,21 @@ impl WorkerProcess {
             None => None,
         };
         let context_raw = context.as_ref().map_or(-1, |f| f.as_raw_fd());
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(diagnostics.try_clone()?);
+        // A sandboxed worker writes its diagnostics through a relay, never into the kernel's
+        // own stream (a cell could truncate it, or write lines that read as the kernel's).
+        let relay = match &config.sandbox {
+            Some(_) => {
+                let (relay, write, pid) =
+                    super::diagnostics::Relay::start(diagnostics.try_clone()?)?;
+                cmd.stderr(write);
+                Some((relay, pid))
+            }
+            None => {
+                cmd.stderr(diagnostics.try_clone()?);
+                None
+            }
+        };
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
         // A sandboxed worker gets a session of its own (no controlling terminal: a cell cannot
         // type into the user's; `flowrepl_sandbox::terminal`), which is also a process group
         // of its own; any other worker, a process group of its own in the kernel's session.
@@ -220,6 +234,10 @@ impl WorkerProcess {
         let mut child = cmd.spawn()?;
         drop(context);
         let pid = child.id() as libc::pid_t;
+        let relay = relay.map(|(relay, shown)| {
+            shown.set(pid);
+            relay
+        });
         let to_worker = File::from(std::os::fd::OwnedFd::from(
             child.stdin.take().expect("piped stdin"),
         ));
@@ -237,6 +255,7 @@ impl WorkerProcess {
             guard,
             reaped: false,
             _tmp: tmp,
+            relay,
         })
     }
 
@@ -272,6 +291,10 @@ impl WorkerProcess {
         self.reaped = true;
         // The worker is gone; whatever its cells started goes with it.
         self.kill_group();
+        if let Some(relay) = &self.relay {
+            // Its last lines (why it ended) before the kernel says anything of its end.
+            relay.finish(std::time::Duration::from_millis(200));
+        }
         if let Some(g) = self.guard.take() {
             // Our own child, killed above when it is in the group; a sandboxed worker's
             // session is not the kernel's, so its guard could not join the group.
