@@ -29,12 +29,12 @@ pub const SCOPES: &str = "landlock_scopes";
 const ABI_USED: ABI = ABI::V6;
 
 /// System folders readable (and executable).
-const SYSTEM: [&str; 8] = [
+pub(crate) const SYSTEM: [&str; 8] = [
     "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/sys",
 ];
 
 /// Entries of `/etc` a user expects hidden (password hashes, sudo rules, host keys).
-const ETC_HIDDEN: [&str; 8] = [
+pub(crate) const ETC_HIDDEN: [&str; 8] = [
     "shadow",
     "shadow-",
     "gshadow",
@@ -46,7 +46,7 @@ const ETC_HIDDEN: [&str; 8] = [
 ];
 
 /// Devices readable and writable.
-const DEVICES: [&str; 6] = [
+pub(crate) const DEVICES: [&str; 6] = [
     "/dev/null",
     "/dev/zero",
     "/dev/full",

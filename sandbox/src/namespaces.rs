@@ -1,6 +1,6 @@
 //! Namespaces: a user namespace (which lets an unprivileged process make the others), a
-//! network namespace of its own, an IPC namespace, and a mount namespace with a private
-//! `/tmp` and an empty `/run`, `/var/tmp` and `/dev/shm`.
+//! network namespace of its own, an IPC namespace, and a mount namespace whose root is new:
+//! only what a cell needs, bound from the host (see `private_mounts`).
 //!
 //! The PID namespace comes next, in [`crate::processes`] (it splits the process).
 
@@ -8,6 +8,7 @@ use flowrepl_protocol::sandbox::{SandboxLayer, SandboxPolicy};
 use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// The user namespace.
@@ -18,10 +19,6 @@ pub const NETWORK: &str = "network_namespace";
 pub const IPC: &str = "ipc_namespace";
 /// The mount namespace.
 pub const MOUNT: &str = "mount_namespace";
-
-/// Folders of the host replaced by an empty tmpfs in the mount namespace (sockets and shared
-/// memory of other processes live there).
-const EMPTIED: [&str; 3] = ["/run", "/var/tmp", "/dev/shm"];
 
 /// Enters the namespaces `policy` asks for; one report per namespace.
 pub fn enter(policy: &SandboxPolicy, skip: &dyn Fn(&str) -> bool) -> Vec<SandboxLayer> {
@@ -86,10 +83,33 @@ fn map_ids(uid: u32, gid: u32) -> Result<(), String> {
     write("/proc/self/gid_map", format!("{gid} {gid} 1"))
 }
 
-/// In the new mount namespace: nothing propagates back to the host; `/tmp` is the kernel's
-/// private folder; [`EMPTIED`] folders and the policy's hidden ones (the log folder) are
-/// covered by an empty tmpfs; what the sandbox must still reach under them (the workspace,
-/// the venv, the checkpoint folder) is bound back at its own path, outer paths first.
+/// What one mount of the new root does, at a path of the new root.
+enum Op {
+    /// The host's file or folder (opened before anything was covered), read-only.
+    ReadOnly(OwnedFd),
+    /// The host's file or folder, writable.
+    Writable(OwnedFd),
+    /// The host's `/proc` (the PID namespace's init mounts its own over it).
+    Proc(OwnedFd),
+    /// A symlink, as the host has it (`/bin` → `usr/bin`).
+    Symlink(PathBuf),
+    /// An empty file of the new root's own, mode 0 (a file of the host's hidden: no rule
+    /// of Landlock's names it, so it is not even opened).
+    Blank,
+    /// An empty tmpfs with this mode, read-only when `ro`.
+    Empty(&'static str, bool),
+}
+
+/// The mount namespace's view of the files: a new root (a tmpfs) that holds what a cell needs
+/// and nothing else, as bubblewrap builds one: the system folders, `/etc` without its secrets,
+/// `/sys`, the interpreter's prefixes, the venv, the Python library and the support cache
+/// ([`SandboxPolicy::readable`]) bound read-only; the workspace and the checkpoint folder
+/// ([`SandboxPolicy::writable`]) writable; the kernel's private folder as `/tmp`; a `/dev`
+/// of a few devices; empty `/run`, `/var/tmp`, `/dev/shm`; the host's `/proc` until the PID
+/// namespace mounts its own. What is not mounted does not exist inside: the user's home,
+/// `/var`, `/srv`, `/mnt`, the log folder, every Unix socket of the host (Landlock does not
+/// cover `connect()` to a path). Each host path keeps its own path. Then `pivot_root`, and
+/// the host's root is detached.
 fn private_mounts(policy: &SandboxPolicy) -> Result<String, String> {
     let err = |what: &str, e: nix::Error| format!("{what}: {e}");
     mount(
@@ -100,91 +120,227 @@ fn private_mounts(policy: &SandboxPolicy) -> Result<String, String> {
         None::<&str>,
     )
     .map_err(|e| err("cannot make / private", e))?;
-    let real = |p: &Path| std::fs::canonicalize(p).ok();
-    let emptied: Vec<PathBuf> = EMPTIED
+    let ops = plan(policy)?;
+    // The new root is built on a tmpfs over the host's /tmp (in this namespace only; the
+    // private folder was opened above); on any failure it is detached again, and the host's
+    // view stays as it was.
+    let staging = Path::new("/tmp");
+    mount(
+        Some("tmpfs"),
+        staging,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755"),
+    )
+    .map_err(|e| err("cannot mount the new root's tmpfs", e))?;
+    let built = build(staging, &ops).and_then(|()| pivot(staging, &policy.workspace));
+    if let Err(e) = built {
+        let _ = nix::mount::umount2(staging, nix::mount::MntFlags::MNT_DETACH);
+        return Err(e);
+    }
+    let binds = ops
         .iter()
-        .map(PathBuf::from)
-        .chain(policy.hidden.iter().filter_map(|p| real(p)))
-        .filter(|d| d.is_dir())
-        .collect();
-    let covered: Vec<PathBuf> = std::iter::once(PathBuf::from("/tmp"))
-        .chain(emptied.iter().cloned())
-        .collect();
-    // Opened before anything is covered: the paths to bind back, by fd.
-    let mut ops: Vec<(PathBuf, Option<OwnedFd>)> =
-        emptied.iter().map(|d| (d.clone(), None)).collect();
-    let tmp = real(&policy.tmp).unwrap_or_else(|| policy.tmp.clone());
-    for p in std::iter::once(&policy.workspace)
-        .chain(&policy.writable)
-        .chain(&policy.readable)
-    {
-        let Some(path) = real(p) else { continue };
-        if covered.iter().any(|c| path.starts_with(c)) && !path.starts_with(&tmp) {
-            let fd = nix::fcntl::open(
-                &path,
-                nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
-                nix::sys::stat::Mode::empty(),
-            )
-            .map_err(|e| err(&format!("cannot open {}", path.display()), e))?;
-            ops.push((path, Some(fd)));
+        .filter(|(_, op)| matches!(op, Op::ReadOnly(_) | Op::Writable(_)))
+        .count();
+    Ok(format!(
+        "a new root of {binds} binds: the system, /etc without its secrets, the interpreter and the venv read-only; the workspace, the checkpoint folder and a private /tmp writable; nothing else of the host's files (home, /var, /run, the log folder, Unix sockets) exists inside"
+    ))
+}
+
+/// Opens every host path the new root holds (before anything is covered) and orders the
+/// mounts outer paths first, so that a folder covered or bound inside another comes after it.
+fn plan(policy: &SandboxPolicy) -> Result<Vec<(PathBuf, Op)>, String> {
+    let open = |p: &Path| -> Result<OwnedFd, String> {
+        nix::fcntl::open(
+            p,
+            nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| format!("cannot open {}: {e}", p.display()))
+    };
+    let real = |p: &Path| std::fs::canonicalize(p).ok();
+    let mut ops: Vec<(PathBuf, Op)> = Vec::new();
+    for dir in crate::files::SYSTEM.iter().map(Path::new) {
+        match std::fs::symlink_metadata(dir) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(dir)
+                    .map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+                ops.push((dir.to_path_buf(), Op::Symlink(target)));
+            }
+            Ok(m) if m.is_dir() => ops.push((dir.to_path_buf(), Op::ReadOnly(open(dir)?))),
+            _ => {}
         }
     }
-    // Outer paths first, so that what is bound back inside a covered folder stays visible.
+    ops.push(("/etc".into(), Op::ReadOnly(open(Path::new("/etc"))?)));
+    for hidden in crate::files::ETC_HIDDEN {
+        let path = Path::new("/etc").join(hidden);
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => ops.push((path, Op::Empty("0755", true))),
+            Ok(m) if m.is_file() => ops.push((path, Op::Blank)),
+            _ => {}
+        }
+    }
+    ops.push(("/proc".into(), Op::Proc(open(Path::new("/proc"))?)));
+    ops.push(("/dev".into(), Op::Empty("0755", false)));
+    for dev in crate::files::DEVICES {
+        if Path::new(dev).exists() {
+            ops.push((dev.into(), Op::Writable(open(Path::new(dev))?)));
+        }
+    }
+    for (link, target) in [
+        ("/dev/fd", "/proc/self/fd"),
+        ("/dev/stdin", "/proc/self/fd/0"),
+        ("/dev/stdout", "/proc/self/fd/1"),
+        ("/dev/stderr", "/proc/self/fd/2"),
+    ] {
+        ops.push((link.into(), Op::Symlink(target.into())));
+    }
+    for empty in ["/dev/shm", "/var/tmp"] {
+        ops.push((empty.into(), Op::Empty("1777", false)));
+    }
+    ops.push(("/run".into(), Op::Empty("0755", false)));
+    let tmp = real(&policy.tmp).unwrap_or_else(|| policy.tmp.clone());
+    ops.push(("/tmp".into(), Op::Writable(open(&tmp)?)));
+    let writable: Vec<PathBuf> = std::iter::once(&policy.workspace)
+        .chain(&policy.writable)
+        .filter_map(|p| real(p))
+        .collect();
+    let system_ro = |p: &Path| {
+        crate::files::SYSTEM
+            .iter()
+            .chain(&["/etc"])
+            .any(|s| p.starts_with(s))
+    };
+    for p in policy.readable.iter().filter_map(|p| real(p)) {
+        // Already visible: inside a system folder, or inside a writable folder (where it
+        // stays writable, as Landlock's rules are a union).
+        if system_ro(&p) || writable.iter().any(|w| p.starts_with(w)) {
+            continue;
+        }
+        ops.push((p.clone(), Op::ReadOnly(open(&p)?)));
+    }
+    for w in &writable {
+        ops.push((w.clone(), Op::Writable(open(w)?)));
+    }
+    // The log folder, where it is inside a folder bound here (the default layout puts it in
+    // the workspace): covered, and the checkpoint folder inside it bound back after.
+    for h in policy.hidden.iter().filter_map(|p| real(p)) {
+        if writable
+            .iter()
+            .chain(&policy.readable)
+            .any(|w| h.starts_with(w) && h != *w)
+        {
+            ops.push((h, Op::Empty("0700", false)));
+        }
+    }
     ops.sort_by_key(|(p, _)| p.components().count());
-    mount(
-        Some(&tmp),
-        "/tmp",
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|e| err("cannot bind the private /tmp", e))?;
-    let (mut covers, mut binds) = (0, 0);
-    for (path, fd) in &ops {
-        match fd {
-            None => {
-                // Under the private /tmp it no longer exists, and nothing of it is visible.
-                if !path.is_dir() {
-                    continue;
+    Ok(ops)
+}
+
+/// Mounts `ops` under `root`.
+fn build(root: &Path, ops: &[(PathBuf, Op)]) -> Result<(), String> {
+    let err = |what: &str, p: &Path, e: nix::Error| format!("{what} {}: {e}", p.display());
+    let ro = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
+    for (path, op) in ops {
+        let at = root.join(path.strip_prefix("/").unwrap_or(path));
+        let bind = |fd: &OwnedFd| -> Result<(), String> {
+            let parent = at.parent().unwrap_or(root);
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot make {}: {e}", parent.display()))?;
+            if fd_is_dir(fd) {
+                std::fs::create_dir_all(&at).map(drop)
+            } else if at.exists() {
+                Ok(())
+            } else {
+                std::fs::File::create(&at).map(drop)
+            }
+            .map_err(|e| format!("cannot make {}: {e}", at.display()))?;
+            mount(
+                Some(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str()),
+                &at,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                None::<&str>,
+            )
+            .map_err(|e| err("cannot bind", path, e))
+        };
+        match op {
+            Op::ReadOnly(fd) => {
+                bind(fd)?;
+                mount(None::<&str>, &at, None::<&str>, ro, None::<&str>)
+                    .map_err(|e| err("cannot make read-only", path, e))?;
+            }
+            Op::Writable(fd) | Op::Proc(fd) => bind(fd)?,
+            Op::Blank => {
+                let blank = root.join(".blank");
+                if !blank.exists() {
+                    std::fs::File::create(&blank)
+                        .and_then(|f| f.set_permissions(std::fs::Permissions::from_mode(0o000)))
+                        .map_err(|e| format!("cannot make {}: {e}", blank.display()))?;
                 }
-                let mode = if path == Path::new("/run") {
-                    "0755"
-                } else {
-                    "1777"
-                };
+                mount(
+                    Some(&blank),
+                    &at,
+                    None::<&str>,
+                    MsFlags::MS_BIND,
+                    None::<&str>,
+                )
+                .map_err(|e| err("cannot hide", path, e))?;
+                mount(None::<&str>, &at, None::<&str>, ro, None::<&str>)
+                    .map_err(|e| err("cannot make read-only", path, e))?;
+            }
+            Op::Symlink(target) => {
+                let parent = at.parent().unwrap_or(root);
+                std::fs::create_dir_all(parent)
+                    .and_then(|()| std::os::unix::fs::symlink(target, &at))
+                    .map_err(|e| format!("cannot link {}: {e}", path.display()))?;
+            }
+            Op::Empty(mode, read_only) => {
+                std::fs::create_dir_all(&at)
+                    .map_err(|e| format!("cannot make {}: {e}", at.display()))?;
                 mount(
                     Some("tmpfs"),
-                    path,
+                    &at,
                     Some("tmpfs"),
                     MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
                     Some(format!("mode={mode}").as_str()),
                 )
-                .map_err(|e| err(&format!("cannot cover {}", path.display()), e))?;
-                covers += 1;
-            }
-            Some(fd) => {
-                if fd_is_dir(fd) {
-                    std::fs::create_dir_all(path)
-                } else {
-                    std::fs::create_dir_all(path.parent().unwrap_or(Path::new("/")))
-                        .and_then(|()| std::fs::File::create(path).map(drop))
+                .map_err(|e| err("cannot cover", path, e))?;
+                if *read_only {
+                    mount(
+                        None::<&str>,
+                        &at,
+                        None::<&str>,
+                        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+                        None::<&str>,
+                    )
+                    .map_err(|e| err("cannot make read-only", path, e))?;
                 }
-                .map_err(|e| format!("cannot make {}: {e}", path.display()))?;
-                mount(
-                    Some(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str()),
-                    path,
-                    None::<&str>,
-                    MsFlags::MS_BIND | MsFlags::MS_REC,
-                    None::<&str>,
-                )
-                .map_err(|e| err(&format!("cannot bind {} back", path.display()), e))?;
-                binds += 1;
             }
         }
     }
-    Ok(format!(
-        "/tmp is private; {covers} folder(s) covered (/run, /var/tmp, /dev/shm, the log folder); {binds} path(s) bound back"
-    ))
+    Ok(())
+}
+
+/// Makes `root` the root (`pivot_root` with the old root stacked under it, then detached),
+/// read-only, and `workspace` the working folder again.
+fn pivot(root: &Path, workspace: &Path) -> Result<(), String> {
+    let err = |what: &str, e: nix::Error| format!("{what}: {e}");
+    nix::unistd::chdir(root).map_err(|e| err("cannot enter the new root", e))?;
+    nix::unistd::pivot_root(".", ".").map_err(|e| err("pivot_root", e))?;
+    nix::mount::umount2(".", nix::mount::MntFlags::MNT_DETACH)
+        .map_err(|e| err("cannot detach the host's root", e))?;
+    nix::unistd::chdir("/").map_err(|e| err("chdir /", e))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None::<&str>,
+    )
+    .map_err(|e| err("cannot make the new root read-only", e))?;
+    let ws = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_path_buf());
+    nix::unistd::chdir(&ws).map_err(|e| err("cannot enter the workspace", e))
 }
 
 fn fd_is_dir(fd: &OwnedFd) -> bool {

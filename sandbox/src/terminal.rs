@@ -3,7 +3,7 @@
 //! exits; CVE-2017-5226 for bubblewrap).
 //!
 //! The kernel starts a sandboxed worker in a session of its own (`setsid()` between fork and
-//! exec, [`NEW_SESSION`]); here the worker checks that `/dev/tty` names no terminal for it.
+//! exec, [`new_session`]); here the worker checks that `/dev/tty` names no terminal for it.
 //! [`crate::syscalls`] also refuses the input-injecting ioctls (`TIOCSTI`, `TIOCLINUX`) on any
 //! descriptor, whatever the host's `dev.tty.legacy_tiocsti`, so that a terminal reached
 //! another way (an inherited descriptor) takes no input from a cell either.

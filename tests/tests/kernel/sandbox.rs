@@ -199,10 +199,12 @@ r"#,
         "hardlink",
         "support_cache",
     ] {
+        // EACCES/EPERM: Landlock; ENOENT: not in the new root; EXDEV: a link across
+        // mounts; EROFS: bound read-only.
         assert!(
-            got.contains(&format!("'{what}': 'denied 13'"))
-                || got.contains(&format!("'{what}': 'denied 1'"))
-                || got.contains(&format!("'{what}': 'denied 18'")),
+            ["13", "1", "2", "18", "30"]
+                .iter()
+                .any(|e| got.contains(&format!("'{what}': 'denied {e}'"))),
             "{what}: {got}"
         );
     }
@@ -231,6 +233,16 @@ r"#,
     };
     assert!(!forged(&log));
     drop(k);
+    // Each layer alone: the new root (the home is not in it) and Landlock (not readable).
+    for (skip, errno) in [("landlock_filesystem", "2"), ("mount_namespace", "13")] {
+        let ws1 = tempfile::tempdir().unwrap();
+        let mut k1 = sandboxed(ws1.path(), &[skip], &[]);
+        let got = attempt(&mut k1, &code);
+        assert!(
+            got.contains(&format!("'read_home': 'denied {errno}'")),
+            "{skip}: {got}"
+        );
+    }
     // The same, with the filesystem layers left out.
     let ws2 = tempfile::tempdir().unwrap();
     let mut k = sandboxed(ws2.path(), &["landlock_filesystem", "mount_namespace"], &[]);
@@ -245,23 +257,28 @@ r"#,
     assert!(forged(&log));
 }
 
-/// A Unix socket the test opens outside the workspace (in the host's /tmp): the private
-/// mount namespace hides it; without it, it is reached (Landlock does not cover connect()).
+/// Unix sockets the test opens outside the workspace (in the host's /tmp and in the user's
+/// home): the mount namespace's new root does not hold them (ENOENT); without it, both are
+/// reached (Landlock does not cover connect()).
 #[test]
 fn a_unix_socket_of_the_host_is_out_of_reach() {
+    // One in the host's /tmp, one in the user's home (an ssh ControlMaster, a gpg or
+    // password-manager agent lives there): neither exists in the sandbox's new root.
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("host.sock");
-    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let code = format!(
-        "import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect({:?})\n    r = 'connected'\nexcept OSError as e:\n    r = f'refused {{e.errno}}'\nr",
-        path.display().to_string()
-    );
-    let mut k = sandboxed(ws.path(), &[], &[]);
-    assert!(attempt(&mut k, &code).contains("refused"));
-    let mut k = sandboxed(ws.path(), &["mount_namespace"], &[]);
-    assert!(attempt(&mut k, &code).contains("connected"));
-    drop(listener);
+    let home = HomeDir::new("socket");
+    for path in [dir.path().join("host.sock"), home.0.join("agent.sock")] {
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let ws = tempfile::tempdir().unwrap();
+        let code = format!(
+            "import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect({:?})\n    r = 'connected'\nexcept OSError as e:\n    r = f'refused {{e.errno}}'\nr",
+            path.display().to_string()
+        );
+        let mut k = sandboxed(ws.path(), &[], &[]);
+        assert_eq!(attempt(&mut k, &code), "'refused 2'", "{}", path.display());
+        let mut k = sandboxed(ws.path(), &["mount_namespace"], &[]);
+        assert_eq!(attempt(&mut k, &code), "'connected'", "{}", path.display());
+        drop(listener);
+    }
 }
 
 /// The kernel's process: no signal and no `/proc/<pid>/environ` (in the PID namespace the
@@ -783,7 +800,8 @@ fn the_private_tmp_is_0700_and_a_killed_kernels_is_removed_at_the_next_start() {
 /// interpreter's folder's parent is `/`: the readable set once widened to the whole
 /// filesystem. It is found as CPython finds its prefix (`/usr`), so a file in the user's home
 /// and `/etc/shadow` stay unreadable, numpy-free stdlib imports work, and `ready` says what
-/// was made readable; with the filesystem layer left out, the same reads succeed.
+/// was made readable; with the filesystem layers left out (Landlock, and the new root, where
+/// neither file is), the same reads succeed.
 #[test]
 fn the_readable_set_never_widens_to_the_root_or_the_home() {
     let python = Path::new("/bin/python3");
@@ -807,8 +825,13 @@ fn the_readable_set_never_widens_to_the_root_or_the_home() {
         secret.display().to_string()
     );
     for (skip, expect) in [
-        (&[][..], "('denied 13', 'denied 13')"),
-        (&["landlock_filesystem"][..], "('read', 'read')"),
+        (&[][..], "('denied 2', 'denied 13')"),
+        // Landlock alone (the readable set under test).
+        (&["mount_namespace"][..], "('denied 13', 'denied 13')"),
+        (
+            &["landlock_filesystem", "mount_namespace"][..],
+            "('read', 'read')",
+        ),
     ] {
         let ws = tempfile::tempdir().unwrap();
         let mut k = sandboxed(ws.path(), skip, &["--python", "/bin/python3"]);

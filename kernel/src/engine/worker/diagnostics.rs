@@ -34,7 +34,7 @@ impl Relay {
         let shown = pid.clone();
         let (tx, done) = mpsc::channel();
         std::thread::Builder::new()
-            .name("worker-stderr".into())
+            .name("flowrepl-worker-stderr".into())
             .spawn(move || {
                 copy(File::from(read), diagnostics, &shown);
                 let _ = tx.send(());
