@@ -65,7 +65,7 @@ pub struct WorkerProcess {
     guard: Option<libc::pid_t>,
     reaped: bool,
     /// A sandboxed worker's private `/tmp`, removed with this value.
-    _tmp: Option<tempfile::TempDir>,
+    _tmp: Option<super::sandbox::PrivateTmp>,
     /// A sandboxed worker's stderr, relayed to the diagnostics (`super::diagnostics`).
     relay: Option<super::diagnostics::Relay>,
 }

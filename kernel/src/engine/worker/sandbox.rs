@@ -77,6 +77,26 @@ fn venv_home(venv: &Path) -> Option<PathBuf> {
         .map(|(_, v)| PathBuf::from(v.trim()))
 }
 
+/// A sandboxed worker's private folder (its `/tmp`), removed when this value drops, however
+/// deep the tree a cell left in it ([`flowrepl_os::tree::remove_tree`]).
+#[derive(Debug)]
+pub struct PrivateTmp(PathBuf);
+
+impl PrivateTmp {
+    /// Its path on the host.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for PrivateTmp {
+    fn drop(&mut self) {
+        if let Err(e) = flowrepl_os::tree::remove_tree(&self.0) {
+            tracing::warn!(path = %self.0.display(), error = %e, "a sandboxed worker's private folder could not be removed");
+        }
+    }
+}
+
 /// The private folders' names in the host's temporary folder: this prefix, the kernel's pid,
 /// `-`, a random part.
 const TMP_PREFIX: &str = "flowrepl-sandbox-";
@@ -105,7 +125,7 @@ fn sweep_leftovers() {
         let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
             == Err(nix::errno::Errno::ESRCH);
         if mine && gone && pid > 0 {
-            if let Err(err) = std::fs::remove_dir_all(e.path()) {
+            if let Err(err) = flowrepl_os::tree::remove_tree(&e.path()) {
                 tracing::warn!(path = %e.path().display(), error = %err, "a dead kernel's sandbox folder could not be removed");
             }
         }
@@ -119,14 +139,15 @@ pub fn prepare(
     cmd: &mut Command,
     sandbox: &SandboxConfig,
     spawn: &SpawnConfig,
-) -> io::Result<(SandboxPolicy, tempfile::TempDir)> {
+) -> io::Result<(SandboxPolicy, PrivateTmp)> {
     static SWEPT: std::sync::Once = std::sync::Once::new();
     SWEPT.call_once(sweep_leftovers);
     // 0700: only this user (and inside, only the worker) reaches what cells put there.
     let tmp = tempfile::Builder::new()
         .prefix(&format!("{TMP_PREFIX}{}-", std::process::id()))
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
-        .tempdir()?;
+        .tempdir()
+        .map(|t| PrivateTmp(t.keep()))?;
     // When it cannot be made (a full or read-only disk), the worker says so at its first
     // checkpoint, as without the sandbox.
     let checkpoints = spawn
