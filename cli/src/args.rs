@@ -336,6 +336,12 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_kernels: u32,
 
+    /// MCP sessions open at once (each costs about 60 KiB until it ends, or expires 300 s
+    /// after its last request); at the limit a new `initialize` is answered 503.
+    #[arg(long, env = "FLOWREPL_MAX_SESSIONS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_sessions: u32,
+
     /// Stop a kernel idle this long (checkpointed first; the next call on its task resumes
     /// it): seconds, or a number with s, m or h; 0 never stops one.
     #[arg(long, env = "FLOWREPL_IDLE_STOP", default_value = "15m", value_parser = parse_duration)]

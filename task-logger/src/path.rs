@@ -16,6 +16,9 @@ use std::path::{Path, PathBuf};
 /// leaving room for `.jsonl`).
 pub const MAX_COMPONENT_BYTES: usize = 120;
 const KEEP_BYTES_WHEN_HASHED: usize = 80;
+/// Longest plan or task id `flowrepl serve` takes from a client (its table of tasks, its
+/// kernels' environment and error messages hold it): longer is a clear -32602.
+pub const MAX_ID_BYTES: usize = 1024;
 
 fn is_kept(c: char, first: bool) -> bool {
     c.is_alphanumeric() || c == '-' || c == '_' || (c == '.' && !first)

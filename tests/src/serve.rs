@@ -166,3 +166,122 @@ pub fn processes_naming(path: &Path) -> Vec<(u32, String)> {
         })
         .collect()
 }
+
+/// One keep-alive HTTP/1.1 connection spoken by hand (for what an SDK client would not send:
+/// many refused requests, repeated headers, half-sent requests).
+pub struct RawHttp {
+    stream: std::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+impl RawHttp {
+    /// Connects to the server at `url` (`http://HOST:PORT/mcp`).
+    pub fn connect(url: &str) -> RawHttp {
+        let addr = url
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        let stream = std::net::TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream.set_nodelay(true).unwrap();
+        RawHttp {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Sends `head` (the request line and headers, without the blank line) and `body`, and
+    /// returns the status of the reply (its body read and dropped).
+    pub fn request(&mut self, head: &str, body: &str) -> u16 {
+        self.exchange(head, body).0
+    }
+
+    /// Like [`RawHttp::request`]: the status, the reply's head and its body.
+    pub fn exchange(&mut self, head: &str, body: &str) -> (u16, String, String) {
+        use std::io::{Read, Write};
+        let msg = format!("{head}\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        self.stream.write_all(msg.as_bytes()).unwrap();
+        loop {
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let text = String::from_utf8_lossy(&self.buf[..end]).into_owned();
+                let header = |name: &str| {
+                    text.lines().find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+                    })
+                };
+                if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+                    if let Some((body, used)) = dechunk(&self.buf[end + 4..]) {
+                        self.buf.drain(..end + 4 + used);
+                        let status = text
+                            .split_whitespace()
+                            .nth(1)
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or(0);
+                        return (status, text, body);
+                    }
+                } else {
+                    let len: usize = header("content-length")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    if self.buf.len() >= end + 4 + len {
+                        let body =
+                            String::from_utf8_lossy(&self.buf[end + 4..end + 4 + len]).into_owned();
+                        self.buf.drain(..end + 4 + len);
+                        let status = text
+                            .split_whitespace()
+                            .nth(1)
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or(0);
+                        return (status, text, body);
+                    }
+                }
+            }
+            let mut chunk = [0u8; 8192];
+            let n = self.stream.read(&mut chunk).unwrap();
+            assert!(n > 0, "the server closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// The resident memory of `pid` in KiB.
+pub fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A whole chunked body at the start of `buf`: the body and the bytes it took, or `None`
+/// while its last chunk has not come.
+fn dechunk(buf: &[u8]) -> Option<(String, usize)> {
+    let mut at = 0;
+    let mut body = Vec::new();
+    loop {
+        let line_end = buf[at..].windows(2).position(|w| w == b"\r\n")? + at;
+        let size = usize::from_str_radix(
+            String::from_utf8_lossy(&buf[at..line_end])
+                .split(';')
+                .next()?
+                .trim(),
+            16,
+        )
+        .ok()?;
+        let data = line_end + 2;
+        if buf.len() < data + size + 2 {
+            return None;
+        }
+        body.extend_from_slice(&buf[data..data + size]);
+        at = data + size + 2;
+        if size == 0 {
+            return Some((String::from_utf8_lossy(&body).into_owned(), at));
+        }
+    }
+}

@@ -97,13 +97,22 @@ impl Serve {
 
     /// The task `args` name (removing `task` and `plan` from them), else the defaults.
     fn task_of(&self, args: &mut JsonObject) -> Result<TaskKey, ErrorData> {
+        let max = flowrepl_task_logger::path::MAX_ID_BYTES;
         let mut take = |k: &str| match args.remove(k) {
             None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
-            Some(other) => Err(ErrorData::invalid_params(
-                format!("{k} must be a non-empty string, not {other}"),
+            Some(Value::String(s)) if s.len() > max => Err(ErrorData::invalid_params(
+                format!("{k} is {} bytes long; at most {max}", s.len()),
                 None,
             )),
+            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
+            Some(other) => {
+                // Never echoed whole: it could be anything up to the body limit.
+                let shown: String = other.to_string().chars().take(40).collect();
+                Err(ErrorData::invalid_params(
+                    format!("{k} must be a non-empty string, not {shown}…"),
+                    None,
+                ))
+            }
         };
         let task = take("task")?;
         let plan = take("plan")?;

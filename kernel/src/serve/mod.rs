@@ -170,16 +170,24 @@ async fn serve(
     grace: Duration,
 ) -> ExitCode {
     let stop = CancellationToken::new();
+    let gate = Arc::new(auth::Gate::new(token));
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(SESSION_EXPIRY);
+    let sessions = Arc::new(sessions);
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),
-        LocalSessionManager::default().into(),
+        Arc::clone(&sessions),
         config.with_cancellation_token(stop.child_token()),
     );
+    let max_sessions = args.max_sessions as usize;
     let app = axum::Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn(session_ended_is_no_content))
         .layer(axum::middleware::from_fn(move |req, next| {
-            auth::require_token(Arc::clone(&token), req, next)
+            at_most_sessions(Arc::clone(&sessions), max_sessions, req, next)
+        }))
+        .layer(axum::middleware::from_fn(move |req, next| {
+            auth::require_token(Arc::clone(&gate), req, next)
         }));
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
@@ -222,6 +230,37 @@ async fn serve(
     let _ = tokio::time::timeout(grace + Duration::from_secs(5), http).await;
     tracing::info!(kernels = stopped, "flowrepl serve exiting");
     ExitCode::SUCCESS
+}
+
+/// How long an MCP session lives after its last request (rmcp's default, said here so that
+/// docs/serve.md and the code agree).
+pub const SESSION_EXPIRY: Duration = Duration::from_secs(300);
+
+/// A request that would open a session (a POST without `Mcp-Session-Id`) while `max` are
+/// open is answered 503: sessions are memory a token holder could otherwise grow without
+/// bound (54,420 in 20 s, 3 GB, in the attack pass).
+async fn at_most_sessions(
+    sessions: Arc<LocalSessionManager>,
+    max: usize,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let opens = request.method() == axum::http::Method::POST
+        && !request.headers().contains_key("mcp-session-id");
+    if opens && sessions.sessions.read().await.len() >= max {
+        use axum::response::IntoResponse;
+        let mut r = (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            format!("{max} MCP sessions are open (--max-sessions): end one (DELETE) or wait for one to expire ({} s after its last request)\n", SESSION_EXPIRY.as_secs()),
+        )
+            .into_response();
+        r.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("5"),
+        );
+        return r;
+    }
+    next.run(request).await
 }
 
 /// A session ended by `DELETE` is answered 204 No Content. rmcp answers 202 Accepted, which

@@ -110,11 +110,36 @@ impl Pool {
             tracing::info!(task = %key.task, pid = dead.pid, "the task's kernel had exited: starting it again from its checkpoint");
             dead.reap();
         }
-        self.make_room(key).await?;
-        let child = Child::start(key.clone(), &self.spawn).await?;
-        tracing::info!(plan = %key.plan, task = %key.task, pid = child.pid, "kernel started");
-        *held = Some(Arc::clone(&child));
-        Ok(child)
+        let started = match self.make_room(key).await {
+            Ok(()) => Child::start(key.clone(), &self.spawn)
+                .await
+                .map_err(PoolError::from),
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(child) => {
+                tracing::info!(plan = %key.plan, task = %key.task, pid = child.pid, "kernel started");
+                *held = Some(Arc::clone(&child));
+                Ok(child)
+            }
+            Err(e) => {
+                // A task whose kernel never started is not kept (its name could be anything).
+                drop(held);
+                self.forget_if_empty(key, slot);
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes `key`'s slot when it holds no kernel and nobody else holds it (slots are
+    /// cloned only under the table's lock, so a count of two, the table's and `slot`, taken
+    /// under it means nobody waits for it): the table keeps only tasks with a kernel.
+    fn forget_if_empty(&self, key: &TaskKey, slot: Slot) {
+        let mut slots = lock(&self.slots);
+        let empty = slot.try_lock().is_ok_and(|k| k.is_none());
+        if empty && Arc::strong_count(&slot) == 2 {
+            slots.remove(key);
+        }
     }
 
     /// The running kernels (not those starting).
@@ -157,7 +182,7 @@ impl Pool {
             match lru {
                 Some(k) => {
                     tracing::info!(task = %k.key.task, "at --max-kernels: stopping the least recently used idle kernel");
-                    self.stop(&k.key).await;
+                    self.stop_idle(&k.key).await;
                 }
                 None => return Err(PoolError::Full(self.limits.max_kernels)),
             }
@@ -167,11 +192,26 @@ impl Pool {
     /// Checkpoints and stops the task's kernel; its checkpoint's text, or `None` when it had
     /// no kernel running.
     pub async fn stop(&self, key: &TaskKey) -> Option<String> {
+        self.stop_when(key, false).await
+    }
+
+    /// [`Pool::stop`] for an eviction (idle, or room for another): not when the kernel became
+    /// busy after it was chosen (a call started on it meanwhile).
+    async fn stop_idle(&self, key: &TaskKey) -> Option<String> {
+        self.stop_when(key, true).await
+    }
+
+    async fn stop_when(&self, key: &TaskKey, only_idle: bool) -> Option<String> {
         let slot = lock(&self.slots).get(key).cloned()?;
         let mut held = slot.lock().await;
+        if only_idle && held.as_ref().is_some_and(|k| k.busy()) {
+            return None;
+        }
         let child = held.take()?;
         let said = child.stop(true, self.limits.grace).await;
         tracing::info!(task = %key.task, pid = child.pid, "kernel stopped");
+        drop(held);
+        self.forget_if_empty(key, slot);
         Some(
             said.unwrap_or_else(|| {
                 "stopped (no checkpoint taken: it was busy or had exited)".into()
@@ -195,7 +235,7 @@ impl Pool {
             for k in self.running() {
                 if !k.busy() && now.duration_since(k.last_use()) >= idle {
                     tracing::info!(task = %k.key.task, idle_s = idle.as_secs(), "idle: checkpointing and stopping the kernel");
-                    self.stop(&k.key).await;
+                    self.stop_idle(&k.key).await;
                 }
             }
         }

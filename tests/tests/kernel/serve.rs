@@ -314,3 +314,197 @@ fn a_cell_cannot_learn_the_servers_token() {
         assert_eq!(facts["pid_not_2"], pid_not_2);
     }
 }
+
+/// A stranger without the token sends 20,000 requests on one keep-alive connection (bounded:
+/// 30 s), each with a token-like secret in its query: every one is refused, the server's log
+/// grows by less than 1 MB (a counter and one line per 10 s, path only) and never shows the
+/// query. (Before: one INFO line per refusal with the full URI, 1.25 GB in 5 s in the attack
+/// pass.) The bearer scheme is case-insensitive; a repeated Authorization or Host header is
+/// 400.
+#[test]
+fn refused_requests_neither_fill_the_log_nor_show_secrets() {
+    let server = Server::start(&[]);
+    let before = server.stderr().len();
+    let mut http = flowrepl_tests::serve::RawHttp::connect(&server.url);
+    let host = server
+        .url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let secret = "tok3n-in-a-url-".repeat(200);
+    let started = std::time::Instant::now();
+    let mut sent = 0;
+    while sent < 20_000 && started.elapsed() < Duration::from_secs(30) {
+        let status = http.request(
+            &format!("POST /mcp?token={secret} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"),
+            "{}",
+        );
+        assert_eq!(status, 401);
+        sent += 1;
+    }
+    assert!(sent >= 5_000, "only {sent} requests in 30 s");
+    std::thread::sleep(Duration::from_millis(300));
+    let log = server.stderr();
+    let grown = log.len() - before;
+    eprintln!("{sent} refused requests grew the log by {grown} bytes");
+    assert!(grown < 1 << 20, "{grown} bytes");
+    assert!(!log.contains("tok3n-in-a-url"), "the query reached the log");
+    assert!(log.contains("refused"), "{log}");
+    let token = flowrepl_tests::serve::TOKEN;
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+    let accept = "Content-Type: application/json\r\nAccept: application/json, text/event-stream";
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let status = http.request(
+            &format!(
+                "POST /mcp HTTP/1.1\r\nHost: {host}\r\n{accept}\r\nAuthorization: {scheme} {token}"
+            ),
+            init,
+        );
+        assert_eq!(status, 200, "{scheme}");
+    }
+    let status = http.request(
+        &format!("POST /mcp HTTP/1.1\r\nHost: {host}\r\n{accept}\r\nAuthorization: Bearer {token}\r\nAuthorization: Bearer wrong"),
+        init,
+    );
+    assert_eq!(status, 400);
+    let status = http.request(
+        &format!("POST /mcp HTTP/1.1\r\nHost: {host}\r\nHost: evil.example\r\n{accept}\r\nAuthorization: Bearer {token}"),
+        init,
+    );
+    assert_eq!(status, 400);
+}
+
+/// A token holder names tasks of 1 MB, 100 times: each call is a quick -32602 that does not
+/// echo the name, and the server's memory stays within 64 MB of where it was (60 such calls
+/// once kept 318 MB for good).
+#[test]
+fn huge_task_names_are_refused_without_echo_or_lasting_memory() {
+    let server = Server::start(&[]);
+    let mut http = flowrepl_tests::serve::RawHttp::connect(&server.url);
+    let host = server
+        .url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let token = flowrepl_tests::serve::TOKEN;
+    let accept = "Content-Type: application/json\r\nAccept: application/json, text/event-stream";
+    let (status, head, _) = http.exchange(
+        &format!("POST /mcp HTTP/1.1\r\nHost: {host}\r\n{accept}\r\nAuthorization: Bearer {token}"),
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#,
+    );
+    assert_eq!(status, 200, "{head}");
+    let session = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_owned())
+        })
+        .expect("a session id");
+    let headers = format!(
+        "Host: {host}\r\n{accept}\r\nAuthorization: Bearer {token}\r\nMcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-06-18"
+    );
+    let status = http.request(
+        &format!("POST /mcp HTTP/1.1\r\n{headers}"),
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    assert!(status == 202 || status == 200, "{status}");
+    let before = flowrepl_tests::serve::rss_kb(server.pid());
+    let name = "n".repeat(1 << 20);
+    let started = std::time::Instant::now();
+    for i in 0..100 {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"execute_code","arguments":{{"code":"1","task":"{name}{i}"}}}}}}"#,
+            i + 2
+        );
+        let (status, _, reply) = http.exchange(&format!("POST /mcp HTTP/1.1\r\n{headers}"), &body);
+        assert_eq!(status, 200);
+        assert!(
+            reply.contains("-32602"),
+            "{}",
+            &reply[..reply.len().min(300)]
+        );
+        assert!(
+            reply.len() < 4096,
+            "the name was echoed: {} bytes",
+            reply.len()
+        );
+        assert!(started.elapsed() < Duration::from_secs(60));
+    }
+    let after = flowrepl_tests::serve::rss_kb(server.pid());
+    eprintln!("RSS {before} KiB -> {after} KiB after 100 calls with 1 MB names");
+    assert!(after < before + 64 * 1024, "{before} -> {after} KiB");
+}
+
+/// A token holder sends `initialize` 50,000 times (bounded: 90 s) without ever ending a
+/// session: past `--max-sessions` (1000, the default) each is a 503 with Retry-After, and the
+/// server's memory grows by less than 200 MB (each session costs about 60 KiB). Ending one
+/// session (DELETE) makes room for the next. (Before: 54,420 sessions and 3 GB in 20 s.)
+#[test]
+fn sessions_are_capped() {
+    let server = Server::start(&[]);
+    let mut http = flowrepl_tests::serve::RawHttp::connect(&server.url);
+    let host = server
+        .url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let token = flowrepl_tests::serve::TOKEN;
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nAuthorization: Bearer {token}"
+    );
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+    let before = flowrepl_tests::serve::rss_kb(server.pid());
+    let started = std::time::Instant::now();
+    let (mut opened, mut refused, mut first) = (0, 0, None);
+    for _ in 0..50_000 {
+        if started.elapsed() > Duration::from_secs(90) {
+            break;
+        }
+        let (status, reply_head, _) = http.exchange(&head, init);
+        match status {
+            200 => {
+                opened += 1;
+                first.get_or_insert_with(|| {
+                    reply_head
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("mcp-session-id")
+                                .then(|| v.trim().to_owned())
+                        })
+                        .unwrap()
+                });
+            }
+            503 => {
+                refused += 1;
+                assert!(reply_head.to_ascii_lowercase().contains("retry-after"));
+            }
+            other => panic!("{other}: {reply_head}"),
+        }
+    }
+    let after = flowrepl_tests::serve::rss_kb(server.pid());
+    eprintln!(
+        "{opened} sessions opened, {refused} refused; RSS {before} -> {after} KiB in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(opened, 1000);
+    assert!(refused >= 9_000, "{refused}");
+    assert!(after < before + 200 * 1024, "{before} -> {after} KiB");
+    let status = http.request(
+        &format!(
+            "DELETE /mcp HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\nMcp-Session-Id: {}",
+            first.unwrap()
+        ),
+        "",
+    );
+    assert_eq!(status, 204);
+    let ok = wait_for(Duration::from_secs(10), || http.request(&head, init) == 200);
+    assert!(ok, "no room after a session ended");
+}
