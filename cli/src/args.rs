@@ -336,6 +336,21 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_kernels: u32,
 
+    /// A request's head must arrive whole within this, and a keep-alive connection waiting
+    /// for its next request is closed after it (a response being sent is never cut).
+    #[arg(long, env = "FLOWREPL_HEADER_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub header_timeout: std::time::Duration,
+
+    /// A request's body must arrive within this, else 408.
+    #[arg(long, env = "FLOWREPL_BODY_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    pub body_timeout: std::time::Duration,
+
+    /// Connections open at once (lowered to what the descriptor limit leaves after the
+    /// kernels'); past it a new connection is answered 503 and closed.
+    #[arg(long, env = "FLOWREPL_MAX_CONNECTIONS", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+
     /// MCP sessions open at once (each costs about 60 KiB until it ends, or expires 300 s
     /// after its last request); at the limit a new `initialize` is answered 503.
     #[arg(long, env = "FLOWREPL_MAX_SESSIONS", default_value_t = 1000,

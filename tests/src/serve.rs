@@ -285,3 +285,15 @@ fn dechunk(buf: &[u8]) -> Option<(String, usize)> {
         }
     }
 }
+
+impl RawHttp {
+    /// Whether the server has closed this connection (a read sees its end at once).
+    pub fn closed(&mut self) -> bool {
+        use std::io::Read;
+        self.stream
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        matches!(self.stream.read(&mut b), Ok(0))
+    }
+}

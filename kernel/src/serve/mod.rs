@@ -21,6 +21,7 @@
 pub mod auth;
 pub mod child;
 pub mod handler;
+pub mod listen;
 pub mod pool;
 
 use flowrepl_cli::args::{Cli, SandboxLevel, ServeArgs};
@@ -113,14 +114,22 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
         }
     };
     let config = http_config(args, cli.max_request_bytes);
+    let limits = listen::Limits {
+        header_timeout: args.header_timeout,
+        body_timeout: args.body_timeout,
+        max_connections: args.max_connections as usize,
+    };
     runtime.block_on(serve(
         server,
         pool,
         config,
         args,
-        token.into(),
-        source,
+        Credentials {
+            token: token.into(),
+            source,
+        },
         grace,
+        (limits, cli.max_request_bytes),
     ))
 }
 
@@ -160,14 +169,20 @@ pub fn http_config(args: &ServeArgs, max_body: usize) -> StreamableHttpServerCon
         .with_json_response(true)
 }
 
+/// The token and where it came from.
+struct Credentials {
+    token: Arc<str>,
+    source: auth::TokenSource,
+}
+
 async fn serve(
     server: handler::Serve,
     pool: Arc<pool::Pool>,
     config: StreamableHttpServerConfig,
     args: &ServeArgs,
-    token: Arc<str>,
-    source: auth::TokenSource,
+    Credentials { token, source }: Credentials,
     grace: Duration,
+    (limits, max_body): (listen::Limits, usize),
 ) -> ExitCode {
     let stop = CancellationToken::new();
     let gate = Arc::new(auth::Gate::new(token));
@@ -185,6 +200,9 @@ async fn serve(
         .layer(axum::middleware::from_fn(session_ended_is_no_content))
         .layer(axum::middleware::from_fn(move |req, next| {
             at_most_sessions(Arc::clone(&sessions), max_sessions, req, next)
+        }))
+        .layer(axum::middleware::from_fn(move |req, next| {
+            listen::body_within(limits.body_timeout, max_body, req, next)
         }))
         .layer(axum::middleware::from_fn(move |req, next| {
             auth::require_token(Arc::clone(&gate), req, next)
@@ -207,18 +225,14 @@ async fn serve(
         eprintln!("flowrepl serve: listening beyond loopback without TLS: put a reverse proxy with TLS in front");
     }
     tokio::spawn(Arc::clone(&pool).stop_idle_ones());
-    let signalled = stop.clone();
-    // Replies and SSE events go out at once: with Nagle's algorithm, a reply written in two
-    // parts waits for the client's delayed ACK (40 ms).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY not set");
-        }
-    });
-    let http = axum::serve(listener, app).with_graceful_shutdown(async move {
-        signalled.cancelled().await;
-    });
-    let http = tokio::spawn(async move { http.await });
+    let limits = limits.fit(pool.max_kernels());
+    let http = tokio::spawn(listen::serve(
+        listener,
+        app,
+        limits,
+        stop.clone(),
+        grace + Duration::from_secs(5),
+    ));
     let sig = wait_for_signal().await;
     tracing::info!(
         signal = sig,

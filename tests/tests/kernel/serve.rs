@@ -508,3 +508,90 @@ fn sessions_are_capped() {
     let ok = wait_for(Duration::from_secs(10), || http.request(&head, init) == 200);
     assert!(ok, "no room after a session ended");
 }
+
+/// Slow and idle connections (loopback, bounded): with `--header-timeout 2s
+/// --body-timeout 2s --max-connections 20`, 40 connections that each send half a request
+/// line fill the cap; the ones past it are answered 503 at once (not left unanswered), a
+/// normal client is always answered, and once the held ones are closed by the header timeout
+/// (within 5 s) it gets 200 again. A request whose body stops halfway is 408 after the body
+/// timeout; an idle keep-alive connection is closed after the header timeout. (Before:
+/// 100 half-sent requests and 200 idle keep-alive connections were all open 45 s later, and
+/// 190 of them held a server with 200 descriptors.)
+#[test]
+fn slow_and_idle_connections_are_timed_out_and_capped() {
+    use std::io::{Read, Write};
+    let server = Server::start(&[
+        "--header-timeout",
+        "2s",
+        "--body-timeout",
+        "2s",
+        "--max-connections",
+        "20",
+    ]);
+    let addr = server
+        .url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let token = flowrepl_tests::serve::TOKEN;
+    let ping = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nAuthorization: Bearer {token}"
+    );
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+    let status_of = |s: &mut std::net::TcpStream| -> Option<u16> {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 512];
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => None,
+            Ok(n) => String::from_utf8_lossy(&buf[..n])
+                .split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse().ok()),
+        }
+    };
+    let started = std::time::Instant::now();
+    let mut held = Vec::new();
+    let mut busy = 0;
+    for _ in 0..40 {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.write_all(b"POST /mcp HTT").unwrap();
+        held.push(s);
+    }
+    // Past the cap: 503 at once.
+    for s in held.iter_mut().skip(20) {
+        if status_of(s) == Some(503) {
+            busy += 1;
+        }
+    }
+    assert!(busy >= 15, "{busy} of the 20 past the cap were told 503");
+    // A normal client is answered (503 while the cap is full, 200 after).
+    let mut http = flowrepl_tests::serve::RawHttp::connect(&server.url);
+    let first = http.request(&ping, init);
+    assert!(first == 503 || first == 200, "{first}");
+    // The held ones are closed by the header timeout.
+    for s in held.iter_mut().take(20) {
+        assert_eq!(status_of(s), None, "a half-sent request was still open");
+    }
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let ok = flowrepl_tests::wait_for(Duration::from_secs(10), || {
+        flowrepl_tests::serve::RawHttp::connect(&server.url).request(&ping, init) == 200
+    });
+    assert!(ok, "no 200 after the slow connections were closed");
+    // A body that stops halfway: 408 after the body timeout.
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.write_all(format!("{ping}\r\nContent-Length: 100\r\n\r\n{{\"jsonrpc\"").as_bytes())
+        .unwrap();
+    let t = std::time::Instant::now();
+    assert_eq!(status_of(&mut s), Some(408));
+    assert!(t.elapsed() < Duration::from_secs(5));
+    // An idle keep-alive connection: closed after the header timeout.
+    let mut idle = flowrepl_tests::serve::RawHttp::connect(&server.url);
+    assert_eq!(idle.request(&ping, init), 200);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        idle.closed(),
+        "an idle keep-alive connection was still open after the header timeout"
+    );
+}
