@@ -92,11 +92,7 @@ pub fn apply(policy: &SandboxPolicy) -> Result<Confined, Refused> {
         return Err(Refused {
             missing: policy.skip.clone(),
             why: vec!["strict refuses FLOWREPL_SANDBOX_SKIP".into()],
-            report: SandboxReport {
-                level: "strict".into(),
-                network: if policy.network { "host" } else { "none" }.into(),
-                layers: policy.skip.iter().map(|l| skipped(l)).collect(),
-            },
+            report: report(policy, policy.skip.iter().map(|l| skipped(l)).collect()),
         });
     }
     let skip = |layer: &str| policy.skip.iter().any(|s| s == layer);
@@ -117,32 +113,14 @@ pub fn apply(policy: &SandboxPolicy) -> Result<Confined, Refused> {
             return Err(Refused {
                 missing: vec![files::FILESYSTEM.into()],
                 why: vec![why],
-                report: SandboxReport {
-                    level: if policy.strict {
-                        "strict"
-                    } else {
-                        "best-effort"
-                    }
-                    .into(),
-                    network: if policy.network { "host" } else { "none" }.into(),
-                    layers,
-                },
+                report: report(policy, layers),
             });
         }
     }
     layers.extend(files::restrict(policy, mount_ns, &skip));
     layers.push(capabilities::drop_all(&skip));
     layers.push(syscalls::install(policy, &skip));
-    let report = SandboxReport {
-        level: if policy.strict {
-            "strict"
-        } else {
-            "best-effort"
-        }
-        .into(),
-        network: if policy.network { "host" } else { "none" }.into(),
-        layers,
-    };
+    let report = report(policy, layers);
     let missing: Vec<&SandboxLayer> = report.missing().collect();
     if policy.strict && !missing.is_empty() {
         return Err(Refused {
@@ -158,6 +136,20 @@ pub fn apply(policy: &SandboxPolicy) -> Result<Confined, Refused> {
         report,
         pid: entered.pid,
     })
+}
+
+/// The report of `layers` under `policy`.
+fn report(policy: &SandboxPolicy, layers: Vec<SandboxLayer>) -> SandboxReport {
+    SandboxReport {
+        level: if policy.strict {
+            "strict"
+        } else {
+            "best-effort"
+        }
+        .into(),
+        network: if policy.network { "host" } else { "none" }.into(),
+        layers,
+    }
 }
 
 /// A layer's report.

@@ -214,31 +214,27 @@ impl RawHttp {
                         k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
                     })
                 };
-                if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
-                    if let Some((body, used)) = dechunk(&self.buf[end + 4..]) {
-                        self.buf.drain(..end + 4 + used);
-                        let status = text
-                            .split_whitespace()
-                            .nth(1)
-                            .and_then(|s| s.parse().ok())
-                            .unwrap_or(0);
-                        return (status, text, body);
-                    }
+                let whole = if header("transfer-encoding")
+                    .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+                {
+                    dechunk(&self.buf[end + 4..])
                 } else {
                     let len: usize = header("content-length")
                         .and_then(|v| v.parse().ok())
                         .unwrap_or(0);
-                    if self.buf.len() >= end + 4 + len {
-                        let body =
-                            String::from_utf8_lossy(&self.buf[end + 4..end + 4 + len]).into_owned();
-                        self.buf.drain(..end + 4 + len);
-                        let status = text
-                            .split_whitespace()
-                            .nth(1)
-                            .and_then(|s| s.parse().ok())
-                            .unwrap_or(0);
-                        return (status, text, body);
-                    }
+                    (self.buf.len() >= end + 4 + len).then(|| {
+                        let body = &self.buf[end + 4..end + 4 + len];
+                        (String::from_utf8_lossy(body).into_owned(), len)
+                    })
+                };
+                if let Some((body, used)) = whole {
+                    self.buf.drain(..end + 4 + used);
+                    let status = text
+                        .split_whitespace()
+                        .nth(1)
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0);
+                    return (status, text, body);
                 }
             }
             let mut chunk = [0u8; 8192];
@@ -247,6 +243,38 @@ impl RawHttp {
             self.buf.extend_from_slice(&chunk[..n]);
         }
     }
+}
+
+impl Server {
+    /// `HOST:PORT` of its address.
+    pub fn host(&self) -> String {
+        self.url
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// The head of a POST to its endpoint with the token (and `extra` header lines).
+    pub fn post_head(&self, extra: &str) -> String {
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nAuthorization: Bearer {TOKEN}{extra}",
+            self.host()
+        )
+    }
+}
+
+/// An `initialize` request's body.
+pub const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+
+/// The `Mcp-Session-Id` of a reply's head.
+pub fn session_id(head: &str) -> Option<String> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("mcp-session-id")
+            .then(|| v.trim().to_owned())
+    })
 }
 
 /// The resident memory of `pid` in KiB.

@@ -2,7 +2,7 @@
 //! official Python SDK's HTTP client (scenarios in `tests/mcp/serve_client.py`), checked
 //! further here against the task logs, the checkpoints and the processes left.
 
-use flowrepl_tests::serve::{processes_naming, Server};
+use flowrepl_tests::serve::{processes_naming, rss_kb, session_id, RawHttp, Server, INITIALIZE};
 use flowrepl_tests::{read_log, wait_for};
 use std::time::Duration;
 
@@ -325,14 +325,8 @@ fn a_cell_cannot_learn_the_servers_token() {
 fn refused_requests_neither_fill_the_log_nor_show_secrets() {
     let server = Server::start(&[]);
     let before = server.stderr().len();
-    let mut http = flowrepl_tests::serve::RawHttp::connect(&server.url);
-    let host = server
-        .url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
+    let mut http = RawHttp::connect(&server.url);
+    let host = server.host();
     let secret = "tok3n-in-a-url-".repeat(200);
     let started = std::time::Instant::now();
     let mut sent = 0;
@@ -352,28 +346,16 @@ fn refused_requests_neither_fill_the_log_nor_show_secrets() {
     assert!(grown < 1 << 20, "{grown} bytes");
     assert!(!log.contains("tok3n-in-a-url"), "the query reached the log");
     assert!(log.contains("refused"), "{log}");
-    let token = flowrepl_tests::serve::TOKEN;
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
-    let accept = "Content-Type: application/json\r\nAccept: application/json, text/event-stream";
     for scheme in ["Bearer", "bearer", "BEARER"] {
-        let status = http.request(
-            &format!(
-                "POST /mcp HTTP/1.1\r\nHost: {host}\r\n{accept}\r\nAuthorization: {scheme} {token}"
-            ),
-            init,
-        );
-        assert_eq!(status, 200, "{scheme}");
+        let head = server
+            .post_head("")
+            .replace("Bearer ", &format!("{scheme} "));
+        assert_eq!(http.request(&head, INITIALIZE), 200, "{scheme}");
     }
-    let status = http.request(
-        &format!("POST /mcp HTTP/1.1\r\nHost: {host}\r\n{accept}\r\nAuthorization: Bearer {token}\r\nAuthorization: Bearer wrong"),
-        init,
-    );
-    assert_eq!(status, 400);
-    let status = http.request(
-        &format!("POST /mcp HTTP/1.1\r\nHost: {host}\r\nHost: evil.example\r\n{accept}\r\nAuthorization: Bearer {token}"),
-        init,
-    );
-    assert_eq!(status, 400);
+    let twice = server.post_head("\r\nAuthorization: Bearer wrong");
+    assert_eq!(http.request(&twice, INITIALIZE), 400);
+    let twice = server.post_head("\r\nHost: evil.example");
+    assert_eq!(http.request(&twice, INITIALIZE), 400);
 }
 
 /// A token holder names tasks of 1 MB, 100 times: each call is a quick -32602 that does not
@@ -382,38 +364,19 @@ fn refused_requests_neither_fill_the_log_nor_show_secrets() {
 #[test]
 fn huge_task_names_are_refused_without_echo_or_lasting_memory() {
     let server = Server::start(&[]);
-    let mut http = flowrepl_tests::serve::RawHttp::connect(&server.url);
-    let host = server
-        .url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
-    let token = flowrepl_tests::serve::TOKEN;
-    let accept = "Content-Type: application/json\r\nAccept: application/json, text/event-stream";
-    let (status, head, _) = http.exchange(
-        &format!("POST /mcp HTTP/1.1\r\nHost: {host}\r\n{accept}\r\nAuthorization: Bearer {token}"),
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#,
-    );
+    let mut http = RawHttp::connect(&server.url);
+    let (status, head, _) = http.exchange(&server.post_head(""), INITIALIZE);
     assert_eq!(status, 200, "{head}");
-    let session = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("mcp-session-id")
-                .then(|| v.trim().to_owned())
-        })
-        .expect("a session id");
-    let headers = format!(
-        "Host: {host}\r\n{accept}\r\nAuthorization: Bearer {token}\r\nMcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-06-18"
-    );
+    let session = session_id(&head).expect("a session id");
+    let post = server.post_head(&format!(
+        "\r\nMcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-06-18"
+    ));
     let status = http.request(
-        &format!("POST /mcp HTTP/1.1\r\n{headers}"),
+        &post,
         r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
     );
     assert!(status == 202 || status == 200, "{status}");
-    let before = flowrepl_tests::serve::rss_kb(server.pid());
+    let before = rss_kb(server.pid());
     let name = "n".repeat(1 << 20);
     let started = std::time::Instant::now();
     for i in 0..100 {
@@ -421,7 +384,7 @@ fn huge_task_names_are_refused_without_echo_or_lasting_memory() {
             r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"execute_code","arguments":{{"code":"1","task":"{name}{i}"}}}}}}"#,
             i + 2
         );
-        let (status, _, reply) = http.exchange(&format!("POST /mcp HTTP/1.1\r\n{headers}"), &body);
+        let (status, _, reply) = http.exchange(&post, &body);
         assert_eq!(status, 200);
         assert!(
             reply.contains("-32602"),
@@ -435,7 +398,7 @@ fn huge_task_names_are_refused_without_echo_or_lasting_memory() {
         );
         assert!(started.elapsed() < Duration::from_secs(60));
     }
-    let after = flowrepl_tests::serve::rss_kb(server.pid());
+    let after = rss_kb(server.pid());
     eprintln!("RSS {before} KiB -> {after} KiB after 100 calls with 1 MB names");
     assert!(after < before + 64 * 1024, "{before} -> {after} KiB");
 }
@@ -447,49 +410,29 @@ fn huge_task_names_are_refused_without_echo_or_lasting_memory() {
 #[test]
 fn sessions_are_capped() {
     let server = Server::start(&[]);
-    let mut http = flowrepl_tests::serve::RawHttp::connect(&server.url);
-    let host = server
-        .url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
-    let token = flowrepl_tests::serve::TOKEN;
-    let head = format!(
-        "POST /mcp HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nAuthorization: Bearer {token}"
-    );
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
-    let before = flowrepl_tests::serve::rss_kb(server.pid());
+    let mut http = RawHttp::connect(&server.url);
+    let post = server.post_head("");
+    let before = rss_kb(server.pid());
     let started = std::time::Instant::now();
     let (mut opened, mut refused, mut first) = (0, 0, None);
     for _ in 0..50_000 {
         if started.elapsed() > Duration::from_secs(90) {
             break;
         }
-        let (status, reply_head, _) = http.exchange(&head, init);
+        let (status, head, _) = http.exchange(&post, INITIALIZE);
         match status {
             200 => {
                 opened += 1;
-                first.get_or_insert_with(|| {
-                    reply_head
-                        .lines()
-                        .find_map(|l| {
-                            let (k, v) = l.split_once(':')?;
-                            k.eq_ignore_ascii_case("mcp-session-id")
-                                .then(|| v.trim().to_owned())
-                        })
-                        .unwrap()
-                });
+                first.get_or_insert_with(|| session_id(&head).unwrap());
             }
             503 => {
                 refused += 1;
-                assert!(reply_head.to_ascii_lowercase().contains("retry-after"));
+                assert!(head.to_ascii_lowercase().contains("retry-after"));
             }
-            other => panic!("{other}: {reply_head}"),
+            other => panic!("{other}: {head}"),
         }
     }
-    let after = flowrepl_tests::serve::rss_kb(server.pid());
+    let after = rss_kb(server.pid());
     eprintln!(
         "{opened} sessions opened, {refused} refused; RSS {before} -> {after} KiB in {:?}",
         started.elapsed()
@@ -497,15 +440,17 @@ fn sessions_are_capped() {
     assert_eq!(opened, 1000);
     assert!(refused >= 9_000, "{refused}");
     assert!(after < before + 200 * 1024, "{before} -> {after} KiB");
+    let delete = post
+        .replacen("POST", "DELETE", 1)
+        .replace("Content-Type: application/json\r\n", "");
     let status = http.request(
-        &format!(
-            "DELETE /mcp HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\nMcp-Session-Id: {}",
-            first.unwrap()
-        ),
+        &format!("{delete}\r\nMcp-Session-Id: {}", first.unwrap()),
         "",
     );
     assert_eq!(status, 204);
-    let ok = wait_for(Duration::from_secs(10), || http.request(&head, init) == 200);
+    let ok = wait_for(Duration::from_secs(10), || {
+        http.request(&post, INITIALIZE) == 200
+    });
     assert!(ok, "no room after a session ended");
 }
 
@@ -528,18 +473,8 @@ fn slow_and_idle_connections_are_timed_out_and_capped() {
         "--max-connections",
         "20",
     ]);
-    let addr = server
-        .url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
-    let token = flowrepl_tests::serve::TOKEN;
-    let ping = format!(
-        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nAuthorization: Bearer {token}"
-    );
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+    let addr = server.host();
+    let post = server.post_head("");
     let status_of = |s: &mut std::net::TcpStream| -> Option<u16> {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut buf = [0u8; 512];
@@ -553,42 +488,41 @@ fn slow_and_idle_connections_are_timed_out_and_capped() {
     };
     let started = std::time::Instant::now();
     let mut held = Vec::new();
-    let mut busy = 0;
     for _ in 0..40 {
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         s.write_all(b"POST /mcp HTT").unwrap();
         held.push(s);
     }
     // Past the cap: 503 at once.
-    for s in held.iter_mut().skip(20) {
-        if status_of(s) == Some(503) {
-            busy += 1;
-        }
-    }
+    let busy = held
+        .iter_mut()
+        .skip(20)
+        .map(&status_of)
+        .filter(|s| *s == Some(503))
+        .count();
     assert!(busy >= 15, "{busy} of the 20 past the cap were told 503");
     // A normal client is answered (503 while the cap is full, 200 after).
-    let mut http = flowrepl_tests::serve::RawHttp::connect(&server.url);
-    let first = http.request(&ping, init);
+    let first = RawHttp::connect(&server.url).request(&post, INITIALIZE);
     assert!(first == 503 || first == 200, "{first}");
     // The held ones are closed by the header timeout.
     for s in held.iter_mut().take(20) {
         assert_eq!(status_of(s), None, "a half-sent request was still open");
     }
     assert!(started.elapsed() < Duration::from_secs(20));
-    let ok = flowrepl_tests::wait_for(Duration::from_secs(10), || {
-        flowrepl_tests::serve::RawHttp::connect(&server.url).request(&ping, init) == 200
+    let ok = wait_for(Duration::from_secs(10), || {
+        RawHttp::connect(&server.url).request(&post, INITIALIZE) == 200
     });
     assert!(ok, "no 200 after the slow connections were closed");
     // A body that stops halfway: 408 after the body timeout.
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    s.write_all(format!("{ping}\r\nContent-Length: 100\r\n\r\n{{\"jsonrpc\"").as_bytes())
+    s.write_all(format!("{post}\r\nContent-Length: 100\r\n\r\n{{\"jsonrpc\"").as_bytes())
         .unwrap();
     let t = std::time::Instant::now();
     assert_eq!(status_of(&mut s), Some(408));
     assert!(t.elapsed() < Duration::from_secs(5));
     // An idle keep-alive connection: closed after the header timeout.
-    let mut idle = flowrepl_tests::serve::RawHttp::connect(&server.url);
-    assert_eq!(idle.request(&ping, init), 200);
+    let mut idle = RawHttp::connect(&server.url);
+    assert_eq!(idle.request(&post, INITIALIZE), 200);
     std::thread::sleep(Duration::from_secs(3));
     assert!(
         idle.closed(),
