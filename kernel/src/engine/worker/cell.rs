@@ -71,7 +71,9 @@ impl Worker {
         let mut run = match c.done {
             Some(done) => {
                 self.last_cpu_total_ms = done.cpu_total_ms;
-                self.capture_next = self.real_capture_ends(done.capture_ends);
+                // The worker's word (a cell can forge it): every reader cuts it to the capture
+                // files' real size (`read_output`, the output tail), so no fstat per cell here.
+                self.capture_next = done.capture_ends;
                 let mut run = self.finished_run(*done, stdout, stderr, interrupted);
                 warnings.append(&mut run.outcome.report.warnings);
                 run.outcome.report.warnings = warnings;
