@@ -6,7 +6,7 @@
 //!   own timer, which `axum::serve` left unset: 100 half-sent requests were still open 45 s
 //!   later). A response being sent (an SSE stream, a long call) is never cut by it.
 //! - **Body timeout** (`--body-timeout`, 120 s): a request's body must arrive within it, else
-//!   408 (see [`body_within`]).
+//!   408 (see [`body_within`]; the body still streams, it is not buffered here).
 //! - **Connection cap** (`--max-connections`, 512, lowered to what the descriptor limit leaves
 //!   after the kernels' own): past it, a new connection is answered `503` with `Retry-After`
 //!   and closed at once, never left unanswered.
@@ -17,6 +17,7 @@
 //! response is sent.
 
 use hyper_util::rt::{TokioIo, TokioTimer};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -143,42 +144,73 @@ pub async fn serve(
 /// What a connection past the cap is told.
 const BUSY: &str = "too many connections (--max-connections): retry shortly\n";
 
-/// A middleware: the request's body, read whole within `timeout` (else 408) and at most
-/// `max_body` bytes (else 413), then passed on as it came; a slow body no longer holds a
-/// handler for ever.
+/// A middleware: the request's body must arrive within `timeout`, else 408. The body is
+/// passed on as it streams (not buffered here: a body at the size limit is held once, by
+/// the MCP layer), with a deadline that ends it with an error when it passes; the response
+/// is then replaced by the 408.
 pub async fn body_within(
     timeout: Duration,
-    max_body: usize,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
+    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (parts, body) = request.into_parts();
-    let read = axum::body::to_bytes(body, max_body);
-    match tokio::time::timeout(timeout, read).await {
-        Ok(Ok(bytes)) => {
-            next.run(axum::extract::Request::from_parts(
-                parts,
-                axum::body::Body::from(bytes),
-            ))
-            .await
-        }
-        Ok(Err(e)) => {
-            // Over the body limit (the inner layer's) or a broken connection.
-            let status = if format!("{e:?}").contains("LengthLimit") {
-                axum::http::StatusCode::PAYLOAD_TOO_LARGE
-            } else {
-                axum::http::StatusCode::BAD_REQUEST
-            };
-            (status, format!("the request body could not be read: {e}\n")).into_response()
-        }
-        Err(_) => (
+    let body = Deadline {
+        inner: body,
+        sleep: Box::pin(tokio::time::sleep(timeout)),
+        fired: Arc::clone(&fired),
+    };
+    let response = next
+        .run(axum::extract::Request::from_parts(
+            parts,
+            axum::body::Body::new(body),
+        ))
+        .await;
+    if fired.load(std::sync::atomic::Ordering::Acquire) {
+        return (
             axum::http::StatusCode::REQUEST_TIMEOUT,
             format!(
                 "the request body did not arrive within {} s (--body-timeout)\n",
                 timeout.as_secs()
             ),
         )
-            .into_response(),
+            .into_response();
+    }
+    response
+}
+
+/// A body that fails once its deadline passes before its end.
+struct Deadline {
+    inner: axum::body::Body,
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    fired: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl http_body::Body for Deadline {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        if let Poll::Ready(frame) = std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame);
+        }
+        if self.sleep.as_mut().poll(cx).is_ready() {
+            self.fired.store(true, std::sync::atomic::Ordering::Release);
+            return Poll::Ready(Some(Err(axum::Error::new("the body timeout passed"))));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }

@@ -129,7 +129,7 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
             source,
         },
         grace,
-        (limits, cli.max_request_bytes),
+        limits,
     ))
 }
 
@@ -182,7 +182,7 @@ async fn serve(
     args: &ServeArgs,
     Credentials { token, source }: Credentials,
     grace: Duration,
-    (limits, max_body): (listen::Limits, usize),
+    limits: listen::Limits,
 ) -> ExitCode {
     let stop = CancellationToken::new();
     let gate = Arc::new(auth::Gate::new(token));
@@ -202,7 +202,7 @@ async fn serve(
             at_most_sessions(Arc::clone(&sessions), max_sessions, req, next)
         }))
         .layer(axum::middleware::from_fn(move |req, next| {
-            listen::body_within(limits.body_timeout, max_body, req, next)
+            listen::body_within(limits.body_timeout, req, next)
         }))
         .layer(axum::middleware::from_fn(move |req, next| {
             auth::require_token(Arc::clone(&gate), req, next)
@@ -250,8 +250,8 @@ async fn serve(
 /// docs/serve.md and the code agree).
 pub const SESSION_EXPIRY: Duration = Duration::from_secs(300);
 
-/// A request that would open a session (a POST without `Mcp-Session-Id`) while `max` are
-/// open is answered 503: sessions are memory a token holder could otherwise grow without
+/// A `DELETE` of a session that is not open is 404. A request that would open a session (a
+/// POST without `Mcp-Session-Id`) while `max` are open is answered 503: sessions are memory a token holder could otherwise grow without
 /// bound (54,420 in 20 s, 3 GB, in the attack pass).
 async fn at_most_sessions(
     sessions: Arc<LocalSessionManager>,
@@ -259,10 +259,27 @@ async fn at_most_sessions(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let opens = request.method() == axum::http::Method::POST
-        && !request.headers().contains_key("mcp-session-id");
+    use axum::response::IntoResponse;
+    let id = request
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok());
+    if request.method() == axum::http::Method::DELETE {
+        // rmcp answers an unknown one as if it had ended it.
+        let known = match id {
+            Some(id) => sessions.sessions.read().await.contains_key(id),
+            None => false,
+        };
+        if !known {
+            return (
+                axum::http::StatusCode::NOT_FOUND,
+                "no such MCP session (ended, expired, or never opened)\n",
+            )
+                .into_response();
+        }
+    }
+    let opens = request.method() == axum::http::Method::POST && id.is_none();
     if opens && sessions.sessions.read().await.len() >= max {
-        use axum::response::IntoResponse;
         let mut r = (
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             format!("{max} MCP sessions are open (--max-sessions): end one (DELETE) or wait for one to expire ({} s after its last request)\n", SESSION_EXPIRY.as_secs()),

@@ -406,7 +406,8 @@ fn huge_task_names_are_refused_without_echo_or_lasting_memory() {
 /// A token holder sends `initialize` 50,000 times (bounded: 90 s) without ever ending a
 /// session: past `--max-sessions` (1000, the default) each is a 503 with Retry-After, and the
 /// server's memory grows by less than 200 MB (each session costs about 60 KiB). Ending one
-/// session (DELETE) makes room for the next. (Before: 54,420 sessions and 3 GB in 20 s.)
+/// session (DELETE) makes room for the next; a DELETE of a session that does not exist is
+/// 404. (Before: 54,420 sessions and 3 GB in 20 s; the unknown DELETE was 204.)
 #[test]
 fn sessions_are_capped() {
     let server = Server::start(&[]);
@@ -448,6 +449,9 @@ fn sessions_are_capped() {
         "",
     );
     assert_eq!(status, 204);
+    // A session that does not exist (any more) is 404.
+    let status = http.request(&format!("{delete}\r\nMcp-Session-Id: no-such-session"), "");
+    assert_eq!(status, 404);
     let ok = wait_for(Duration::from_secs(10), || {
         http.request(&post, INITIALIZE) == 200
     });
