@@ -294,16 +294,30 @@ async fn at_most_sessions(
     next.run(request).await
 }
 
-/// A session ended by `DELETE` is answered 204 No Content. rmcp answers 202 Accepted, which
-/// the official Python SDK logs as "Session termination failed: 202" at every disconnect.
+/// rmcp's statuses where HTTP says otherwise: a session ended by `DELETE` is 204 No Content
+/// (rmcp's 202 Accepted made the official Python SDK log "Session termination failed: 202"
+/// at every disconnect), and a JSON body that does not parse is 400 Bad Request (rmcp
+/// answers 415 Unsupported Media Type to it, as to a body that is not JSON at all).
 async fn session_ended_is_no_content(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let delete = request.method() == axum::http::Method::DELETE;
+    let json = request
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+        });
     let mut response = next.run(request).await;
     if delete && response.status() == axum::http::StatusCode::ACCEPTED {
         *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
+    }
+    if json && response.status() == axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        *response.status_mut() = axum::http::StatusCode::BAD_REQUEST;
     }
     response
 }

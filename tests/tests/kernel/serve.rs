@@ -320,7 +320,7 @@ fn a_cell_cannot_learn_the_servers_token() {
 /// grows by less than 1 MB (a counter and one line per 10 s, path only) and never shows the
 /// query. (Before: one INFO line per refusal with the full URI, 1.25 GB in 5 s in the attack
 /// pass.) The bearer scheme is case-insensitive; a repeated Authorization or Host header is
-/// 400.
+/// 400; JSON that does not parse is 400 (it was 415).
 #[test]
 fn refused_requests_neither_fill_the_log_nor_show_secrets() {
     let server = Server::start(&[]);
@@ -356,6 +356,12 @@ fn refused_requests_neither_fill_the_log_nor_show_secrets() {
     assert_eq!(http.request(&twice, INITIALIZE), 400);
     let twice = server.post_head("\r\nHost: evil.example");
     assert_eq!(http.request(&twice, INITIALIZE), 400);
+    // JSON that does not parse is the client's error (400), not an unsupported type (415).
+    assert_eq!(http.request(&server.post_head(""), "{\"jsonrpc\": "), 400);
+    let text = server
+        .post_head("")
+        .replace("Content-Type: application/json", "Content-Type: text/plain");
+    assert_eq!(http.request(&text, INITIALIZE), 415);
 }
 
 /// A token holder names tasks of 1 MB, 100 times: each call is a quick -32602 that does not
