@@ -504,17 +504,7 @@ impl Child {
         }
         let mut said = None;
         if checkpoint && !self.ended() && !self.busy() {
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let rx = self.register(id);
-            let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-                "params": {"name": "checkpoint", "arguments": {}}});
-            if self.send(&call).await.is_ok() {
-                if let Ok(Ok(r)) = tokio::time::timeout(grace + Duration::from_secs(30), rx).await {
-                    said = r["result"]["content"][0]["text"]
-                        .as_str()
-                        .map(str::to_owned);
-                }
-            }
+            said = self.checkpoint(grace).await.ok();
         }
         // Dropping the pipe's end is what closes it.
         drop(self.stdin.lock().await.take());
@@ -529,6 +519,32 @@ impl Child {
             }
         }
         said
+    }
+
+    /// Asks the kernel for a checkpoint now (at most `grace` + 30 s): what it said, or why it
+    /// failed (the kernel's error result, or no answer).
+    pub async fn checkpoint(&self, grace: Duration) -> Result<String, String> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let rx = self.register(id);
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "checkpoint", "arguments": {}}});
+        self.send(&call)
+            .await
+            .map_err(|e| format!("the kernel could not be asked: {e}"))?;
+        let r = match tokio::time::timeout(grace + Duration::from_secs(30), rx).await {
+            Ok(Ok(r)) => r,
+            _ => return Err("the kernel did not answer".into()),
+        };
+        let text = r["result"]["content"][0]["text"]
+            .as_str()
+            .or_else(|| r["error"]["message"].as_str())
+            .unwrap_or("no text")
+            .to_owned();
+        if r["result"]["isError"] == json!(true) || r.get("error").is_some() {
+            Err(text)
+        } else {
+            Ok(text)
+        }
     }
 
     /// Kills it at once (it did not start).

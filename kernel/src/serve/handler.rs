@@ -74,7 +74,7 @@ impl Serve {
         tools.push(
             Tool::new_with_raw(
                 STOP_KERNEL,
-                Some("Checkpoint a task's kernel and stop it (its running cell, if any, is interrupted). The task's next call starts it again from the checkpoint, with restored: true.".into()),
+                Some("Checkpoint a task's kernel and stop it (its running cell, if any, is interrupted). The task's next call starts it again from the checkpoint, with restored: true. If the checkpoint fails, the kernel is kept (stopped: false, and the message says why).".into()),
                 Arc::new(task_args(empty_object())),
             )
             .with_raw_output_schema(schema::shallow::<Stopped>())
@@ -309,12 +309,18 @@ impl ServerHandler for Serve {
         }
         let key = self.task_of(&mut args)?;
         if name == STOP_KERNEL {
-            let said = self.pool.stop(&key).await;
+            let said = self.pool.stop_kept_unless_saved(&key).await;
             let stopped = Stopped {
                 plan: key.plan.clone(),
                 task: key.task.clone(),
-                stopped: said.is_some(),
-                message: said.unwrap_or_else(|| "no kernel was running for this task".into()),
+                stopped: matches!(said, Some(Ok(_))),
+                message: match said {
+                    Some(Ok(text)) => text,
+                    Some(Err(why)) => format!(
+                        "not stopped: its checkpoint failed ({why}), and stopping it would lose its variables; it keeps running (fix the log folder and call stop_kernel again)"
+                    ),
+                    None => "no kernel was running for this task".into(),
+                },
             };
             return Ok(structured(stopped.message.clone(), &stopped).into());
         }

@@ -195,6 +195,22 @@ impl Pool {
         self.stop_when(key, false).await
     }
 
+    /// `stop_kernel`: like [`Pool::stop`], but a kernel whose checkpoint fails is kept (its
+    /// variables would be lost): `Some(Err(why))`.
+    pub async fn stop_kept_unless_saved(&self, key: &TaskKey) -> Option<Result<String, String>> {
+        let slot = lock(&self.slots).get(key).cloned()?;
+        {
+            let held = slot.lock().await;
+            let child = held.as_ref()?;
+            if !child.ended() && !child.busy() {
+                if let Err(why) = child.checkpoint(self.limits.grace).await {
+                    return Some(Err(why));
+                }
+            }
+        }
+        self.stop(key).await.map(Ok)
+    }
+
     /// [`Pool::stop`] for an eviction (idle, or room for another): not when the kernel became
     /// busy after it was chosen (a call started on it meanwhile).
     async fn stop_idle(&self, key: &TaskKey) -> Option<String> {

@@ -539,3 +539,40 @@ fn slow_and_idle_connections_are_timed_out_and_capped() {
         "an idle keep-alive connection was still open after the header timeout"
     );
 }
+
+/// `stop_kernel` on a task whose checkpoint fails (its log folder deleted): the kernel is
+/// kept and the result says why, and its variables are still there. (Before: it stopped the
+/// kernel and the variables were lost.)
+#[test]
+fn stop_kernel_keeps_a_kernel_whose_checkpoint_fails() {
+    let server = Server::start(&[]);
+    let mut http = RawHttp::connect(&server.url);
+    let (status, head, _) = http.exchange(&server.post_head(""), INITIALIZE);
+    assert_eq!(status, 200, "{head}");
+    let session = session_id(&head).expect("a session id");
+    let post = server.post_head(&format!(
+        "\r\nMcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-06-18"
+    ));
+    http.request(
+        &post,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    let mut call = |id: u32, tool: &str, args: &str| -> String {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#
+        );
+        let (status, _, reply) = http.exchange(&post, &body);
+        assert_eq!(status, 200, "{reply}");
+        reply
+    };
+    let r = call(2, "execute_code", r#"{"code":"x = 41","task":"cp"}"#);
+    assert!(!r.contains("\"isError\":true"), "{r}");
+    std::fs::remove_dir_all(server.logs()).unwrap();
+    let r = call(3, "stop_kernel", r#"{"task":"cp"}"#);
+    assert!(r.contains("not stopped"), "{r}");
+    assert!(r.contains("\"stopped\":false"), "{r}");
+    let r = call(4, "execute_code", r#"{"code":"x + 1","task":"cp"}"#);
+    assert!(r.contains("42"), "the variables were lost: {r}");
+    let r = call(5, "list_kernels", "{}");
+    assert!(r.contains("\"task\":\"cp\""), "{r}");
+}
