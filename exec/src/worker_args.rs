@@ -208,7 +208,6 @@ impl WorkerArgs {
     /// closes it. A context that cannot be read is left out (the session starts from `{}`),
     /// with the reason returned for the worker's diagnostics.
     pub fn take_context(&mut self) -> Result<(), String> {
-        use std::io::Read;
         use std::os::fd::FromRawFd;
         if !std::mem::take(&mut self.context_fd) {
             return Ok(());
@@ -217,13 +216,15 @@ impl WorkerArgs {
         // else in this process owns it; it is closed when `file` drops.
         let file = unsafe { std::fs::File::from_raw_fd(CONTEXT_FD) };
         let limit = flowrepl_protocol::limits::MAX_CONTEXT_BYTES as u64;
-        let mut text = String::new();
-        file.take(limit + 1)
-            .read_to_string(&mut text)
-            .map_err(|e| format!("the task's context could not be read: {e}"))?;
-        if text.len() as u64 > limit {
-            return Err(format!("the task's context is larger than {limit} bytes"));
-        }
+        let text = flowrepl_task_logger::untrusted::read_bounded(
+            file,
+            limit,
+            "the task's context".as_ref(),
+        )
+        .and_then(|b| {
+            String::from_utf8(b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        })
+        .map_err(|e| format!("the task's context could not be read: {e}"))?;
         self.setup
             .get_or_insert_with(SessionSetup::default)
             .flow

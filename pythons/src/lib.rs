@@ -245,6 +245,11 @@ struct VenvCfg {
     implementation: Option<String>,
 }
 
+/// `home` of the venv `venv`'s `pyvenv.cfg`: the folder of the interpreter it was made from.
+pub fn venv_home(venv: &Path) -> Option<PathBuf> {
+    read_venv_cfg(venv)?.home
+}
+
 fn read_venv_cfg(venv: &Path) -> Option<VenvCfg> {
     let text = std::fs::read_to_string(venv.join("pyvenv.cfg")).ok()?;
     Some(parse_venv_cfg(&text))

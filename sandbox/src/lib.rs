@@ -5,9 +5,9 @@
 //! - [`terminal`]: no controlling terminal (the kernel started the worker in a session of
 //!   its own; checked here), so no input pushed into the user's terminal.
 //! - [`namespaces`]: a user namespace, and in it a network namespace of its own (only `lo`,
-//!   down: no TCP even to the host's 127.0.0.1), an IPC namespace and a mount namespace whose
-//!   `/tmp` is the kernel's private folder and whose `/run`, `/var/tmp` and `/dev/shm` are
-//!   empty (the host's sockets there are out of reach).
+//!   down: no TCP even to the host's 127.0.0.1), an IPC namespace and a mount namespace with
+//!   a new root: the system, the interpreter and the workspace bound from the host, the
+//!   kernel's private folder as `/tmp`, nothing else (no home, no host socket).
 //! - [`processes`]: a PID namespace under an init of its own, with its own `/proc`: no view
 //!   of or signal to any process outside, and nothing started in it outlives the worker.
 //! - [`environment`]: only the variables a cell needs (the kernel clears the rest when it

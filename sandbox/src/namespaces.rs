@@ -89,8 +89,6 @@ enum Op {
     ReadOnly(OwnedFd),
     /// The host's file or folder, writable.
     Writable(OwnedFd),
-    /// The host's `/proc` (the PID namespace's init mounts its own over it).
-    Proc(OwnedFd),
     /// A symlink, as the host has it (`/bin` → `usr/bin`).
     Symlink(PathBuf),
     /// An empty file of the new root's own, mode 0 (a file of the host's hidden: no rule
@@ -180,7 +178,8 @@ fn plan(policy: &SandboxPolicy) -> Result<Vec<(PathBuf, Op)>, String> {
             _ => {}
         }
     }
-    ops.push(("/proc".into(), Op::Proc(open(Path::new("/proc"))?)));
+    // The host's /proc, until the PID namespace's init mounts its own over it.
+    ops.push(("/proc".into(), Op::Writable(open(Path::new("/proc"))?)));
     ops.push(("/dev".into(), Op::Empty("0755", false)));
     for dev in crate::files::DEVICES {
         if Path::new(dev).exists() {
@@ -211,13 +210,14 @@ fn plan(policy: &SandboxPolicy) -> Result<Vec<(PathBuf, Op)>, String> {
             .chain(&["/etc"])
             .any(|s| p.starts_with(s))
     };
-    for p in policy.readable.iter().filter_map(|p| real(p)) {
+    let readable: Vec<PathBuf> = policy.readable.iter().filter_map(|p| real(p)).collect();
+    for p in &readable {
         // Already visible: inside a system folder, or inside a writable folder (where it
         // stays writable, as Landlock's rules are a union).
-        if system_ro(&p) || writable.iter().any(|w| p.starts_with(w)) {
+        if system_ro(p) || writable.iter().any(|w| p.starts_with(w)) {
             continue;
         }
-        ops.push((p.clone(), Op::ReadOnly(open(&p)?)));
+        ops.push((p.clone(), Op::ReadOnly(open(p)?)));
     }
     for w in &writable {
         ops.push((w.clone(), Op::Writable(open(w)?)));
@@ -227,7 +227,7 @@ fn plan(policy: &SandboxPolicy) -> Result<Vec<(PathBuf, Op)>, String> {
     for h in policy.hidden.iter().filter_map(|p| real(p)) {
         if writable
             .iter()
-            .chain(&policy.readable)
+            .chain(&readable)
             .any(|w| h.starts_with(w) && h != *w)
         {
             ops.push((h, Op::Empty("0700", false)));
@@ -270,7 +270,7 @@ fn build(root: &Path, ops: &[(PathBuf, Op)]) -> Result<(), String> {
                 mount(None::<&str>, &at, None::<&str>, ro, None::<&str>)
                     .map_err(|e| err("cannot make read-only", path, e))?;
             }
-            Op::Writable(fd) | Op::Proc(fd) => bind(fd)?,
+            Op::Writable(fd) => bind(fd)?,
             Op::Blank => {
                 let blank = root.join(".blank");
                 if !blank.exists() {

@@ -192,22 +192,13 @@ pub fn save_context(log: &Path, json: &str) -> io::Result<()> {
 /// than [`MAX_CONTEXT_BYTES`](flowrepl_protocol::limits::MAX_CONTEXT_BYTES) is an error
 /// (`InvalidData`), read no further: the kernel then starts from `{}` and says so.
 pub fn load_context(log: &Path) -> io::Result<Option<String>> {
-    use std::io::Read;
+    let path = context_path(log);
     let limit = flowrepl_protocol::limits::MAX_CONTEXT_BYTES as u64;
-    let read = std::fs::File::open(context_path(log)).and_then(|f| {
-        let mut text = String::new();
-        f.take(limit + 1).read_to_string(&mut text)?;
-        if text.len() as u64 > limit {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "{} is larger than {limit} bytes",
-                    context_path(log).display()
-                ),
-            ));
-        }
-        Ok(text)
-    });
+    let read = std::fs::File::open(&path)
+        .and_then(|f| crate::untrusted::read_bounded(f, limit, &path))
+        .and_then(|bytes| {
+            String::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        });
     match read {
         Ok(text) => {
             let object = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&text);

@@ -15,7 +15,7 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use nix::fcntl::{openat, OFlag, AT_FDCWD};
-use nix::sys::stat::{fstat, Mode};
+use nix::sys::stat::{fstat, Mode, SFlag};
 
 /// Opens `root/sub/file` (`sub` and `file` are single names) for reading: `root` is trusted,
 /// `sub` must be a real directory and `file` a regular file, neither a symlink. `Ok(None)`:
@@ -45,16 +45,12 @@ pub fn open_beneath(root: &Path, sub: &str, file: &str) -> io::Result<Option<Fil
         Err(nix::errno::Errno::ELOOP) => return Err(not_regular(&path, "a symlink")),
         Err(e) => return Err(e.into()),
     };
-    let st = fstat(&fd)?;
-    if nix::sys::stat::SFlag::from_bits_truncate(st.st_mode & nix::sys::stat::SFlag::S_IFMT.bits())
-        != nix::sys::stat::SFlag::S_IFREG
-    {
+    let kind = SFlag::from_bits_truncate(fstat(&fd)?.st_mode) & SFlag::S_IFMT;
+    if kind != SFlag::S_IFREG {
         return Err(not_regular(&path, "not a regular file"));
     }
-    let f = File::from(fd);
-    // Reads of a regular file never block; clear the flag so that nothing later is surprised.
-    nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_RDONLY))?;
-    Ok(Some(f))
+    // (O_NONBLOCK stays set: reads of a regular file never block.)
+    Ok(Some(File::from(fd)))
 }
 
 /// Reads at most `limit` bytes of `f`: more is an error (`InvalidData`), not a partial read.

@@ -315,6 +315,23 @@ fn dechunk(buf: &[u8]) -> Option<(String, usize)> {
 }
 
 impl RawHttp {
+    /// Opens an MCP session on `server` (`initialize`, then `notifications/initialized`) and
+    /// returns the head of a POST within it.
+    pub fn open_session(&mut self, server: &Server) -> String {
+        let (status, head, _) = self.exchange(&server.post_head(""), INITIALIZE);
+        assert_eq!(status, 200, "{head}");
+        let session = session_id(&head).expect("a session id");
+        let post = server.post_head(&format!(
+            "\r\nMcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-06-18"
+        ));
+        let status = self.request(
+            &post,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        );
+        assert!(status == 202 || status == 200, "{status}");
+        post
+    }
+
     /// Whether the server has closed this connection (a read sees its end at once).
     pub fn closed(&mut self) -> bool {
         use std::io::Read;

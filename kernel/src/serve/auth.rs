@@ -144,11 +144,6 @@ impl Gate {
         }
     }
 
-    /// Every request refused so far.
-    pub fn refused(&self) -> u64 {
-        self.refused.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
     /// Counts a refusal; logs one line (the count since the last line, the latest path cut
     /// short, no query) at most every [`REFUSAL_LOG_EVERY`].
     fn note(&self, why: &str, request: &Request) {

@@ -197,7 +197,7 @@ async fn serve(
     let max_sessions = args.max_sessions as usize;
     let app = axum::Router::new()
         .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn(session_ended_is_no_content))
+        .layer(axum::middleware::from_fn(http_statuses))
         .layer(axum::middleware::from_fn(move |req, next| {
             at_most_sessions(Arc::clone(&sessions), max_sessions, req, next)
         }))
@@ -298,7 +298,7 @@ async fn at_most_sessions(
 /// (rmcp's 202 Accepted made the official Python SDK log "Session termination failed: 202"
 /// at every disconnect), and a JSON body that does not parse is 400 Bad Request (rmcp
 /// answers 415 Unsupported Media Type to it, as to a body that is not JSON at all).
-async fn session_ended_is_no_content(
+async fn http_statuses(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {

@@ -64,6 +64,18 @@ pub struct KernelInfo {
     pub workspace: String,
 }
 
+/// How [`Pool::stop_when`] stops a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Checkpointed if it can be, stopped in any case (shutdown, and the user's stop of a
+    /// kernel that is busy or has exited).
+    Always,
+    /// Only if it is still idle (evictions).
+    IfIdle,
+    /// Only if its checkpoint succeeds (`stop_kernel`).
+    IfSaved,
+}
+
 /// The kernels.
 pub struct Pool {
     spawn: Spawn,
@@ -192,47 +204,53 @@ impl Pool {
     /// Checkpoints and stops the task's kernel; its checkpoint's text, or `None` when it had
     /// no kernel running.
     pub async fn stop(&self, key: &TaskKey) -> Option<String> {
-        self.stop_when(key, false).await
+        self.stop_when(key, Stop::Always)
+            .await
+            .map(|r| r.unwrap_or_else(|why| why))
     }
 
     /// `stop_kernel`: like [`Pool::stop`], but a kernel whose checkpoint fails is kept (its
     /// variables would be lost): `Some(Err(why))`.
     pub async fn stop_kept_unless_saved(&self, key: &TaskKey) -> Option<Result<String, String>> {
-        let slot = lock(&self.slots).get(key).cloned()?;
-        {
-            let held = slot.lock().await;
-            let child = held.as_ref()?;
-            if !child.ended() && !child.busy() {
-                if let Err(why) = child.checkpoint(self.limits.grace).await {
-                    return Some(Err(why));
-                }
-            }
-        }
-        self.stop(key).await.map(Ok)
+        self.stop_when(key, Stop::IfSaved).await
     }
 
     /// [`Pool::stop`] for an eviction (idle, or room for another): not when the kernel became
     /// busy after it was chosen (a call started on it meanwhile).
     async fn stop_idle(&self, key: &TaskKey) -> Option<String> {
-        self.stop_when(key, true).await
+        self.stop_when(key, Stop::IfIdle)
+            .await
+            .map(|r| r.unwrap_or_else(|why| why))
     }
 
-    async fn stop_when(&self, key: &TaskKey, only_idle: bool) -> Option<String> {
+    /// Stops the task's kernel as `how` says, under its slot's lock (so that no call starts
+    /// on it between the checks and the stop); `Err` only with [`Stop::IfSaved`].
+    async fn stop_when(&self, key: &TaskKey, how: Stop) -> Option<Result<String, String>> {
         let slot = lock(&self.slots).get(key).cloned()?;
         let mut held = slot.lock().await;
-        if only_idle && held.as_ref().is_some_and(|k| k.busy()) {
+        let kernel = held.as_ref()?;
+        if how == Stop::IfIdle && kernel.busy() {
             return None;
         }
+        // The checkpoint is taken here, before anything is stopped, when a failure must keep
+        // the kernel; otherwise the stop takes it (and a failure is only said).
+        let saved = match how {
+            Stop::IfSaved if !kernel.ended() && !kernel.busy() => {
+                match kernel.checkpoint(self.limits.grace).await {
+                    Ok(text) => Some(text),
+                    Err(why) => return Some(Err(why)),
+                }
+            }
+            _ => None,
+        };
         let child = held.take()?;
-        let said = child.stop(true, self.limits.grace).await;
+        let said = child.stop(saved.is_none(), self.limits.grace).await;
         tracing::info!(task = %key.task, pid = child.pid, "kernel stopped");
         drop(held);
         self.forget_if_empty(key, slot);
-        Some(
-            said.unwrap_or_else(|| {
-                "stopped (no checkpoint taken: it was busy or had exited)".into()
-            }),
-        )
+        Some(Ok(saved.or(said).unwrap_or_else(|| {
+            "stopped (no checkpoint taken: it was busy or had exited)".into()
+        })))
     }
 
     /// Stops the kernels idle past `--idle-stop`; runs until the pool closes.

@@ -45,6 +45,19 @@ fn layers(k: &Kernel) -> Vec<(String, bool, bool)> {
         .collect()
 }
 
+/// What the `ready` notification says of `layer` (its `detail`).
+fn detail(k: &Kernel, layer: &str) -> String {
+    k.ready["sandbox"]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["layer"] == layer)
+        .unwrap_or_else(|| panic!("no layer {layer}: {:#}", k.ready))["detail"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// A folder in the user's home (outside every place the sandbox may touch), removed on drop.
 struct HomeDir(PathBuf);
 
@@ -478,13 +491,7 @@ fn without_user_namespaces_best_effort_says_so_and_strict_refuses() {
             "{layer}: {all:?}"
         );
     }
-    let detail = k.ready["sandbox"]["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["layer"] == "user_namespace")
-        .unwrap()["detail"]
-        .to_string();
+    let detail = detail(&k, "user_namespace");
     assert!(detail.contains("refused"), "{detail}");
     // What still holds: no TCP (Landlock, seccomp), the home unreadable.
     let got = attempt(
@@ -853,15 +860,7 @@ fn the_readable_set_never_widens_to_the_root_or_the_home() {
         let mut k = sandboxed(ws.path(), skip, &["--python", "/bin/python3"]);
         assert_eq!(attempt(&mut k, &code), expect, "{skip:?}");
         if skip.is_empty() {
-            let fs = k.ready["sandbox"]["layers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|l| l["layer"] == "landlock_filesystem")
-                .unwrap()["detail"]
-                .as_str()
-                .unwrap()
-                .to_owned();
+            let fs = detail(&k, "landlock_filesystem");
             let readable: Vec<&str> = fs
                 .split_once("readable: the system and ")
                 .and_then(|(_, r)| r.split_once("; writable"))

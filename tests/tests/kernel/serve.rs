@@ -371,17 +371,7 @@ fn refused_requests_neither_fill_the_log_nor_show_secrets() {
 fn huge_task_names_are_refused_without_echo_or_lasting_memory() {
     let server = Server::start(&[]);
     let mut http = RawHttp::connect(&server.url);
-    let (status, head, _) = http.exchange(&server.post_head(""), INITIALIZE);
-    assert_eq!(status, 200, "{head}");
-    let session = session_id(&head).expect("a session id");
-    let post = server.post_head(&format!(
-        "\r\nMcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-06-18"
-    ));
-    let status = http.request(
-        &post,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-    );
-    assert!(status == 202 || status == 200, "{status}");
+    let post = http.open_session(&server);
     let before = rss_kb(server.pid());
     let name = "n".repeat(1 << 20);
     let started = std::time::Instant::now();
@@ -547,16 +537,7 @@ fn slow_and_idle_connections_are_timed_out_and_capped() {
 fn stop_kernel_keeps_a_kernel_whose_checkpoint_fails() {
     let server = Server::start(&[]);
     let mut http = RawHttp::connect(&server.url);
-    let (status, head, _) = http.exchange(&server.post_head(""), INITIALIZE);
-    assert_eq!(status, 200, "{head}");
-    let session = session_id(&head).expect("a session id");
-    let post = server.post_head(&format!(
-        "\r\nMcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-06-18"
-    ));
-    http.request(
-        &post,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-    );
+    let post = http.open_session(&server);
     let mut call = |id: u32, tool: &str, args: &str| -> String {
         let body = format!(
             r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#

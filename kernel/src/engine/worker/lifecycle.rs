@@ -229,38 +229,29 @@ impl Worker {
             return false;
         }
         loop {
-            loop {
-                match self.next_buffered() {
-                    Ok(None) => break,
-                    Ok(Some(payload)) => match frame::decode(&payload) {
-                        Ok(f) if self.forged(&f, 0) => return true,
-                        Ok(f) => {
-                            tracing::debug!(kind = f.kind(), "a late frame from the worker dropped")
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "bad frame from the worker between requests; the worker is stopped");
-                            return true;
-                        }
-                    },
-                    Err(e) => {
-                        tracing::error!(error = %e, "bad frame from the worker between requests; the worker is stopped");
-                        return true;
+            let frame = match self.next_buffered() {
+                Ok(Some(payload)) => frame::decode(&payload).map(|f| !self.forged(&f, 0)),
+                Ok(None) => {
+                    let Some(p) = self.state.process() else {
+                        return false;
+                    };
+                    let fd = p.from_worker.get_ref().as_raw_fd();
+                    if !flowrepl_os::poll_readable(fd, std::time::Duration::ZERO).unwrap_or(false)
+                        || matches!(self.fill_frames(), Wait::Eof)
+                    {
+                        return false;
                     }
+                    continue;
                 }
-            }
-            let Some(p) = self.state.process() else {
-                return false;
+                Err(e) => Err(e),
             };
-            if !flowrepl_os::poll_readable(
-                p.from_worker.get_ref().as_raw_fd(),
-                std::time::Duration::ZERO,
-            )
-            .unwrap_or(false)
-            {
-                return false;
-            }
-            if matches!(self.fill_frames(), Wait::Eof) {
-                return false;
+            match frame {
+                Ok(true) => tracing::debug!("a late frame from the worker dropped"),
+                Ok(false) => return true,
+                Err(e) => {
+                    tracing::error!(error = %e, "bad frame from the worker between requests; the worker is stopped");
+                    return true;
+                }
             }
         }
     }

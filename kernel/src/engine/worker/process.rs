@@ -157,7 +157,15 @@ impl WorkerProcess {
             }
             None => None,
         };
-        let context_raw = context.as_ref().map_or(-1, |f| f.as_raw_fd());
+        // What the worker finds at fds 3, 4 and 5.
+        let inherited = [
+            (Some(capture_raw[0]), 3),
+            (Some(capture_raw[1]), 4),
+            (
+                context.as_ref().map(|f| f.as_raw_fd()),
+                flowrepl_exec::worker_args::CONTEXT_FD,
+            ),
+        ];
         // A sandboxed worker writes its diagnostics through a relay, never into the kernel's
         // own stream (a cell could truncate it, or write lines that read as the kernel's).
         let relay = match &config.sandbox {
@@ -192,24 +200,13 @@ impl WorkerProcess {
             cmd.pre_exec(move || {
                 // The capture files at fds 3 and 4 and the context at fd 5 (through high fds
                 // first, so that none overwrites another), without close-on-exec.
-                let high = [
-                    libc::fcntl(capture_raw[0], libc::F_DUPFD_CLOEXEC, 100),
-                    libc::fcntl(capture_raw[1], libc::F_DUPFD_CLOEXEC, 100),
-                    if context_raw >= 0 {
-                        libc::fcntl(context_raw, libc::F_DUPFD_CLOEXEC, 100)
-                    } else {
-                        -2
-                    },
-                ];
-                for (fd, target) in
-                    high.into_iter()
-                        .zip([3, 4, flowrepl_exec::worker_args::CONTEXT_FD])
-                {
-                    if fd == -2 {
-                        continue;
-                    }
-                    if fd < 0 || libc::dup2(fd, target) < 0 {
-                        return Err(io::Error::last_os_error());
+                let high = inherited
+                    .map(|(fd, _)| fd.map(|fd| libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100)));
+                for (fd, (_, target)) in high.into_iter().zip(inherited) {
+                    match fd {
+                        None => {}
+                        Some(fd) if fd >= 0 && libc::dup2(fd, target) >= 0 => {}
+                        Some(_) => return Err(io::Error::last_os_error()),
                     }
                 }
                 if new_session {

@@ -31,7 +31,7 @@ fn readable(python: &Path, python_lib: Option<&Path>, setup: &SessionSetup) -> V
     let base_from = match &venv {
         Some(v) => {
             out.push(v.clone());
-            venv_home(v).unwrap_or_else(|| v.join("bin"))
+            flowrepl_pythons::venv_home(v).unwrap_or_else(|| v.join("bin"))
         }
         None => python.parent().map_or_else(PathBuf::new, Path::to_path_buf),
     };
@@ -66,15 +66,6 @@ fn readable(python: &Path, python_lib: Option<&Path>, setup: &SessionSetup) -> V
     out.sort();
     out.dedup();
     out
-}
-
-/// `home` of a venv's `pyvenv.cfg`: the folder of the interpreter it was made from.
-fn venv_home(venv: &Path) -> Option<PathBuf> {
-    let text = std::fs::read_to_string(venv.join("pyvenv.cfg")).ok()?;
-    text.lines()
-        .filter_map(|l| l.split_once('='))
-        .find(|(k, _)| k.trim() == "home")
-        .map(|(_, v)| PathBuf::from(v.trim()))
 }
 
 /// A sandboxed worker's private folder (its `/tmp`), removed when this value drops, however
