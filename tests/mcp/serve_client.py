@@ -522,7 +522,8 @@ async def modern(opts):
 
 @scenario
 async def shutdown(opts):
-    """SIGTERM while cells run: they finish (within the kill grace) and answer."""
+    """SIGTERM while cells run: they finish (within the kill grace) and answer; a call queued
+    behind one of them is refused without running ("the server is shutting down")."""
     async with Client(opts) as s:
         await ok(s, "down-a", "a = 1")
         await ok(s, "down-b", "b = 1")
@@ -532,6 +533,11 @@ async def shutdown(opts):
             r = await run(s, task, "import time\ntime.sleep(1)\n'finished'")
             answers[task] = (r.is_error, (r.structured_content or {}).get("result"))
 
+        async def queued():
+            await anyio.sleep(0.2)
+            r = await run(s, "down-a", "queued_ran = True\n'queued'")
+            answers["queued"] = (r.is_error, text_of(r))
+
         async def term():
             await anyio.sleep(0.4)
             os.kill(opts.serve_pid, signal.SIGTERM)
@@ -539,8 +545,13 @@ async def shutdown(opts):
         async with anyio.create_task_group() as tg:
             tg.start_soon(long, "down-a")
             tg.start_soon(long, "down-b")
+            tg.start_soon(queued)
             tg.start_soon(term)
-        assert answers == {"down-a": (False, "'finished'"), "down-b": (False, "'finished'")}, answers
+        assert answers == {
+            "down-a": (False, "'finished'"),
+            "down-b": (False, "'finished'"),
+            "queued": (True, "not run: the server is shutting down"),
+        }, answers
     return {"answers": answers}
 
 

@@ -61,6 +61,15 @@ pub fn server_info(title: &str, instructions: String) -> rmcp::model::Initialize
         .with_instructions(instructions)
 }
 
+/// The notification (client to server, no params) that asks the kernel to start no more
+/// cells: each `execute_code` not yet started, and every later one, is answered with
+/// [`DRAINED`] and not run; the running cell goes on. `flowrepl serve` sends it to every
+/// kernel when it is told to stop, so that only running cells get the kill grace.
+pub const DRAIN: &str = "notifications/flowrepl/drain";
+
+/// The answer (an `isError` tool result) to a cell refused after [`DRAIN`].
+pub const DRAINED: &str = "not run: the server is shutting down";
+
 /// Work for the main thread.
 pub enum Job {
     /// Run a call and answer with its rendered tool result.
@@ -159,6 +168,8 @@ pub struct Shared {
     pub instructions: String,
     /// The client closed stdin: queued calls are dropped.
     closing: AtomicBool,
+    /// [`DRAIN`] came: cells not yet started are refused, the running one goes on.
+    draining: AtomicBool,
     /// After SIGINT, how long a cell has to stop (`FLOWREPL_KILL_GRACE_MS`).
     pub kill_grace: Duration,
     /// In-process or worker.
@@ -249,6 +260,7 @@ pub fn serve(
         log_file: config.log_file.display().to_string(),
         instructions: instructions(config, session.board().status(false).sandbox.as_ref()),
         closing: AtomicBool::new(false),
+        draining: AtomicBool::new(false),
         kill_grace: config.kill_grace,
         mode: session.mode(),
         approvals: Arc::clone(session.approvals()),
@@ -305,6 +317,11 @@ pub fn serve(
         if let Some(t) = &ticket {
             if shared.closing.load(Ordering::Acquire) || !t.start() {
                 continue; // cancelled while queued, or the client is gone
+            }
+            if shared.draining.load(Ordering::Acquire) {
+                t.finish();
+                let _ = reply.send(tools::error_text(DRAINED.into()));
+                continue;
             }
             *shared.running() = Some(t.id);
         }

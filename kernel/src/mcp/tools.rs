@@ -754,6 +754,19 @@ impl ServerHandler for KernelServer {
         })
     }
 
+    async fn on_custom_notification(
+        &self,
+        notification: rmcp::model::CustomNotification,
+        _context: rmcp::service::NotificationContext<RoleServer>,
+    ) {
+        if notification.method == super::DRAIN {
+            tracing::info!("drain: no more cells start; the running one goes on");
+            self.shared
+                .draining
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
     async fn get_task(
         &self,
         request: GetTaskParams,

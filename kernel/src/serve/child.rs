@@ -495,6 +495,15 @@ impl Child {
             .map_err(|e| ChildError::Exited(format!(" (its stdin: {e})")))
     }
 
+    /// Asks it to start no more cells ([`crate::mcp::DRAIN`]): calls queued behind its
+    /// running cell are answered "the server is shutting down" without running.
+    pub async fn drain(&self) {
+        let drain = json!({"jsonrpc": "2.0", "method": crate::mcp::DRAIN});
+        if let Err(e) = self.send(&drain).await {
+            tracing::debug!(task = %self.key.task, error = %e, "drain not sent");
+        }
+    }
+
     /// Checkpoints it when it is idle and `checkpoint` is asked, closes its stdin (the running
     /// cell, if any, is interrupted; every record is written) and waits up to `grace` plus
     /// 10 s for it to exit, then kills it. Returns the checkpoint's text, if one was taken.

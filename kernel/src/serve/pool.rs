@@ -306,11 +306,16 @@ impl Pool {
         out
     }
 
-    /// Stops every kernel: new calls are refused; running ones get up to the kill grace to
-    /// finish, then each kernel is checkpointed (when idle) and stopped. Returns how many.
+    /// Stops every kernel: new calls are refused, and so are calls queued inside a kernel
+    /// behind its running cell ("the server is shutting down"); running cells get up to the
+    /// kill grace to finish, then each kernel is checkpointed (when idle) and stopped.
+    /// Returns how many.
     pub async fn close(self: &Arc<Self>) -> usize {
         self.closing
             .store(true, std::sync::atomic::Ordering::Release);
+        for kernel in self.running() {
+            kernel.drain().await;
+        }
         let deadline = Instant::now() + self.limits.grace;
         while self.running().iter().any(|k| k.busy()) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -155,8 +155,12 @@ fn clients_of_the_2026_protocol_run_cells_and_long_cells_become_tasks() {
     );
 }
 
+/// SIGTERM with a cell running on two tasks and a call queued behind one of them: the
+/// running cells finish and answer, the queued call is refused without running (before, it
+/// was started during the kill grace: `Out[3]: 'queued'`), and every kernel is checkpointed
+/// and stopped with its records written.
 #[test]
-fn sigterm_lets_running_cells_finish_then_checkpoints_and_stops_every_kernel() {
+fn sigterm_lets_running_cells_finish_refuses_queued_calls_and_stops_every_kernel() {
     let mut server = Server::start(&[]);
     let dir = server.dir.path().to_path_buf();
     server.run("shutdown", &[]);
