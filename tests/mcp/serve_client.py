@@ -521,6 +521,62 @@ async def modern(opts):
 
 
 @scenario
+async def relay_state(opts):
+    """A 2026-07-28 client's approval round: the requestState that continues its call is
+    unguessable and bound to the call's tool. Another client with the same token that sends
+    the call's number (the old `relay:<n>`) or a wrong secret is refused as unknown, and so
+    is the right state with another tool; none of them answers the approval or gets the
+    result, and the first client's call goes on as if they had not happened."""
+    modern = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+              "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+    headers = {"Authorization": f"Bearer {opts.token}", "MCP-Protocol-Version": "2026-07-28",
+               "Accept": "application/json, text/event-stream"}
+    ids = iter(range(1, 100))
+
+    async def call(http, tool, args, **extra):
+        body = {"jsonrpc": "2.0", "id": next(ids), "method": "tools/call",
+                "params": {"name": tool, "arguments": args, "_meta": modern, **extra}}
+        r = await http.post(opts.url, json=body,
+                            headers={**headers, "Mcp-Method": "tools/call", "Mcp-Name": tool})
+        assert r.status_code == 200, (r.status_code, r.text)
+        if r.headers.get("content-type", "").startswith("text/event-stream"):
+            data = [line[5:] for line in r.text.splitlines() if line.startswith("data:")]
+            replies = [json.loads(d) for d in data if d.strip()]
+            return next(m for m in replies if m.get("id") == body["id"])
+        return r.json()
+
+    async with httpx2.AsyncClient(timeout=60) as owner, httpx2.AsyncClient(timeout=60) as other:
+        code = "flow.request_approval('accept this?')"
+        r = await call(owner, "execute_code", {"task": "relay", "code": code})
+        result = r["result"]
+        state, requests = result["requestState"], result["inputRequests"]
+        assert state.startswith("relay:") and len(requests) == 1, result
+        number = state.split(":")[1]
+        accept = {key: {"action": "accept"} for key in requests}
+        refused = {}
+        attempts = {
+            "number": (f"relay:{number}", "execute_code"),
+            "wrong secret": (f"relay:{number}:{'0' * 32}", "execute_code"),
+            "other tool": (state, "wait_cell"),
+        }
+        for name, (guess, tool) in attempts.items():
+            r = await call(other, tool, {"task": "relay", "cell": 1} if tool == "wait_cell"
+                           else {"task": "relay", "code": code},
+                           requestState=guess, inputResponses=accept)
+            assert "error" in r and r["error"]["code"] == -32602, (name, r)
+            refused[name] = r["error"]["message"]
+        # The owner's round: its answer reaches the cell, and only now the result comes.
+        r = await call(owner, "execute_code", {"task": "relay", "code": code},
+                       requestState=state, inputResponses=accept)
+        assert r["result"]["structuredContent"]["result"] == "True", r
+        # Given once.
+        r = await call(owner, "execute_code", {"task": "relay", "code": code},
+                       requestState=state, inputResponses=accept)
+        assert "error" in r, r
+    return {"state": state, "refused": refused}
+
+
+@scenario
 async def shutdown(opts):
     """SIGTERM while cells run: they finish (within the kill grace) and answer; a call queued
     behind one of them is refused without running ("the server is shutting down")."""

@@ -101,7 +101,7 @@ pub fn token(file: Option<&Path>, state_dir: &Path) -> Result<(String, TokenSour
 }
 
 /// `n` bytes from the kernel's random source, as hex.
-fn random_hex(n: usize) -> std::io::Result<String> {
+pub(crate) fn random_hex(n: usize) -> std::io::Result<String> {
     let mut buf = vec![0u8; n];
     let mut f = std::fs::File::open("/dev/urandom")?;
     std::io::Read::read_exact(&mut f, &mut buf)?;
@@ -110,7 +110,7 @@ fn random_hex(n: usize) -> std::io::Result<String> {
 
 /// Compares in time independent of where they differ and of their lengths: the SHA-256 of
 /// each, compared byte by byte without stopping early.
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     use sha2::Digest;
     let (a, b) = (sha2::Sha256::digest(a), sha2::Sha256::digest(b));
     a.iter()

@@ -131,9 +131,8 @@ pub struct Child {
     inbox: Mutex<std::collections::BTreeMap<String, (ElicitRequestParams, Answer)>>,
     /// Bumped when a request comes into `inbox`.
     inbox_changed: tokio::sync::watch::Sender<u64>,
-    /// Calls answered with `inputRequests`, by their id in the kernel (`requestState`
-    /// `relay:<id>`), waiting for the client's next round.
-    parked_calls: Mutex<std::collections::BTreeMap<u64, oneshot::Receiver<Value>>>,
+    /// Calls answered with `inputRequests`, waiting for the client's next round.
+    parked_calls: super::relay::ParkedCalls,
     next_id: AtomicU64,
     /// Calls in flight.
     in_flight: AtomicU32,
@@ -149,8 +148,6 @@ pub struct Child {
 
 /// Lines of a kernel's stderr kept for its error messages.
 const LAST_WORDS: usize = 8;
-/// Calls kept waiting for a 2026-07-28 client's next round.
-const MAX_PARKED_CALLS: usize = 256;
 
 /// Where the answer to the kernel's elicitation request goes.
 type Answer = oneshot::Sender<Result<Value, (i64, String)>>;
@@ -160,9 +157,9 @@ type Answer = oneshot::Sender<Result<Value, (i64, String)>>;
 pub struct Relay {
     /// How its client can be asked for approvals.
     pub asking: Asking,
-    /// The call sent again: the kernel call it continues (`requestState` `relay:<id>`) and
-    /// the client's `inputResponses`.
-    pub resume: Option<(u64, InputResponses)>,
+    /// The call sent again: its `requestState` (see [`super::relay`]) and the client's
+    /// `inputResponses`.
+    pub resume: Option<(String, InputResponses)>,
 }
 
 /// Marks a call in flight for as long as it lives.
@@ -241,7 +238,7 @@ impl Child {
             asking: LatestAsking::default(),
             inbox: Mutex::default(),
             inbox_changed: tokio::sync::watch::channel(0).0,
-            parked_calls: Mutex::default(),
+            parked_calls: Default::default(),
             next_id: AtomicU64::new(1),
             in_flight: AtomicU32::new(0),
             cells: AtomicU64::new(0),
@@ -319,14 +316,9 @@ impl Child {
         let asks = how.asking == Asking::InAnswers;
         let mut inbox = self.inbox_changed.subscribe();
         let (id, mut rx, mapped, sent) = match how.resume {
-            Some((call, responses)) => {
+            Some((state, responses)) => {
+                let (call, rx) = self.parked_calls.take(&state, name)?;
                 self.deliver(responses);
-                let rx = lock(&self.parked_calls).remove(&call).ok_or_else(|| {
-                    ErrorData::invalid_params(
-                        format!("requestState relay:{call} is not a call this server parked (or it was answered)"),
-                        None,
-                    )
-                })?;
                 (call, rx, None, Ok(()))
             }
             None => {
@@ -360,8 +352,9 @@ impl Child {
                         if let Some(ours) = &mapped {
                             lock(&self.progress).remove(ours);
                         }
-                        self.park_call(id, rx);
-                        let state = format!("relay:{id}");
+                        let state = self.parked_calls.park(id, name, rx).map_err(|e| {
+                            ErrorData::internal_error(format!("no random state: {e}"), None)
+                        })?;
                         return Ok(InputRequiredResult::new(Some(requests), Some(state)).into());
                     }
                 }
@@ -438,16 +431,6 @@ impl Child {
             if let Some((_, tx)) = lock(&self.inbox).remove(&key) {
                 let _ = tx.send(Ok(value));
             }
-        }
-    }
-
-    /// Keeps a call's reply for the client's next round (at most [`MAX_PARKED_CALLS`]; past
-    /// that the oldest is forgotten).
-    fn park_call(&self, id: u64, rx: oneshot::Receiver<Value>) {
-        let mut parked = lock(&self.parked_calls);
-        parked.insert(id, rx);
-        while parked.len() > MAX_PARKED_CALLS {
-            parked.pop_first();
         }
     }
 

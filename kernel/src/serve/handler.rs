@@ -340,13 +340,9 @@ impl ServerHandler for Serve {
         let progress = context.meta.get_progress_token();
         let how = Relay {
             asking: Asking::of(&context.meta, &context.peer),
-            resume: match request.request_state.as_deref() {
-                None => None,
-                Some(state) => Some((
-                    crate::mcp::approval::state_id(state, "relay")?,
-                    request.input_responses.unwrap_or_default(),
-                )),
-            },
+            resume: request
+                .request_state
+                .map(|state| (state, request.input_responses.unwrap_or_default())),
         };
         let response = kernel
             .call_tool(name, args, progress, &context.peer, &context.ct, how)

@@ -5,6 +5,8 @@
 //! - [`child`]: one task's kernel, a `flowrepl mcp` child process, relayed to.
 //! - [`pool`]: the kernels: started on first use, stopped when idle or at the limit
 //!   (checkpointed first), started again from the checkpoint.
+//! - [`relay`]: calls parked while their client answers an approval, and the
+//!   `requestState` that continues each (unguessable, bound to its task and tool).
 //! - [`handler`]: the MCP server: the kernels' tools with `task`/`plan`, `list_kernels`,
 //!   `stop_kernel`.
 //!
@@ -23,6 +25,7 @@ pub mod child;
 pub mod handler;
 pub mod listen;
 pub mod pool;
+pub mod relay;
 
 use flowrepl_cli::args::{Cli, SandboxLevel, ServeArgs};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;

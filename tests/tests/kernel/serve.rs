@@ -292,6 +292,24 @@ fn a_cells_approval_is_asked_of_the_client_of_its_call() {
     assert_eq!(records.len(), 3);
 }
 
+/// A 2026-07-28 client's approval round through the relay: its `requestState` is
+/// `relay:<n>:<128-bit secret>`; another client with the same token that sends the call's
+/// number alone (the state before: `relay:<n>`, which then answered the approval and took
+/// the result), a wrong secret, or the right state with another tool is refused (-32602), and
+/// the owner's call then completes with its own answer. The cell ran once.
+#[test]
+fn a_relayed_calls_state_is_bound_to_its_client_and_tool() {
+    let server = Server::start(&[]);
+    let facts = server.run("relay_state", &[]);
+    let state = facts["state"].as_str().unwrap();
+    let secret = state.rsplit(':').next().unwrap();
+    assert_eq!(secret.len(), 32, "{state}");
+    assert_eq!(facts["refused"].as_object().unwrap().len(), 3, "{facts}");
+    let records = read_log(&server.log_of("relay"));
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].result.as_deref(), Some("True"));
+}
+
 /// The server's token never reaches a cell through its environment, and a sandboxed cell
 /// cannot read the token file either; without the sandbox (`--no-sandbox`) the file is
 /// readable, as everything the user can read is.
