@@ -429,7 +429,8 @@ pub struct McpArgs {
     pub wait_s: u64,
 
     /// MiB of cut output kept in memory for `read_output` (oldest cells are forgotten first;
-    /// everything stays in the JSONL log).
+    /// everything stays in the JSONL log). For `serve`, the whole server's: each kernel keeps
+    /// its share (this divided by `--max-kernels`, at least 1).
     #[arg(long, env = "FLOWREPL_MCP_KEEP_OUTPUT_MB", default_value_t = 256,
           value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub keep_output_mb: u64,

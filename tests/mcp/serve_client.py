@@ -577,6 +577,18 @@ async def relay_state(opts):
 
 
 @scenario
+async def kept_output(opts):
+    """A cell prints 3,000,000 characters (cut to the output budget); read_output asks for
+    the rest: whether the kernel kept it, and what it said."""
+    async with Client(opts) as s:
+        r = await ok(s, "kept", "print('x' * 3_000_000)")
+        n = r.structured_content["execution_count"]
+        r = await s.call_tool("read_output", {"task": "kept", "execution_count": n,
+                                              "stream": "stdout", "offset": 0, "length": 100})
+        return {"held": not r.is_error, "text": text_of(r)}
+
+
+@scenario
 async def shutdown(opts):
     """SIGTERM while cells run: they finish (within the kill grace) and answer; a call queued
     behind one of them is refused without running ("the server is shutting down")."""

@@ -58,6 +58,8 @@ pub struct Spawn {
     pub workspace_root: std::path::PathBuf,
     /// The workers' `--sandbox` level: `on`, `strict` or `off`.
     pub sandbox: &'static str,
+    /// Each kernel's `--keep-output-mb`: its share of the server's.
+    pub keep_output_mb: u64,
 }
 
 impl Spawn {
@@ -200,6 +202,7 @@ impl Child {
             .arg("--worker")
             .arg("--workspace")
             .arg(&workspace)
+            .arg(format!("--keep-output-mb={}", spawn.keep_output_mb))
             .env(flowrepl_task_logger::path::PLAN_ID_ENV, &key.plan)
             .env(flowrepl_task_logger::path::TASK_ID_ENV, &key.task)
             .env(flowrepl_task_logger::path::TASK_NAME_ENV, &key.task)

@@ -37,7 +37,13 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Flags of the kernels that `serve` sets itself, per task.
-const OWN_FLAGS: [&str; 4] = ["--sandbox", "--workspace", "--resume", "--worker"];
+const OWN_FLAGS: [&str; 5] = [
+    "--sandbox",
+    "--workspace",
+    "--resume",
+    "--worker",
+    "--keep-output-mb",
+];
 
 /// Runs the server until SIGTERM or SIGINT. Exit codes: 0 after a signal, 1 when it cannot
 /// listen, 2 for a configuration error.
@@ -88,6 +94,7 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
         args: forwarded,
         workspace_root: absolute(&args.workspace_root),
         sandbox,
+        keep_output_mb: kernel_share(args.mcp.keep_output_mb, args.max_kernels),
     };
     let grace = Duration::from_millis(cli.kill_grace_ms);
     let pool = pool::Pool::new(
@@ -134,6 +141,12 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
         grace,
         limits,
     ))
+}
+
+/// A kernel's share of the server's `--keep-output-mb` (all kernels together keep at most
+/// that much), at least 1 MiB.
+fn kernel_share(server_mb: u64, max_kernels: u32) -> u64 {
+    (server_mb / u64::from(max_kernels.max(1))).max(1)
 }
 
 /// Browser origins always allowed: pages served from this machine (they still need the

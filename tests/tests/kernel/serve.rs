@@ -292,6 +292,22 @@ fn a_cells_approval_is_asked_of_the_client_of_its_call() {
     assert_eq!(records.len(), 3);
 }
 
+/// `--keep-output-mb` is the server's, shared by its kernels: with 4 MiB and two kernels,
+/// each keeps 2 MiB of cut output, so a cell's 3 MB stdout is not held for `read_output`
+/// (and the error says 2 MiB); with one kernel it gets all 4 and the same read succeeds.
+/// (Before, each kernel kept the whole amount: 32 kernels could keep 8 GiB.)
+#[test]
+fn kept_output_is_bounded_for_the_server_as_a_whole() {
+    let shared = Server::start(&["--keep-output-mb", "4", "--max-kernels", "2"]);
+    let facts = shared.run("kept_output", &[]);
+    assert_eq!(facts["held"], false, "{facts}");
+    let text = facts["text"].as_str().unwrap();
+    assert!(text.contains("most recent 2 MiB"), "{text}");
+    let alone = Server::start(&["--keep-output-mb", "4", "--max-kernels", "1"]);
+    let facts = alone.run("kept_output", &[]);
+    assert_eq!(facts["held"], true, "{facts}");
+}
+
 /// A 2026-07-28 client's approval round through the relay: its `requestState` is
 /// `relay:<n>:<128-bit secret>`; another client with the same token that sends the call's
 /// number alone (the state before: `relay:<n>`, which then answered the approval and took
