@@ -351,11 +351,16 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: u32,
 
-    /// MCP sessions open at once (each costs about 60 KiB until it ends, or expires 300 s
-    /// after its last request); at the limit a new `initialize` is answered 503.
+    /// MCP sessions open at once (each costs about 60 KiB until it ends or expires); at the
+    /// limit a new `initialize` is answered 503.
     #[arg(long, env = "FLOWREPL_MAX_SESSIONS", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_sessions: u32,
+
+    /// An MCP session ends this long after its last request (its client must `initialize`
+    /// again; the tasks' kernels are not affected): seconds, or a number with s, m or h.
+    #[arg(long, env = "FLOWREPL_SESSION_EXPIRY", default_value = "5m", value_parser = parse_positive_duration)]
+    pub session_expiry: std::time::Duration,
 
     /// Stop a kernel idle this long (checkpointed first; the next call on its task resumes
     /// it): seconds, or a number with s, m or h; 0 never stops one.
@@ -379,6 +384,14 @@ pub struct ServeArgs {
     /// The MCP server's settings, for every kernel.
     #[command(flatten)]
     pub mcp: McpArgs,
+}
+
+/// As [`parse_duration`], at least a second.
+fn parse_positive_duration(s: &str) -> Result<std::time::Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!("{s:?}: must be at least 1 s")),
+        d => Ok(d),
+    }
 }
 
 /// `15m`, `90s`, `2h`, `30` (seconds).

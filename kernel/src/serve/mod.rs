@@ -7,6 +7,7 @@
 //!   (checkpointed first), started again from the checkpoint.
 //! - [`relay`]: calls parked while their client answers an approval, and the
 //!   `requestState` that continues each (unguessable, bound to its task and tool).
+//! - [`sessions`]: the cap on MCP sessions, and their memory given back when they end.
 //! - [`handler`]: the MCP server: the kernels' tools with `task`/`plan`, `list_kernels`,
 //!   `stop_kernel`.
 //!
@@ -26,6 +27,7 @@ pub mod handler;
 pub mod listen;
 pub mod pool;
 pub mod relay;
+pub mod sessions;
 
 use flowrepl_cli::args::{Cli, SandboxLevel, ServeArgs};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -203,19 +205,20 @@ async fn serve(
     let stop = CancellationToken::new();
     let gate = Arc::new(auth::Gate::new(token));
     let mut sessions = LocalSessionManager::default();
-    sessions.session_config.keep_alive = Some(SESSION_EXPIRY);
+    sessions.session_config.keep_alive = Some(args.session_expiry);
     let sessions = Arc::new(sessions);
+    let sessions_for_trim = Arc::clone(&sessions);
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),
         Arc::clone(&sessions),
         config.with_cancellation_token(stop.child_token()),
     );
-    let max_sessions = args.max_sessions as usize;
+    let (max_sessions, expiry) = (args.max_sessions as usize, args.session_expiry);
     let app = axum::Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn(http_statuses))
         .layer(axum::middleware::from_fn(move |req, next| {
-            at_most_sessions(Arc::clone(&sessions), max_sessions, req, next)
+            sessions::at_most(Arc::clone(&sessions), max_sessions, expiry, req, next)
         }))
         .layer(axum::middleware::from_fn(move |req, next| {
             listen::body_within(limits.body_timeout, req, next)
@@ -241,6 +244,7 @@ async fn serve(
         eprintln!("flowrepl serve: listening beyond loopback without TLS: put a reverse proxy with TLS in front");
     }
     tokio::spawn(Arc::clone(&pool).stop_idle_ones());
+    tokio::spawn(sessions::give_back_memory(sessions_for_trim));
     let limits = limits.fit(pool.max_kernels());
     let http = tokio::spawn(listen::serve(
         listener,
@@ -260,54 +264,6 @@ async fn serve(
     let _ = tokio::time::timeout(grace + Duration::from_secs(5), http).await;
     tracing::info!(kernels = stopped, "flowrepl serve exiting");
     ExitCode::SUCCESS
-}
-
-/// How long an MCP session lives after its last request (rmcp's default, said here so that
-/// docs/serve.md and the code agree).
-pub const SESSION_EXPIRY: Duration = Duration::from_secs(300);
-
-/// A `DELETE` of a session that is not open is 404. A request that would open a session (a
-/// POST without `Mcp-Session-Id`) while `max` are open is answered 503: sessions are memory a token holder could otherwise grow without
-/// bound (54,420 in 20 s, 3 GB, in the attack pass).
-async fn at_most_sessions(
-    sessions: Arc<LocalSessionManager>,
-    max: usize,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let id = request
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok());
-    if request.method() == axum::http::Method::DELETE {
-        // rmcp answers an unknown one as if it had ended it.
-        let known = match id {
-            Some(id) => sessions.sessions.read().await.contains_key(id),
-            None => false,
-        };
-        if !known {
-            return (
-                axum::http::StatusCode::NOT_FOUND,
-                "no such MCP session (ended, expired, or never opened)\n",
-            )
-                .into_response();
-        }
-    }
-    let opens = request.method() == axum::http::Method::POST && id.is_none();
-    if opens && sessions.sessions.read().await.len() >= max {
-        let mut r = (
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            format!("{max} MCP sessions are open (--max-sessions): end one (DELETE) or wait for one to expire ({} s after its last request)\n", SESSION_EXPIRY.as_secs()),
-        )
-            .into_response();
-        r.headers_mut().insert(
-            axum::http::header::RETRY_AFTER,
-            axum::http::HeaderValue::from_static("5"),
-        );
-        return r;
-    }
-    next.run(request).await
 }
 
 /// rmcp's statuses where HTTP says otherwise: a session ended by `DELETE` is 204 No Content

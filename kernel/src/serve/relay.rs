@@ -65,7 +65,11 @@ impl ParkedCalls {
 
     /// The call that `state` continues, sent again to `tool`: its number and where its reply
     /// comes. Refused (and left parked) when the secret or the tool differs.
-    pub fn take(&self, state: &str, tool: &str) -> Result<(u64, oneshot::Receiver<Value>), ErrorData> {
+    pub fn take(
+        &self,
+        state: &str,
+        tool: &str,
+    ) -> Result<(u64, oneshot::Receiver<Value>), ErrorData> {
         let unknown = || {
             ErrorData::invalid_params(
                 "requestState is not one this server gave for this task, or its call was answered",
@@ -116,7 +120,11 @@ mod tests {
         assert_eq!(secret.len(), 2 * SECRET_BYTES);
         assert!(state.starts_with("relay:7:"));
         // The number alone, or with another secret, is unknown; the call stays parked.
-        for guess in ["relay:7", "relay:7:", "relay:7:00000000000000000000000000000000"] {
+        for guess in [
+            "relay:7",
+            "relay:7:",
+            "relay:7:00000000000000000000000000000000",
+        ] {
             assert!(calls.take(guess, "execute_code").is_err(), "{guess}");
         }
         let err = calls.take(&state, "wait_cell").unwrap_err();
