@@ -185,6 +185,16 @@ pub struct Cli {
     pub forwarded: Vec<std::ffi::OsString>,
 }
 
+/// The tools of the MCP servers, for `--help`: functions of the kernel crate (which knows
+/// them), called only when help is asked.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolNames {
+    /// `flowrepl mcp`'s.
+    pub mcp: fn() -> Vec<String>,
+    /// `flowrepl serve`'s.
+    pub serve: fn() -> Vec<String>,
+}
+
 impl Cli {
     /// What `flowrepl log` takes from the global flags.
     pub fn log_globals(&self) -> crate::logcmd::Globals {
@@ -195,21 +205,22 @@ impl Cli {
         }
     }
 
-    /// Parses `args`; when they ask for help, the `mcp` subcommand's line lists the tools
-    /// that `mcp_tools` names (the server's own list, so it cannot fall behind).
-    fn parse_with_help(args: &[std::ffi::OsString], mcp_tools: fn() -> Vec<String>) -> Cli {
+    /// Parses `args`; when they ask for help, the `mcp` and `serve` subcommands' lines list
+    /// the tools that `tools` names (the servers' own lists, so they cannot fall behind).
+    fn parse_with_help(args: &[std::ffi::OsString], tools: &ToolNames) -> Cli {
         use clap::{CommandFactory, FromArgMatches};
         let mut cmd = Cli::command();
         if args[1..]
             .iter()
             .any(|a| a == "-h" || a == "--help" || a == "help")
         {
-            let tools = mcp_tools().join(", ");
-            cmd = cmd.mut_subcommand("mcp", |c| {
-                c.about(format!(
-                    "Serve the same kernel as an MCP server over stdio (tools: {tools})"
-                ))
-            });
+            for (name, list) in [("mcp", tools.mcp), ("serve", tools.serve)] {
+                cmd = cmd.mut_subcommand(name, |c| {
+                    let about = c.get_about().map(|a| a.to_string()).unwrap_or_default();
+                    let about = about.trim_end_matches('.').to_owned();
+                    c.about(format!("{about} (tools: {})", list().join(", ")))
+                });
+            }
         }
         let matches = cmd.get_matches_from(args);
         let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
@@ -260,11 +271,11 @@ pub enum Compat {
 impl Cli {
     /// The command line of this process: flowrepl's own flags, or a Python interpreter's
     /// (drop-in mode, see [`crate::dropin`]). Exits 2 with a message when it is neither.
-    /// `mcp_tools` names the MCP server's tools for `--help` (asked only then).
-    pub fn from_args(mcp_tools: fn() -> Vec<String>) -> Cli {
+    /// `tools` names the MCP servers' tools for `--help` (asked only then).
+    pub fn from_args(tools: &ToolNames) -> Cli {
         let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
         if !crate::dropin::looks_like_python(&args[1..]) {
-            return Cli::parse_with_help(&args, mcp_tools);
+            return Cli::parse_with_help(&args, tools);
         }
         match crate::dropin::parse(&args[1..]) {
             Ok(py) => {
@@ -290,8 +301,8 @@ pub enum Command {
     /// Read the task logs: list tasks, show or follow a task's cells, statistics, the task
     /// context, export as a script or notebook. Starts no Python.
     Log(crate::logcmd::LogArgs),
-    /// Serve many kernels, one per task, as one MCP server over streamable HTTP (with a
-    /// token; sandboxed by default).
+    /// Serve many kernels, one per task, as one MCP server over streamable HTTP, with a
+    /// token and sandboxed by default.
     Serve(ServeArgs),
 }
 

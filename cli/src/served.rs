@@ -32,8 +32,8 @@ pub struct Build {
     pub versions_dir: Option<&'static str>,
     /// The build's profile (`debug`, `release`).
     pub profile: Option<&'static str>,
-    /// The MCP server's tools, for `--help` (asked only then).
-    pub mcp_tools: fn() -> Vec<String>,
+    /// The MCP servers' tools, for `--help` (asked only then).
+    pub tools: crate::args::ToolNames,
 }
 
 impl Build {

@@ -10,6 +10,7 @@
 //! - [`records`]: the task-log record writer thread.
 //! - [`ledger`]: what each cell changed, so that restores name what they could not bring back.
 //! - [`terminate`]: SIGTERM/SIGHUP write every record before the kernel ends.
+//! - [`lines`]: bounded lines from an async reader (the MCP front's input, `serve`'s kernels).
 //! - [`jsonrpc`]: the JSON-RPC front (request loop, busy-time watcher, reply writer).
 //! - [`mcp`]: the MCP front (`flowrepl mcp`).
 //! - [`serve`]: many kernels, one per task, as one MCP server over HTTP (`flowrepl serve`).
@@ -31,6 +32,7 @@ pub mod engine;
 pub mod events;
 pub mod jsonrpc;
 pub mod ledger;
+pub mod lines;
 pub mod mcp;
 pub mod records;
 pub mod serve;
@@ -55,7 +57,10 @@ pub const BUILD: Build = Build {
     linked: cfg!(feature = "static-python"),
     versions_dir: option_env!("FLOWREPL_VERSIONS_DIR"),
     profile: option_env!("FLOWREPL_VERSIONS_PROFILE"),
-    mcp_tools: mcp::tools::tool_names,
+    tools: flowrepl_cli::args::ToolNames {
+        mcp: mcp::tools::tool_names,
+        serve: serve::handler::tool_names,
+    },
 };
 
 /// The executor that serves a version ([`flowrepl_cli::served::serving`]): the kernel's one

@@ -4,7 +4,5 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    flowrepl::run(flowrepl_cli::args::Cli::from_args(
-        flowrepl::BUILD.mcp_tools,
-    ))
+    flowrepl::run(flowrepl_cli::args::Cli::from_args(&flowrepl::BUILD.tools))
 }

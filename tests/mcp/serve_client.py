@@ -589,6 +589,20 @@ async def kept_output(opts):
 
 
 @scenario
+async def big_reply(opts):
+    """A kernel's reply over the server's message limit: the call gets an error naming it,
+    and the task's next call is answered as usual."""
+    async with Client(opts) as s:
+        try:
+            r = await run(s, "big", "print('x' * 3_000_000)")
+            error = None if r.is_error is False else text_of(r)
+        except MCPError as e:
+            error = str(e)
+        r = await ok(s, "big", "1 + 1")
+        return {"error": error, "after": r.structured_content["result"]}
+
+
+@scenario
 async def shutdown(opts):
     """SIGTERM while cells run: they finish (within the kill grace) and answer; a call queued
     behind one of them is refused without running ("the server is shutting down")."""

@@ -13,6 +13,7 @@
 //! head ([`OversizedLine`]: the JSON-RPC front's reader keeps and answers such a line the
 //! same way), and the server goes on. Memory stays bounded by the limit.
 
+use crate::lines::{BoundedLines, Line};
 use flowrepl_protocol::jsonrpc::{ErrorResponse, OversizedLine};
 use flowrepl_protocol::RpcError;
 use rmcp::service::{RoleServer, RxJsonRpcMessage, TxJsonRpcMessage};
@@ -23,8 +24,8 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use tokio::io::{AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::io::{AsyncRead, ReadBuf};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio_util::either::Either;
 
@@ -99,12 +100,9 @@ impl<R: AsyncRead + Unpin> AsyncRead for AtEof<R> {
 
 /// The MCP server's transport: bounded NDJSON lines in, serialized messages out.
 pub struct LineTransport<R, W> {
-    read: BufReader<R>,
-    /// The line being read (kept across cancelled `receive` calls: rmcp polls it inside
-    /// `select!`).
-    line: Vec<u8>,
-    over: Option<OversizedLine>,
-    max: usize,
+    /// The lines (a line being read is kept across cancelled `receive` calls: rmcp polls it
+    /// inside `select!`).
+    lines: BoundedLines<R>,
     write: Arc<tokio::sync::Mutex<W>>,
 }
 
@@ -116,10 +114,7 @@ where
     /// Lines of at most `max` bytes (without the `\n`).
     pub fn new(read: R, write: W, max: usize) -> Self {
         LineTransport {
-            read: BufReader::with_capacity(256 << 10, read),
-            line: Vec::new(),
-            over: None,
-            max,
+            lines: BoundedLines::new(read, max),
             write: Arc::new(tokio::sync::Mutex::new(write)),
         }
     }
@@ -144,7 +139,7 @@ where
 
     /// Answers a line that was over the limit.
     fn too_large(&self, over: OversizedLine) {
-        let err = over.error(self.max);
+        let err = over.error(self.lines.max());
         tracing::warn!(
             len = over.len,
             id = ?err.id,
@@ -176,37 +171,6 @@ where
         let bytes = serde_json::to_vec(&ErrorResponse::new(&err)).expect("errors serialize");
         self.reply_raw(bytes);
     }
-
-    /// Reads until a whole line within the limit is in `self.line`; false at EOF.
-    async fn read_line(&mut self) -> std::io::Result<bool> {
-        loop {
-            let available = self.read.fill_buf().await?;
-            if available.is_empty() {
-                return Ok(false);
-            }
-            let newline = memchr::memchr(b'\n', available);
-            let take = newline.map_or(available.len(), |i| i + 1);
-            let content = &available[..newline.unwrap_or(available.len())];
-            if let Some(over) = &mut self.over {
-                over.push(content);
-            } else if self.line.len() + content.len() > self.max {
-                // Drops the buffered part (memory stays bounded by the limit).
-                let mut over = OversizedLine::new(&std::mem::take(&mut self.line));
-                over.push(content);
-                self.over = Some(over);
-            } else {
-                self.line.extend_from_slice(content);
-            }
-            self.read.consume(take);
-            if newline.is_some() {
-                if let Some(over) = self.over.take() {
-                    self.too_large(over);
-                    continue;
-                }
-                return Ok(true);
-            }
-        }
-    }
 }
 
 impl<R, W> Transport<RoleServer> for LineTransport<R, W>
@@ -232,15 +196,18 @@ where
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
-            match self.read_line().await {
-                Ok(true) => {}
-                Ok(false) => return None,
+            let line = match self.lines.next().await {
+                Ok(Some(Line::Whole(line))) => line,
+                Ok(Some(Line::Over(over))) => {
+                    self.too_large(over);
+                    continue;
+                }
+                Ok(None) => return None,
                 Err(e) => {
                     tracing::error!(error = %e, "reading the MCP channel failed");
                     return None;
                 }
-            }
-            let line = std::mem::take(&mut self.line);
+            };
             let text = line.strip_suffix(b"\r").unwrap_or(&line);
             if text.iter().all(u8::is_ascii_whitespace) {
                 continue;
@@ -248,26 +215,16 @@ where
             let parsed = serde_json::from_slice(text);
             match parsed {
                 Ok(msg) => {
-                    self.recycle(line);
+                    self.lines.recycle(line);
                     return Some(msg);
                 }
                 Err(e) => self.invalid(text, &e),
             }
-            self.recycle(line);
+            self.lines.recycle(line);
         }
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
         self.write.lock().await.shutdown().await
-    }
-}
-
-impl<R, W> LineTransport<R, W> {
-    /// Keeps a small line buffer for the next line; drops a big one.
-    fn recycle(&mut self, mut line: Vec<u8>) {
-        if line.capacity() <= (1 << 20) {
-            line.clear();
-            self.line = line;
-        }
     }
 }

@@ -15,6 +15,7 @@
 //! The child ends when its stdin closes (its running cell is interrupted, every record is
 //! written); [`Child::stop`] checkpoints it first.
 
+use crate::lines::{BoundedLines, Line};
 use crate::mcp::approval::{Asking, LatestAsking};
 use flowrepl_os::lock;
 use rmcp::model::{
@@ -28,7 +29,7 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -60,6 +61,9 @@ pub struct Spawn {
     pub sandbox: &'static str,
     /// Each kernel's `--keep-output-mb`: its share of the server's.
     pub keep_output_mb: u64,
+    /// The longest message a kernel may send (`FLOWREPL_MAX_REQUEST_BYTES`, as for the
+    /// server's clients): a longer one is dropped and the call it answers gets an error.
+    pub max_message_bytes: usize,
 }
 
 impl Spawn {
@@ -150,6 +154,9 @@ pub struct Child {
 
 /// Lines of a kernel's stderr kept for its error messages.
 const LAST_WORDS: usize = 8;
+
+/// The longest line of a kernel's stderr passed on (a longer one is named, not shown).
+const MAX_STDERR_LINE: usize = 64 << 10;
 
 /// Where the answer to the kernel's elicitation request goes.
 type Answer = oneshot::Sender<Result<Value, (i64, String)>>;
@@ -251,7 +258,8 @@ impl Child {
             last_words: Mutex::new(std::collections::VecDeque::new()),
         });
         let diagnostics = tokio::spawn(pass_on_stderr(Arc::clone(&child), stderr));
-        tokio::spawn(read_loop(Arc::clone(&child), stdout, diagnostics));
+        let lines = BoundedLines::new(stdout, spawn.max_message_bytes);
+        tokio::spawn(read_loop(Arc::clone(&child), lines, diagnostics));
         let init = json!({
             "protocolVersion": PROTOCOL_VERSION,
             "capabilities": {"elicitation": {}},
@@ -561,8 +569,12 @@ impl Child {
 /// Passes the kernel's stderr on to the server's, each line after its task, keeping the last
 /// ones for error messages.
 async fn pass_on_stderr(child: Arc<Child>, stderr: tokio::process::ChildStderr) {
-    let mut lines = BufReader::new(stderr).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
+    let mut lines = BoundedLines::new(stderr, MAX_STDERR_LINE);
+    while let Ok(Some(line)) = lines.next().await {
+        let line = match line {
+            Line::Whole(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            Line::Over(over) => format!("(a line of {} bytes, not shown)", over.len),
+        };
         eprintln!("[{}/{}] {line}", child.key.plan, child.key.task);
         let mut words = lock(&child.last_words);
         if words.len() == LAST_WORDS {
@@ -576,12 +588,33 @@ async fn pass_on_stderr(child: Arc<Child>, stderr: tokio::process::ChildStderr) 
 /// (briefly) for its stderr to end too, so that what it said last is there for the errors.
 async fn read_loop(
     child: Arc<Child>,
-    stdout: tokio::process::ChildStdout,
+    mut lines: BoundedLines<tokio::process::ChildStdout>,
     diagnostics: tokio::task::JoinHandle<()>,
 ) {
-    let mut lines = BufReader::new(stdout).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+    while let Ok(Some(line)) = lines.next().await {
+        let line = match line {
+            Line::Whole(line) => line,
+            Line::Over(over) => {
+                let err = over.error(lines.max());
+                tracing::warn!(task = %child.key.task, len = over.len, "the kernel sent a message over FLOWREPL_MAX_REQUEST_BYTES: dropped");
+                let id = err.id.as_ref().and_then(|id| serde_json::to_value(id).ok());
+                let waiting = id
+                    .and_then(|id| id.as_u64())
+                    .and_then(|id| lock(&child.pending).remove(&id));
+                if let Some(tx) = waiting {
+                    let message = format!(
+                        "the kernel's reply was {} bytes, over FLOWREPL_MAX_REQUEST_BYTES ({})",
+                        over.len,
+                        lines.max()
+                    );
+                    let _ = tx.send(
+                        json!({"jsonrpc": "2.0", "error": {"code": -32603, "message": message}}),
+                    );
+                }
+                continue;
+            }
+        };
+        let Ok(msg) = serde_json::from_slice::<Value>(&line) else {
             tracing::warn!(task = %child.key.task, "the kernel sent a line that is not JSON");
             continue;
         };

@@ -23,6 +23,14 @@ const LIST_KERNELS: &str = "list_kernels";
 /// See [`LIST_KERNELS`].
 const STOP_KERNEL: &str = "stop_kernel";
 
+/// The names of the server's tools, sorted: the kernels' and its own.
+pub fn tool_names() -> Vec<String> {
+    let mut names = crate::mcp::tools::tool_names();
+    names.extend([LIST_KERNELS.to_owned(), STOP_KERNEL.to_owned()]);
+    names.sort();
+    names
+}
+
 /// `list_kernels`' structured result.
 #[derive(Debug, serde::Serialize, schemars::JsonSchema)]
 pub struct KernelList {

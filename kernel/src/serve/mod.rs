@@ -97,6 +97,7 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
         workspace_root: absolute(&args.workspace_root),
         sandbox,
         keep_output_mb: kernel_share(args.mcp.keep_output_mb, args.max_kernels),
+        max_message_bytes: cli.max_request_bytes,
     };
     let grace = Duration::from_millis(cli.kill_grace_ms);
     let pool = pool::Pool::new(

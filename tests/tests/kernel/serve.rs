@@ -20,7 +20,23 @@ fn requests_without_the_token_or_from_a_foreign_origin_or_host_are_refused() {
 fn every_kernel_tool_takes_a_task_and_the_server_lists_and_stops_kernels() {
     let server = Server::start(&[]);
     let facts = server.run("tools", &[]);
-    assert_eq!(facts["tools"].as_array().unwrap().len(), 11, "{facts}");
+    let tools = facts["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 11, "{facts}");
+    // `flowrepl --help` names the same tools, from the server's own list.
+    let help = std::process::Command::new(flowrepl_tests::flowrepl_bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let names: Vec<&str> = tools.iter().map(|t| t.as_str().unwrap()).collect();
+    let line = help
+        .lines()
+        .find(|l| l.trim_start().starts_with("serve"))
+        .unwrap();
+    assert!(
+        help.contains(&format!("(tools: {})", names.join(", "))),
+        "{line}"
+    );
 }
 
 #[test]
@@ -306,6 +322,21 @@ fn kept_output_is_bounded_for_the_server_as_a_whole() {
     let alone = Server::start(&["--keep-output-mb", "4", "--max-kernels", "1"]);
     let facts = alone.run("kept_output", &[]);
     assert_eq!(facts["held"], true, "{facts}");
+}
+
+/// The server reads its kernels' messages with the same limit as its clients'
+/// (`--max-request-bytes`): a 3 MB reply over a 1 MB limit is dropped and its call answered
+/// with an error that says so, and the task goes on. (Before, a kernel's lines had no limit.)
+#[test]
+fn a_kernels_reply_over_the_message_limit_is_an_error_not_unbounded_memory() {
+    let server = Server::start(&["--max-request-bytes", "1000000", "--max-chars", "5000000"]);
+    let facts = server.run("big_reply", &[]);
+    let error = facts["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("over FLOWREPL_MAX_REQUEST_BYTES (1000000)"),
+        "{facts}"
+    );
+    assert_eq!(facts["after"], "2");
 }
 
 /// A 2026-07-28 client's approval round through the relay: its `requestState` is
