@@ -72,8 +72,10 @@ pub struct Config {
     pub mcp: Option<flowrepl_cli::args::McpArgs>,
     /// What the session starts from (drop-in `sys.argv` and `sys.path[0]`, startup files).
     pub setup: flowrepl_exec::setup::SessionSetup,
-    /// Answer failing `execute` calls as JSON-RPC errors (drop-in mode, `--compat json-repl`).
-    pub legacy_errors: bool,
+    /// The client is the original system's (drop-in mode, `--compat json-repl`): failing
+    /// `execute` calls are answered as JSON-RPC errors, replies are ASCII (it decodes each
+    /// pipe read on its own), and approvals are unavailable (it cannot answer them).
+    pub json_repl_client: bool,
     /// Environment variables that carry drop-in interpreter flags to Python.
     pub python_env: Vec<(&'static str, String)>,
     /// Checkpoints of the namespace beside the task log; `None` with `FLOWREPL_SNAPSHOT=off`.
@@ -339,7 +341,7 @@ impl Config {
             snapshot_root,
             resume: cli.resume,
             setup,
-            legacy_errors: dropin.is_some() || cli.compat.is_some(),
+            json_repl_client: dropin.is_some() || cli.compat.is_some(),
             python_env: dropin.map(|d| d.env.clone()).unwrap_or_default(),
             identity,
             worker,

@@ -127,7 +127,7 @@ pub fn run(cli: Cli) -> ExitCode {
         std::env::set_var("MPLBACKEND", "Agg");
     }
     let approvals = approvals::Approvals::new();
-    if config.legacy_errors {
+    if config.json_repl_client {
         approvals.set_unavailable(
             "drop-in mode: the original REPL's clients have no way to answer an approval",
         );
@@ -169,11 +169,12 @@ pub fn run(cli: Cli) -> ExitCode {
         session.board(),
         config.kill_grace,
         std::sync::Arc::clone(session.approvals()),
+        config.json_repl_client,
     ));
-    if !config.legacy_errors {
+    if !config.json_repl_client {
         front.ask_client();
     }
-    match jsonrpc::serve(&mut session, &front, config.legacy_errors) {
+    match jsonrpc::serve(&mut session, &front, config.json_repl_client) {
         Ok(ended) => {
             let reason = match ended {
                 jsonrpc::Ended::Shutdown => "shutdown",

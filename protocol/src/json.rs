@@ -263,8 +263,56 @@ fn write_result(out: &mut Vec<u8>, r: &ExecuteResult) {
     out.push(b'}');
 }
 
+/// Rewrites the non-ASCII characters of JSON text `json` as `\uXXXX` escapes (a pair of
+/// surrogates beyond the Basic Multilingual Plane) into `out`; returns false, writing
+/// nothing, when `json` is ASCII already. The result is the same JSON value: outside strings
+/// JSON text is ASCII. For clients that decode each pipe read on its own (the original
+/// system's `data.toString()` per 64 KiB chunk), where a character split across two reads
+/// became U+FFFD: ASCII cannot be split.
+pub fn to_ascii(json: &[u8], out: &mut Vec<u8>) -> bool {
+    if json.is_ascii() {
+        return false;
+    }
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let text = String::from_utf8_lossy(json);
+    out.reserve(json.len() + json.len() / 2);
+    let mut rest = text.as_ref();
+    while let Some(at) = rest.bytes().position(|b| !b.is_ascii()) {
+        out.extend_from_slice(&rest.as_bytes()[..at]);
+        let c = rest[at..].chars().next().expect("a character starts here");
+        let mut units = [0u16; 2];
+        for unit in c.encode_utf16(&mut units) {
+            out.extend_from_slice(b"\\u");
+            for shift in [12, 8, 4, 0] {
+                out.push(HEX[usize::from((*unit >> shift) & 0xf)]);
+            }
+        }
+        rest = &rest[at + c.len_utf8()..];
+    }
+    out.extend_from_slice(rest.as_bytes());
+    true
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn to_ascii_escapes_every_non_ascii_character_and_keeps_the_value() {
+        let value = serde_json::json!({"stdout": "한글 é 😀 \" \\ plain", "k€y": 1});
+        let json = serde_json::to_vec(&value).unwrap();
+        let mut out = Vec::new();
+        assert!(to_ascii(&json, &mut out));
+        assert!(out.is_ascii());
+        assert!(
+            String::from_utf8_lossy(&out).contains(r"\ud83d\ude00"),
+            "a surrogate pair"
+        );
+        let back: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(back, value);
+        let mut none = Vec::new();
+        assert!(!to_ascii(b"{\"a\":1}", &mut none));
+        assert!(none.is_empty());
+    }
     use super::*;
     use crate::execute::{CellReport, DebugInfo, ExecError, ExecutionKind, Mode, PhaseTimings};
     use crate::jsonrpc::Response;

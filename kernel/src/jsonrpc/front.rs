@@ -126,7 +126,8 @@ impl Asker for NotifyAsker {
 }
 
 impl Front {
-    /// A front over the protocol's input and output.
+    /// A front over the protocol's input and output; with `ascii_replies`, every reply in
+    /// ASCII ([`ReplyWriter::new`]).
     pub fn new(
         input: File,
         output: File,
@@ -134,11 +135,12 @@ impl Front {
         board: Arc<StatusBoard>,
         kill_grace: Duration,
         approvals: Arc<Approvals>,
+        ascii_replies: bool,
     ) -> Front {
         Front {
             input_fd: input.as_raw_fd(),
             reader: Mutex::new(LineReader::new(input, max_request_bytes)),
-            writer: Mutex::new(ReplyWriter::new(output)),
+            writer: Mutex::new(ReplyWriter::new(output, ascii_replies)),
             queue: Mutex::new(VecDeque::new()),
             busy: AtomicBool::new(false),
             deep_sleep: AtomicBool::new(false),

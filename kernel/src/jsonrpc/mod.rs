@@ -73,9 +73,13 @@ impl Responder for Reply<'_> {
     }
 }
 
-/// Serves requests until `shutdown` or EOF. With `legacy_errors`, a failing cell called as
-/// `execute` is answered with a JSON-RPC error (see `Config::legacy_errors`).
-pub fn serve(session: &mut Session, front: &Arc<Front>, legacy_errors: bool) -> io::Result<Ended> {
+/// Serves requests until `shutdown` or EOF. For a `json_repl_client`, a failing cell called
+/// as `execute` is answered with a JSON-RPC error (see `Config::json_repl_client`).
+pub fn serve(
+    session: &mut Session,
+    front: &Arc<Front>,
+    json_repl_client: bool,
+) -> io::Result<Ended> {
     let watcher = front.spawn_watcher()?;
     let mut ready = front.status();
     ready.message = Some(READY_MARKER.to_owned());
@@ -95,7 +99,7 @@ pub fn serve(session: &mut Session, front: &Arc<Front>, legacy_errors: bool) -> 
             Item::Request { id, call } => (id, call),
         };
         let legacy_errors =
-            legacy_errors && matches!(call, Ok(Call::Execute(_, ExecuteMethod::Execute)));
+            json_repl_client && matches!(call, Ok(Call::Execute(_, ExecuteMethod::Execute)));
         let mut reply = Reply {
             front,
             watcher: watcher.thread(),

@@ -10,14 +10,18 @@ use std::io::{self, Write};
 pub struct ReplyWriter {
     out: File,
     buf: Vec<u8>,
+    /// Lines in ASCII only ([`flowrepl_protocol::json::to_ascii`]), for clients that decode
+    /// each pipe read on its own; the escaped line is built here.
+    ascii: Option<Vec<u8>>,
 }
 
 impl ReplyWriter {
-    /// Writes to `out`.
-    pub fn new(out: File) -> Self {
+    /// Writes to `out`; with `ascii`, every non-ASCII character as a `\u` escape.
+    pub fn new(out: File, ascii: bool) -> Self {
         ReplyWriter {
             out,
             buf: Vec::with_capacity(4096),
+            ascii: ascii.then(Vec::new),
         }
     }
 
@@ -54,9 +58,25 @@ impl ReplyWriter {
 
     fn flush_buf(&mut self) -> io::Result<()> {
         self.buf.push(b'\n');
-        let r = self.out.write_all(&self.buf);
+        let line = match &mut self.ascii {
+            Some(escaped) => {
+                escaped.clear();
+                if flowrepl_protocol::json::to_ascii(&self.buf, escaped) {
+                    &escaped[..]
+                } else {
+                    &self.buf[..]
+                }
+            }
+            None => &self.buf[..],
+        };
+        let r = self.out.write_all(line);
         if self.buf.capacity() > (8 << 20) {
             self.buf = Vec::with_capacity(4096);
+        }
+        if let Some(escaped) = &mut self.ascii {
+            if escaped.capacity() > (8 << 20) {
+                *escaped = Vec::new();
+            }
         }
         r
     }

@@ -3,7 +3,7 @@
 
 use flowrepl_tests::{flowrepl_bin, read_log, MODES};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
@@ -91,14 +91,29 @@ impl LegacyClient {
                     break;
                 }
             }
-            for line in seen.lines().skip(1).map(str::to_owned).collect::<Vec<_>>() {
-                let _ = tx.send(line);
-            }
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
+            // Then, as it does, each read of up to 64 KiB decoded on its own
+            // (`data.toString()`): a character split across two reads becomes U+FFFD.
+            let mut pending = seen
+                .split_once("__READY__")
+                .map_or(String::new(), |(_, rest)| rest.to_owned());
+            let mut rest_of_ready = true;
+            let mut chunk = vec![0u8; 64 << 10];
+            loop {
+                while let Some(end) = pending.find('\n') {
+                    let line: String = pending.drain(..=end).collect();
+                    if std::mem::take(&mut rest_of_ready) {
+                        continue;
+                    }
+                    let line = line.trim_end_matches('\n');
+                    if tx.send(line.to_owned()).is_err() {
+                        return;
+                    }
+                }
+                let n = stdout.read(&mut chunk).unwrap_or(0);
+                if n == 0 {
                     return;
                 }
+                pending.push_str(&String::from_utf8_lossy(&chunk[..n]));
             }
         });
         ready
@@ -344,6 +359,43 @@ fn interpreter_flags_are_honoured_or_refused() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
         assert!(out.stdout.is_empty(), "{args:?}");
     }
+}
+
+/// The original client decodes each 64 KiB pipe read on its own, so a character split
+/// across two reads became U+FFFD (`print('한글' * 60000)` reached it as 120,006 characters
+/// with 10 replacement characters). Drop-in replies are ASCII (`\u` escapes): it gets every
+/// character. The same reply without the escaping (plain JSON-RPC mode) is not ASCII, and
+/// decoded in 64 KiB pieces it is broken.
+#[test]
+fn the_original_client_gets_every_non_ascii_character() {
+    let text = "한글".repeat(60_000);
+    let code = "print('한글' * 60000, end='')";
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let script = install_root(dir.path());
+        let mut c = LegacyClient::start(&script, mode, &[], &dir.path().join("logs"));
+        let r = c.ok(code);
+        let stdout = r["stdout"].as_str().unwrap();
+        assert!(!stdout.contains('\u{fffd}'), "{mode}");
+        assert_eq!(stdout, text, "{mode}");
+        c.terminate();
+    }
+    // Without the escaping, what that client would do to the line.
+    let mut k = flowrepl_tests::Kernel::start();
+    let line = k.call("execute", json!({ "code": code })).to_string();
+    assert!(!line.is_ascii());
+    let broken = (0..3).any(|shift| {
+        let bytes = line.as_bytes();
+        let mut decoded = String::from_utf8_lossy(&bytes[..(64 << 10) - shift]).into_owned();
+        for piece in bytes[(64 << 10) - shift..].chunks(64 << 10) {
+            decoded.push_str(&String::from_utf8_lossy(piece));
+        }
+        decoded.contains('\u{fffd}')
+    });
+    assert!(
+        broken,
+        "a 64 KiB boundary splits a character at one of three offsets"
+    );
 }
 
 /// `--compat json-repl` gives the same error replies without drop-in mode; `execute_code`
