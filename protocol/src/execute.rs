@@ -227,14 +227,19 @@ impl PartialEq for EventData {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Event {
     /// 1, 2, … in the order the cell reported them.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub seq: u64,
     /// The event's name (`step_start`, `step_end`, `step_log` for steps).
     pub name: String,
     /// Its data: a JSON object.
-    #[cfg_attr(feature = "schema", schemars(with = "serde_json::Value"))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "serde_json::Map<String, serde_json::Value>")
+    )]
     pub data: EventData,
     /// When it was reported: UTC, ISO 8601 with milliseconds and `Z` (for an `MCP::` line,
     /// when the cell's output was collected).
+    #[cfg_attr(feature = "schema", schemars(extend("format" = "date-time")))]
     pub timestamp: String,
     /// The innermost `flow.step` open when it was reported, if any.
     pub step: Option<String>,

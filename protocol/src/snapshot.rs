@@ -150,6 +150,7 @@ pub struct CheckpointsReply {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RestoreReport {
     /// Always true.
+    #[cfg_attr(feature = "schema", schemars(extend("const" = true)))]
     pub restored: bool,
     /// The checkpoint's name.
     pub checkpoint: String,
@@ -166,6 +167,7 @@ pub struct RestoreReport {
     /// (such a name may be in `restored_vars` too, with its older value).
     pub lost_vars: BTreeMap<String, String>,
     /// How long the restore took, in milliseconds.
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub restore_ms: f64,
 }
 

@@ -83,9 +83,10 @@ pub fn parse_line(line: &[u8]) -> Result<Record, String> {
     }
     let bad = |e: serde_json::Error| format!("not a valid {} record: {e}", peek.kind);
     Ok(match &*peek.kind {
-        RECORD_TYPE_EXECUTION => Record::Execution(Box::new(into_owned(
-            serde_json::from_slice::<ExecutionRecord<'_>>(line).map_err(bad)?,
-        ))),
+        // Cow fields without `borrow` deserialize owned: the record is 'static as read.
+        RECORD_TYPE_EXECUTION => Record::Execution(Box::new(
+            serde_json::from_slice::<ExecutionRecord<'static>>(line).map_err(bad)?,
+        )),
         RECORD_TYPE_EVENT => Record::Event(Box::new(serde_json::from_slice(line).map_err(bad)?)),
         RECORD_TYPE_CONTEXT => {
             Record::Context(Box::new(serde_json::from_slice(line).map_err(bad)?))
@@ -257,45 +258,6 @@ pub fn last_context(path: &Path, limit: u64) -> io::Result<Option<String>> {
         end = start;
     }
     Ok(None)
-}
-
-fn into_owned(r: ExecutionRecord<'_>) -> ExecutionRecord<'static> {
-    use std::borrow::Cow::Owned;
-    let own = |c: std::borrow::Cow<'_, str>| Owned(c.into_owned());
-    ExecutionRecord {
-        kind: own(r.kind),
-        version: r.version,
-        plan_id: own(r.plan_id),
-        task_id: own(r.task_id),
-        task_name: r.task_name.map(own),
-        session_id: own(r.session_id),
-        execution_count: r.execution_count,
-        timestamp: own(r.timestamp),
-        elapsed_ms: r.elapsed_ms,
-        code: own(r.code),
-        stdout: own(r.stdout),
-        stderr: own(r.stderr),
-        success: r.success,
-        error_type: r.error_type.map(own),
-        error_message: r.error_message.map(own),
-        result: r.result.map(own),
-        timed_out: r.timed_out,
-        interrupted: r.interrupted,
-        stopped_by: r.stopped_by.map(own),
-        added_vars: Owned(r.added_vars.into_owned()),
-        removed_vars: Owned(r.removed_vars.into_owned()),
-        rebound_vars: Owned(r.rebound_vars.into_owned()),
-        added_imports: Owned(r.added_imports.into_owned()),
-        mode: own(r.mode),
-        warnings: Owned(r.warnings.into_owned()),
-        pid: r.pid,
-        cpu_ms: r.cpu_ms,
-        peak_rss_kb: r.peak_rss_kb,
-        state_lost: r.state_lost,
-        images: Owned(r.images.into_owned()),
-        events: Owned(r.events.into_owned()),
-        restored: r.restored,
-    }
 }
 
 #[cfg(test)]

@@ -3,34 +3,10 @@
 //! # Format (version 1)
 //! One JSON object per line, UTF-8, `\n`-terminated:
 //!
-//! | field | type | meaning |
-//! | --- | --- | --- |
-//! | `type` | string | `"execution"` (other types: `event`, `context`, `session`; skip what you do not know) |
-//! | `version` | int | format version, [`FORMAT_VERSION`] |
-//! | `plan_id`, `task_id` | string | from `FLOW_PLAN_ID` / `FLOW_TASK_ID` (defaults `local` / `adhoc`), unaltered |
-//! | `task_name` | string or null | `FLOW_TASK_NAME` |
-//! | `session_id` | string | one per kernel run |
-//! | `execution_count` | int | 1, 2, … within the session |
-//! | `timestamp` | string | cell start, UTC ISO 8601 with ms and `Z` |
-//! | `elapsed_ms` | float | wall time of the cell |
-//! | `code` | string | the cell's source |
-//! | `stdout`, `stderr` | string | captured output (stderr ends with the traceback on error) |
-//! | `success` | bool | ran without raising |
-//! | `error_type`, `error_message` | string or null | the exception, if any |
-//! | `result` | string or null | repr of the final expression's value |
-//! | `timed_out` | bool | stopped by the timeout |
-//! | `interrupted` | bool | stopped by an `interrupt` request |
-//! | `stopped_by` | string or null | `interrupt` (SIGINT, state kept) or `kill` (worker mode) |
-//! | `added_vars`, `removed_vars`, `added_imports` | array of strings | sorted names |
-//! | `rebound_vars` | array of strings | sorted names bound to another object by the cell (absent in records before 0.1.1: read as empty) |
-//! | `mode` | string | `in_process` or `worker` |
-//! | `warnings` | array of strings | what went wrong around the cell without failing it |
-//! | `pid` | int | the process that ran the cell (the worker in worker mode, else the kernel) |
-//! | `cpu_ms` | float | CPU time (user + system) of that process during the cell |
-//! | `peak_rss_kb` | int | its peak resident memory during the cell, KiB |
-//! | `state_lost` | bool | the worker died or was killed in this cell: every variable and import was lost |
-//! | `images` | array of objects | MCP mode: figures returned as images, each `{source, mime, width, height, bytes}` (absent when none) |
-//! | `events` | array of objects | events the cell reported, each `{seq, name, data, timestamp, step}` (absent when none) |
+//! The fields are [`ExecutionRecord`]'s: its field documentation is the reference.
+//! `docs/schema/v1/execution.schema.json` (JSON Schema, draft 2020-12) and the field table
+//! of `docs/task-log.md` are generated from it ([`crate::schema::execution_schema`]); a test
+//! fails when the committed copies differ (`FLOWREPL_BLESS=1` rewrites them).
 //!
 //! # Event records (`type: "event"`)
 //! Each event of a cell is also a record of its own, written right after the cell's
@@ -77,91 +53,108 @@ pub const RECORD_TYPE_EXECUTION: &str = "execution";
 /// The `type` of an event record.
 pub const RECORD_TYPE_EVENT: &str = "event";
 
-/// One execution. Borrows its strings when written (no copy of a 50 MB stdout), owns them
-/// when read back.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One `execute_code` call (`type: "execution"`): one line of the task log. Borrows its
+/// strings when written (no copy of a 50 MB stdout), owns them when read back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ExecutionRecord<'a> {
-    /// `"execution"`.
+    /// `execution`; other record types are `event`, `context` and `session`: skip the types
+    /// you do not know.
     #[serde(rename = "type")]
+    #[schemars(extend("const" = "execution"))]
     pub kind: Cow<'a, str>,
-    /// [`FORMAT_VERSION`] when written.
+    /// The format version (1, `FORMAT_VERSION`): fields are only ever added within a
+    /// version.
+    #[schemars(range(min = 1))]
     pub version: u32,
-    /// The Flow plan id.
+    /// `FLOW_PLAN_ID` (default `local`), as given (not the file-name form).
     pub plan_id: Cow<'a, str>,
-    /// The Flow task id.
+    /// `FLOW_TASK_ID` (default `adhoc`), as given (not the file-name form).
     pub task_id: Cow<'a, str>,
-    /// The Flow task name, if given.
+    /// `FLOW_TASK_NAME`, or null.
     pub task_name: Option<Cow<'a, str>>,
-    /// Unique id of the kernel run.
+    /// The kernel run (a UUID).
     pub session_id: Cow<'a, str>,
-    /// 1-based count of execute calls in the session.
+    /// 1, 2, … within the session.
+    #[schemars(range(min = 1))]
     pub execution_count: u64,
-    /// Cell start, UTC ISO 8601 with milliseconds and `Z`.
+    /// The cell's start: UTC, ISO 8601 with milliseconds and `Z`.
+    #[schemars(extend("format" = "date-time"))]
     pub timestamp: Cow<'a, str>,
-    /// Wall time of the cell in milliseconds.
+    /// The cell's wall time, ms.
+    #[schemars(range(min = 0.0))]
     pub elapsed_ms: f64,
     /// The cell's source.
     #[serde(serialize_with = "text")]
     pub code: Cow<'a, str>,
-    /// Captured fd 1 output.
+    /// Its captured stdout, as in the result.
     #[serde(serialize_with = "text")]
     pub stdout: Cow<'a, str>,
-    /// Captured fd 2 output, with the traceback on error.
+    /// Its captured stderr, as in the result; ends with the traceback on error.
     #[serde(serialize_with = "text")]
     pub stderr: Cow<'a, str>,
-    /// Whether the cell ran without raising.
+    /// The cell ran without raising.
     pub success: bool,
-    /// Exception class name, if any.
+    /// The exception's class name, or null.
     pub error_type: Option<Cow<'a, str>>,
-    /// Exception message, if any.
+    /// The exception's message, or null.
     #[serde(default)]
     pub error_message: Option<Cow<'a, str>>,
-    /// Repr of the final expression's value.
+    /// The repr of the final expression's value, or null.
     #[serde(default)]
     pub result: Option<Cow<'a, str>>,
-    /// Whether the timeout stopped the cell.
+    /// The timeout stopped the cell.
     #[serde(default)]
     pub timed_out: bool,
-    /// Whether an interrupt request stopped the cell.
+    /// An `interrupt` request stopped the cell.
     #[serde(default)]
     pub interrupted: bool,
-    /// `interrupt` or `kill` when the cell was stopped.
+    /// How the cell was stopped: `interrupt` (SIGINT, the namespace kept) or `kill` (worker
+    /// mode: SIGKILL after the grace period, the state lost); null when it was not.
     #[serde(default)]
+    #[schemars(extend("enum" = ["interrupt", "kill", null]))]
     pub stopped_by: Option<Cow<'a, str>>,
-    /// Names the cell added.
+    /// Names the cell added, sorted.
     pub added_vars: Cow<'a, [String]>,
-    /// Names the cell removed.
+    /// Names the cell removed, sorted.
     pub removed_vars: Cow<'a, [String]>,
-    /// Names the cell bound to another object.
+    /// Names the cell bound to another object, sorted (absent in records written before it
+    /// existed: read as empty).
     #[serde(default)]
     pub rebound_vars: Cow<'a, [String]>,
-    /// Modules the cell imported.
+    /// Modules the cell imported, sorted.
     pub added_imports: Cow<'a, [String]>,
-    /// `in_process` or `worker`.
+    /// Where the cell ran: `in_process` or `worker`.
+    #[schemars(extend("enum" = ["in_process", "worker"]))]
     pub mode: Cow<'a, str>,
-    /// Warnings about the cell.
+    /// The result's warnings: what went wrong around the cell without failing it.
     #[serde(default)]
     pub warnings: Cow<'a, [String]>,
-    /// The process that ran the cell (absent in records written before it was added).
+    /// The process that ran the cell: the worker in worker mode (a new pid means a new
+    /// worker), else the kernel.
     #[serde(default)]
     pub pid: Option<u32>,
-    /// CPU time of that process during the cell, ms.
+    /// That process's CPU time during the cell (all threads, not child processes), ms.
     #[serde(default)]
+    #[schemars(range(min = 0.0))]
     pub cpu_ms: Option<f64>,
-    /// Its peak RSS during the cell, KiB.
+    /// Its peak resident memory during the cell, KiB.
     #[serde(default)]
     pub peak_rss_kb: Option<u64>,
-    /// The worker died or was killed during the cell.
+    /// Worker mode: the worker died or was killed in this cell, and its state was lost (the
+    /// next cell says what a checkpoint brought back). On the first cell after a restore:
+    /// true only if names were lost.
     #[serde(default)]
     pub state_lost: bool,
-    /// Images returned with the result (MCP mode); absent when none.
+    /// `flowrepl mcp` only: figures and `_repr_png_` values returned as image blocks (the
+    /// image data is not logged). Absent when there were none.
     #[serde(default, skip_serializing_if = "<[ImageInfo]>::is_empty")]
     pub images: Cow<'a, [ImageInfo]>,
-    /// Events the cell reported; absent when none.
+    /// The cell's events (`flow.event`, `flow.step`, `MCP::` lines), as in the result. Absent
+    /// when there were none.
     #[serde(default, skip_serializing_if = "<[Event]>::is_empty")]
     pub events: Cow<'a, [Event]>,
-    /// The first cell after an automatic restore: what came back from the checkpoint (see
-    /// [`flowrepl_protocol::RestoreReport`]); absent otherwise.
+    /// Only on the first cell after an automatic restore (a worker death, `--resume`): what
+    /// came back from the checkpoint (docs/snapshots.md). Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored: Option<flowrepl_protocol::RestoreReport>,
 }

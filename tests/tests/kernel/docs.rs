@@ -46,3 +46,47 @@ fn every_thread_is_named_in_the_design_doc() {
         k.close();
     }
 }
+
+/// `text` between the line `<!-- begin NAME -->` and `<!-- end NAME -->` of a document.
+fn between<'a>(doc: &'a str, name: &str) -> Option<(usize, usize)> {
+    let begin = format!("<!-- begin {name} -->\n");
+    let end = format!("<!-- end {name} -->");
+    let start = doc.find(&begin)? + begin.len();
+    let stop = start + doc[start..].find(&end)?;
+    Some((start, stop))
+}
+
+/// The execution record is declared once, in `flowrepl_task_logger::ExecutionRecord`: its
+/// JSON Schema in docs/schema/v1 and the field table of docs/task-log.md are generated from
+/// it, and differ from the committed copies only when someone forgot to run this test with
+/// `FLOWREPL_BLESS=1` (which rewrites them).
+#[test]
+fn the_execution_records_schema_and_table_are_generated_from_its_type() {
+    use flowrepl_task_logger::schema::{execution_schema, field_table};
+    let bless = std::env::var_os("FLOWREPL_BLESS").is_some();
+    let schema = execution_schema();
+    let path = workspace_root().join("docs/schema/v1/execution.schema.json");
+    let generated = serde_json::to_string_pretty(&schema).unwrap() + "\n";
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    if bless {
+        std::fs::write(&path, &generated).unwrap();
+    } else {
+        assert!(
+            committed == generated,
+            "docs/schema/v1/execution.schema.json is not what ExecutionRecord generates: run this test with FLOWREPL_BLESS=1"
+        );
+    }
+    let doc_path = workspace_root().join("docs/task-log.md");
+    let doc = std::fs::read_to_string(&doc_path).unwrap();
+    let (start, stop) = between(&doc, "execution fields").expect("the markers in docs/task-log.md");
+    let table = field_table(&schema);
+    if bless {
+        let doc = format!("{}{table}{}", &doc[..start], &doc[stop..]);
+        std::fs::write(&doc_path, doc).unwrap();
+    } else {
+        assert!(
+            doc[start..stop] == table,
+            "docs/task-log.md's execution field table is not what ExecutionRecord generates: run this test with FLOWREPL_BLESS=1"
+        );
+    }
+}
