@@ -62,26 +62,44 @@ pub struct ExecuteArgs {
     pub wait_s: Option<f64>,
 }
 
+/// The names of the tools that other code calls by name (`serve`): each is the `name` of its
+/// `#[tool]` below (rmcp's macro takes only a literal; a test checks them against the router).
+pub const EXECUTE_CODE: &str = "execute_code";
+/// See [`EXECUTE_CODE`].
+pub const WAIT_CELL: &str = "wait_cell";
+/// See [`EXECUTE_CODE`].
+pub const INTERRUPT: &str = "interrupt";
+/// See [`EXECUTE_CODE`].
+pub const CHECKPOINT: &str = "checkpoint";
+
 /// Arguments of `wait_cell`.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WaitCellArgs {
     /// The cell, as a `running: true` result named it.
     pub cell: u64,
     /// Answer after this many seconds if it is still running (again `running: true`).
     /// Default: the server's (FLOWREPL_MCP_WAIT_S, 50).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 86400.0))]
     pub wait_s: Option<f64>,
 }
 
 /// Arguments of `interrupt`.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InterruptArgs {
     /// Stop this cell (an id from a `running: true` result) rather than whichever runs now.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cell: Option<u64>,
+}
+
+/// Arguments as a tool call carries them (a JSON object).
+pub fn arguments<T: Serialize>(args: &T) -> JsonObject {
+    match serde_json::to_value(args) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => JsonObject::new(),
+    }
 }
 
 /// How long a call waits: its `wait_s`, else the server's.
@@ -135,7 +153,8 @@ fn internal(msg: impl Into<String>) -> ErrorData {
     ErrorData::internal_error(msg.into(), None)
 }
 
-fn structured<T: Serialize>(text: String, value: &T, is_error: bool) -> CallToolResult {
+/// A tool result: `text` for the model, `value` as its structured content.
+pub fn structured<T: Serialize>(text: String, value: &T, is_error: bool) -> CallToolResult {
     let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
     r.structured_content = serde_json::to_value(value).ok();
     r.is_error = Some(is_error);
@@ -791,5 +810,21 @@ impl ServerHandler for KernelServer {
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         self.shared.tasks.cancel(&request.task_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_tool_name_constants_are_the_routers() {
+        let names = super::tool_names();
+        for name in [
+            super::EXECUTE_CODE,
+            super::WAIT_CELL,
+            super::INTERRUPT,
+            super::CHECKPOINT,
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} is not a tool");
+        }
     }
 }

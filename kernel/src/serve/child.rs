@@ -17,6 +17,7 @@
 
 use crate::lines::{BoundedLines, Line};
 use crate::mcp::approval::{Asking, LatestAsking};
+use crate::mcp::tools;
 use flowrepl_os::lock;
 use rmcp::model::{
     CallToolResponse, CallToolResult, ElicitRequestParams, InputRequests, InputRequiredResult,
@@ -320,7 +321,7 @@ impl Child {
     ) -> Result<CallToolResponse, ErrorData> {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         let _in_flight = InFlight(self);
-        if name == "execute_code" {
+        if name == tools::EXECUTE_CODE {
             *lock(&self.asker) = Some(peer.clone());
             self.asking.set(how.asking);
         }
@@ -408,7 +409,7 @@ impl Child {
                 e.get("data").cloned(),
             ));
         }
-        if name == "execute_code" {
+        if name == tools::EXECUTE_CODE {
             self.cells.fetch_add(1, Ordering::Relaxed);
         }
         let mut result: CallToolResult =
@@ -530,20 +531,25 @@ impl Child {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let rx = self.register(id);
         let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-            "params": {"name": "checkpoint", "arguments": {}}});
+            "params": {"name": tools::CHECKPOINT, "arguments": {}}});
         self.send(&call)
             .await
             .map_err(|e| format!("the kernel could not be asked: {e}"))?;
-        let r = match tokio::time::timeout(grace + Duration::from_secs(30), rx).await {
+        let mut r = match tokio::time::timeout(grace + Duration::from_secs(30), rx).await {
             Ok(Ok(r)) => r,
             _ => return Err("the kernel did not answer".into()),
         };
-        let text = r["result"]["content"][0]["text"]
-            .as_str()
-            .or_else(|| r["error"]["message"].as_str())
-            .unwrap_or("no text")
-            .to_owned();
-        if r["result"]["isError"] == json!(true) || r.get("error").is_some() {
+        if let Some(e) = r.get("error") {
+            return Err(e["message"].as_str().unwrap_or("an error").to_owned());
+        }
+        let result: CallToolResult = serde_json::from_value(r["result"].take())
+            .map_err(|e| format!("the kernel's answer is not a tool result: {e}"))?;
+        let text = result
+            .content
+            .iter()
+            .find_map(|c| c.as_text().map(|t| t.text.clone()))
+            .unwrap_or_default();
+        if result.is_error == Some(true) {
             Err(text)
         } else {
             Ok(text)

@@ -5,6 +5,7 @@ use super::child::{Child, Relay, TaskKey};
 use super::pool::{KernelInfo, Pool, PoolError};
 use crate::mcp::approval::Asking;
 use crate::mcp::tasks::{self, CellTasks};
+use crate::mcp::tools::structured;
 use crate::mcp::{render, schema};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
@@ -147,7 +148,7 @@ impl Serve {
                 k.plan, k.task, k.state, k.mode, k.pid, k.memory_kb, k.cells, k.idle_s
             );
         }
-        structured(text, &list)
+        structured(text, &list, false)
     }
 }
 
@@ -161,23 +162,19 @@ fn finish_relayed(
 ) -> impl FnOnce(u64, TaskContext) -> TaskFuture {
     move |cell, ctx| {
         Box::pin(async move {
+            use crate::mcp::tools::{arguments, InterruptArgs, WaitCellArgs, INTERRUPT, WAIT_CELL};
             let never = tokio_util::sync::CancellationToken::new();
-            let args = |wait: Option<f64>| -> JsonObject {
-                let mut a = JsonObject::new();
-                a.insert("cell".into(), json!(cell));
-                if let Some(w) = wait {
-                    a.insert("wait_s".into(), json!(w));
-                }
-                a
-            };
             let every = tasks::STATUS_EVERY.as_secs_f64();
             let mut cancelled = false;
             let mut inbox = kernel.inbox_changes();
             let mut inputs = tasks::InputForwarder::default();
             loop {
                 let wait = relayed(kernel.call_tool(
-                    "wait_cell",
-                    args(Some(every)),
+                    WAIT_CELL,
+                    arguments(&WaitCellArgs {
+                        cell,
+                        wait_s: Some(every),
+                    }),
                     None,
                     &peer,
                     &never,
@@ -195,7 +192,8 @@ fn finish_relayed(
                         _ = ctx.cancelled(), if !cancelled => {
                             cancelled = true;
                             tracing::info!(cell, "task cancelled: interrupting its cell");
-                            let stop = kernel.call_tool("interrupt", args(None), None, &peer, &never, Relay::default());
+                            let args = arguments(&InterruptArgs { cell: Some(cell) });
+                            let stop = kernel.call_tool(INTERRUPT, args, None, &peer, &never, Relay::default());
                             if let Err(e) = stop.await {
                                 tracing::warn!(cell, error = %e.message, "interrupting a task's cell failed");
                             }
@@ -225,12 +223,6 @@ async fn relayed(
             None,
         )),
     }
-}
-
-fn structured<T: serde::Serialize>(text: String, value: &T) -> CallToolResult {
-    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
-    r.structured_content = serde_json::to_value(value).ok();
-    r
 }
 
 fn empty_object() -> JsonObject {
@@ -330,7 +322,7 @@ impl ServerHandler for Serve {
                     None => "no kernel was running for this task".into(),
                 },
             };
-            return Ok(structured(stopped.message.clone(), &stopped).into());
+            return Ok(structured(stopped.message.clone(), &stopped, false).into());
         }
         let kernel = match self.pool.kernel(&key).await {
             Ok(k) => k,
