@@ -2,65 +2,50 @@
 //! that touches Python is a [`Job`] for the kernel's main thread (see [`super`]), answered
 //! through a oneshot channel. `interrupt` and `read_output` are answered here at once, even
 //! while a cell runs.
+//!
+//! # Layout
+//! - [`args`]: the tools' argument types (and `interrupt`'s result), parsed strictly.
+//! - [`results`]: how answers become tool results.
+//! - [`follow`]: waiting for a cell: progress, cancellation, `running: true`, MCP tasks.
+//! - here: the server, its router (one handler per tool) and its MCP handler.
 
-use super::approval::Asking;
-use super::parked::{Take, Waiting};
+mod args;
+mod follow;
+mod results;
+
+pub use args::{arguments, ExecuteArgs, InterruptArgs, InterruptOut, ReadOutputArgs, WaitCellArgs};
+pub use follow::HEARTBEAT;
+pub use results::{answer_result, error_text, structured};
+
+use super::parked::Waiting;
 use super::render::{self, McpExecuteResult, RunningCell};
 use super::schema;
-use super::store::{Page, ReadError, StreamName};
+use super::store::{Page, ReadError};
 use super::tasks;
 use super::{Job, Shared, Ticket};
-use crate::session::{not_stopped, unstoppable_for, Answer};
-use flowrepl_exec::tail::OutputTail;
+use args::{checkpoint_args, parse_args, wait_for};
 use flowrepl_protocol::call::MAX_TIMEOUT_MS;
 use flowrepl_protocol::{
     Call, CheckpointParams, CheckpointSummary, CheckpointsReply, ExecuteMethod, ExecuteParams,
-    RestartParams, RestartReply, RestoreReport, VariableInfo, VariablesReply,
+    RestartParams, RestartReply, RestoreReport, VariablesReply,
 };
+use follow::{finish_cell, Follow, OnCancel};
+use results::internal;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::schema_for_input;
 use rmcp::handler::server::tool::{InputResponses, RequestState, ToolCallContext};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
-    GetTaskParams, GetTaskResult, InitializeResult, InputRequiredResult, JsonObject,
-    ProgressNotificationParam, ProgressToken, RequestMetaObject, UpdateTaskParams,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams,
+    GetTaskResult, InitializeResult, JsonObject, RequestMetaObject, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
-use rmcp::task_manager::{TaskContext, TaskExit, TaskFuture};
 use rmcp::{tool, tool_handler, tool_router, ErrorData, Peer, RoleServer, ServerHandler};
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-use std::fmt::Write as _;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
-
-/// How often a running cell reports progress when the call asked for it.
-pub const HEARTBEAT: Duration = Duration::from_secs(1);
-/// How often a queued call looks whether the cell ahead of it ignores SIGINT.
-const STUCK_CHECK: Duration = Duration::from_millis(250);
-
-/// Arguments of `execute_code`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ExecuteArgs {
-    /// Python source to run in the session, as in a notebook cell.
-    pub code: String,
-    /// Stop the cell with KeyboardInterrupt after this many milliseconds (variables are
-    /// kept). Default: the kernel's (FLOWREPL_TIMEOUT_MS, 300000).
-    #[serde(default)]
-    #[schemars(range(min = 1, max = MAX_TIMEOUT_MS))]
-    pub timeout_ms: Option<u64>,
-    /// Answer after this many seconds if the cell is still running: `running: true`, its
-    /// `cell` id and the output so far; the cell goes on and `wait_cell` collects it.
-    /// Default: the server's (FLOWREPL_MCP_WAIT_S, 50).
-    #[serde(default)]
-    #[schemars(range(min = 0.0, max = 86400.0))]
-    pub wait_s: Option<f64>,
-}
 
 /// The names of the tools that other code calls by name (`serve`): each is the `name` of its
 /// `#[tool]` below (rmcp's macro takes only a literal; a test checks them against the router).
@@ -72,110 +57,12 @@ pub const INTERRUPT: &str = "interrupt";
 /// See [`EXECUTE_CODE`].
 pub const CHECKPOINT: &str = "checkpoint";
 
-/// Arguments of `wait_cell`.
-#[derive(Debug, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct WaitCellArgs {
-    /// The cell, as a `running: true` result named it.
-    pub cell: u64,
-    /// Answer after this many seconds if it is still running (again `running: true`).
-    /// Default: the server's (FLOWREPL_MCP_WAIT_S, 50).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0.0, max = 86400.0))]
-    pub wait_s: Option<f64>,
-}
-
-/// Arguments of `interrupt`.
-#[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct InterruptArgs {
-    /// Stop this cell (an id from a `running: true` result) rather than whichever runs now.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cell: Option<u64>,
-}
-
-/// Arguments as a tool call carries them (a JSON object).
-pub fn arguments<T: Serialize>(args: &T) -> JsonObject {
-    match serde_json::to_value(args) {
-        Ok(serde_json::Value::Object(map)) => map,
-        _ => JsonObject::new(),
-    }
-}
-
-/// How long a call waits: its `wait_s`, else the server's.
-fn wait_for(wait_s: Option<f64>, default: Duration) -> Result<Duration, ErrorData> {
-    match wait_s {
-        None => Ok(default),
-        Some(s) if (0.0..=86_400.0).contains(&s) => Ok(Duration::from_secs_f64(s)),
-        Some(s) => Err(ErrorData::invalid_params(
-            format!("wait_s must be between 0 and 86400, not {s}"),
-            None,
-        )),
-    }
-}
-
-/// Arguments of `read_output`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReadOutputArgs {
-    /// The cell (`execution_count` of its result, the n of `Out[n]`).
-    pub execution_count: u64,
-    /// Which part: `stdout`, `stderr` or `result`.
-    pub stream: StreamName,
-    /// First character to return (the offset the cut marker names). Default 0.
-    #[serde(default)]
-    pub offset: usize,
-    /// Characters to return; at most the output budget (FLOWREPL_MCP_MAX_CHARS), which is
-    /// also the default.
-    #[serde(default)]
-    pub length: Option<usize>,
-}
-
-/// `interrupt`'s structured result.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct InterruptOut {
-    /// True when a cell was running and was sent KeyboardInterrupt (or, given `cell`, was
-    /// still queued and is dropped).
-    pub interrupted: bool,
-    /// What happens next.
-    pub message: String,
-}
-
 /// The MCP server: a handle to the kernel's main thread.
 #[derive(Clone)]
 pub struct KernelServer {
     jobs: Sender<Job>,
     shared: Arc<Shared>,
     tool_router: ToolRouter<KernelServer>,
-}
-
-fn internal(msg: impl Into<String>) -> ErrorData {
-    ErrorData::internal_error(msg.into(), None)
-}
-
-/// A tool result: `text` for the model, `value` as its structured content.
-pub fn structured<T: Serialize>(text: String, value: &T, is_error: bool) -> CallToolResult {
-    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
-    r.structured_content = serde_json::to_value(value).ok();
-    r.is_error = Some(is_error);
-    r
-}
-
-/// Arguments that do not fit the tool's input schema are a JSON-RPC error (-32602), not a
-/// tool result: rmcp's `Parameters` would turn them into an `isError` result.
-fn parse_args<T: serde::de::DeserializeOwned>(args: JsonObject) -> Result<T, ErrorData> {
-    serde_json::from_value(serde_json::Value::Object(args))
-        .map_err(|e| ErrorData::invalid_params(format!("invalid arguments: {e}"), None))
-}
-
-/// The arguments of `checkpoint` and `restore_checkpoint`; a bad name is a bad argument.
-fn checkpoint_args(args: JsonObject) -> Result<CheckpointParams, ErrorData> {
-    let p: CheckpointParams = parse_args(args)?;
-    if let Some(name) = &p.name {
-        flowrepl_task_logger::snapshot::check_name(name)
-            .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
-    }
-    Ok(p)
 }
 
 /// Polls `rx` without sleeping for up to [`flowrepl_os::spin_before_block`]
@@ -189,219 +76,6 @@ fn spin_for<T>(rx: &mut oneshot::Receiver<T>) -> Option<Result<T, ()>> {
         Err(oneshot::error::TryRecvError::Empty) => false,
     });
     got
-}
-
-/// A tool result with `isError` and one text block.
-pub fn error_text(text: String) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(text)])
-}
-
-/// The tool result of a call other than `execute_code`.
-pub fn answer_result(answer: Answer) -> CallToolResult {
-    match answer {
-        Answer::Restart(r) => structured(r.message.clone(), &r, false),
-        Answer::Restore(r) => structured(crate::engine::restored_message(&r), &r, false),
-        Answer::Checkpoint(c) => {
-            let mut text = format!(
-                "checkpoint {:?} written after cell {}: {} names saved, {} bytes, {:.1} ms",
-                c.checkpoint,
-                c.execution_count,
-                c.saved.len() + c.modules.len(),
-                c.bytes,
-                c.ms
-            );
-            for (name, why) in &c.unsaved {
-                let _ = write!(text, "\nnot saved: {name}: {why}");
-            }
-            structured(text, &c, false)
-        }
-        Answer::Checkpoints(c) => {
-            let mut text = String::new();
-            for cp in &c.checkpoints {
-                let _ = writeln!(
-                    text,
-                    "{}: after cell {}, {} names, {} bytes, {}",
-                    cp.name,
-                    cp.execution_count,
-                    cp.names.len(),
-                    cp.bytes,
-                    cp.time
-                );
-            }
-            if text.is_empty() {
-                text = format!("no checkpoints yet (FLOWREPL_SNAPSHOT={})", c.policy);
-            }
-            structured(text, &c, false)
-        }
-        Answer::Variables(v) => structured(variables_text(&v.variables), &v, false),
-        other => {
-            let text = serde_json::to_string(&other).unwrap_or_default();
-            structured(text, &other, false)
-        }
-    }
-}
-
-/// What a cell still running shows: its state and the end of its output so far.
-fn running_cell(shared: &Shared, id: u64, started: Instant, ticket: &Ticket) -> RunningCell {
-    let queued = ticket.is_queued();
-    let tail = if queued {
-        None
-    } else {
-        shared.control.output_tail(shared.max_chars / 2)
-    };
-    let tail = tail.unwrap_or_default();
-    let [stdout, stderr] = tail.recent;
-    RunningCell {
-        running: true,
-        cell: id,
-        elapsed_s: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
-        queued,
-        stdout,
-        stderr,
-        stdout_bytes: tail.bytes[0],
-        stderr_bytes: tail.bytes[1],
-    }
-}
-
-/// How a call that waits for a cell ends when its client cancels it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum OnCancel {
-    /// `execute_code`: the cell is interrupted (dropped if still queued).
-    Interrupt,
-    /// `wait_cell`: only the waiting stops.
-    StopWaiting,
-}
-
-/// How a call follows its cell.
-struct Follow {
-    /// Answer `running: true` after this long.
-    wait: Duration,
-    /// Send progress notifications to this token.
-    token: Option<ProgressToken>,
-    on_cancel: OnCancel,
-    /// The client can answer approvals through `inputRequests` (2026-07-28).
-    asks: bool,
-}
-
-impl KernelServer {
-    /// Whether this call's client answers approvals through `inputRequests` (a 2026-07-28
-    /// client that declared elicitation in the request's `_meta`); said to the inbox.
-    fn answers_approvals(&self, peer: &Peer<RoleServer>, meta: &RequestMetaObject) -> bool {
-        let asking = Asking::of(meta, peer);
-        self.shared.inbox.asking.set(asking);
-        asking == Asking::InAnswers
-    }
-
-    /// Takes parked cell `id` for a call to follow.
-    fn take_parked(&self, id: u64) -> Result<Waiting, ErrorData> {
-        match self.shared.parked().take(id) {
-            Take::Got(w) => Ok(w),
-            Take::Busy => Err(ErrorData::invalid_params(
-                format!("another call is already waiting for cell {id}"),
-                None,
-            )),
-            Take::Unknown => Err(ErrorData::invalid_params(
-                format!("no cell {id} to wait for: ids come from a running: true result, and a result is given once"),
-                None,
-            )),
-        }
-    }
-
-    /// Waits for cell `id` up to `follow.wait`: its result; or, still running, `running: true`
-    /// (the cell parked for `wait_cell`); or, when the client can answer approvals through
-    /// `inputRequests` and the cell waits for one, an `InputRequiredResult` (parked too).
-    /// Meanwhile: progress notifications, cancellation, calls stuck behind a cell that
-    /// ignores SIGINT.
-    async fn follow(
-        &self,
-        id: u64,
-        mut waiting: Waiting,
-        follow: Follow,
-        peer: &Peer<RoleServer>,
-        ct: &CancellationToken,
-    ) -> Result<CallToolResponse, ErrorData> {
-        let started = Instant::now();
-        let mut heartbeat = tokio::time::interval_at((started + HEARTBEAT).into(), HEARTBEAT);
-        let mut stuck_check = tokio::time::interval(STUCK_CHECK);
-        // One timer for the whole wait, not one per pass of the loop.
-        let answer_by = tokio::time::sleep_until(tokio::time::Instant::from(started + follow.wait));
-        tokio::pin!(answer_by);
-        let mut inbox = self.shared.inbox.subscribe();
-        let mut previous = OutputTail::default();
-        let mut last_line: Option<String> = None;
-        let mut cancelled = false;
-        loop {
-            if follow.asks && !cancelled {
-                if let Some(requests) = self.shared.inbox.requests() {
-                    self.shared.parked().park(id, waiting);
-                    let state = format!("cell:{id}");
-                    return Ok(InputRequiredResult::new(Some(requests), Some(state)).into());
-                }
-            }
-            tokio::select! {
-                r = &mut waiting.rx => {
-                    self.shared.parked().collected(id);
-                    return r.map(Into::into).map_err(|_| internal("the cell was dropped before it ran"));
-                }
-                _ = &mut answer_by, if !cancelled => {
-                    let now = running_cell(&self.shared, id, waiting.started, &waiting.ticket);
-                    self.shared.parked().park(id, waiting);
-                    return Ok(render::running_result(now).into());
-                }
-                _ = inbox.changed(), if follow.asks => {}
-                _ = ct.cancelled(), if !cancelled => {
-                    if follow.on_cancel == OnCancel::StopWaiting {
-                        self.shared.parked().park(id, waiting);
-                        return Err(internal("cancelled: stopped waiting (the cell goes on)"));
-                    }
-                    cancelled = true;
-                    tracing::info!("execute_code cancelled by the client: interrupting the cell");
-                    super::cancel(&self.shared, &waiting.ticket);
-                }
-                _ = stuck_check.tick(), if !cancelled && waiting.ticket.is_queued() => {
-                    // In-process, a cell that ignores SIGINT cannot be stopped: do not leave
-                    // the calls behind it waiting without a word (the JSON-RPC front's
-                    // CellNotStopped). Worker mode kills such cells instead.
-                    let grace = self.shared.kill_grace;
-                    let stuck = unstoppable_for(&*self.shared.control, grace).is_some();
-                    if stuck && waiting.ticket.withdraw() {
-                        self.shared.parked().collected(id);
-                        let report = not_stopped(self.shared.mode, grace, false);
-                        let text = report.error.map(|e| e.traceback).unwrap_or_default();
-                        return Ok(error_text(text.trim_end().to_owned()).into());
-                    }
-                }
-                _ = heartbeat.tick(), if follow.token.is_some() && !cancelled => {
-                    let elapsed = waiting.started.elapsed().as_secs_f64();
-                    let mut message = if waiting.ticket.is_queued() {
-                        format!("waiting {elapsed:.0} s for the previous call to finish")
-                    } else if let Some(q) = self.shared.approvals.waiting_for() {
-                        format!("running for {elapsed:.0} s, waiting for approval: {q}")
-                    } else {
-                        format!("running for {elapsed:.0} s")
-                    };
-                    if let Some(tail) = self.shared.control.output_tail(0) {
-                        if let Some(l) = tail.latest_line(&previous) {
-                            last_line = Some(l.to_owned());
-                        }
-                        previous = tail;
-                    }
-                    match &last_line {
-                        Some(l) => { let _ = write!(message, "; last output: {l}"); }
-                        None => message.push_str("; no output yet"),
-                    }
-                    let p = ProgressNotificationParam::new(
-                        follow.token.clone().expect("checked"),
-                        (elapsed * 10.0).round() / 10.0,
-                    )
-                    .with_message(message);
-                    if let Err(e) = peer.notify_progress(p).await {
-                        tracing::debug!(error = %e, "progress notification not sent");
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// The server's tools as a server with these settings lists them (`flowrepl serve` lists
@@ -687,64 +361,6 @@ impl KernelServer {
     )]
     async fn list_variables(&self) -> Result<CallToolResult, ErrorData> {
         self.ask(Call::ListVariables).await
-    }
-}
-
-/// One line per variable: `name: type (module) len N shape (a, b) = repr`.
-fn variables_text(vars: &[VariableInfo]) -> String {
-    if vars.is_empty() {
-        return "(no variables)".into();
-    }
-    let mut t = String::new();
-    for v in vars {
-        let _ = write!(t, "{}: {}", v.name, v.kind);
-        if let Some(m) = &v.module {
-            let _ = write!(t, " ({m})");
-        }
-        if let Some(s) = &v.shape {
-            let dims: Vec<String> = s.iter().map(u64::to_string).collect();
-            let _ = write!(t, " shape ({})", dims.join(", "));
-        } else if let Some(n) = v.len {
-            let _ = write!(t, " len {n}");
-        }
-        let _ = writeln!(t, " = {}", v.repr);
-    }
-    t
-}
-
-/// A task's operation on this kernel: wait for the parked cell `id`; a `tasks/cancel` stops it.
-fn finish_cell(shared: Arc<Shared>) -> impl FnOnce(u64, TaskContext) -> TaskFuture {
-    move |id, ctx| {
-        Box::pin(async move {
-            let Take::Got(mut waiting) = shared.parked().take(id) else {
-                return Err(TaskExit::Error(internal(format!("cell {id} is gone"))));
-            };
-            let mut status = tokio::time::interval(tasks::STATUS_EVERY);
-            let mut inbox = shared.inbox.subscribe();
-            let mut inputs = tasks::InputForwarder::default();
-            let result = loop {
-                let to = Arc::clone(&shared);
-                inputs.forward(&ctx, shared.inbox.requests(), move |key, answer| {
-                    to.inbox.deliver([(key, answer)].into(), &to.approvals);
-                });
-                tokio::select! {
-                    _ = inbox.changed() => {}
-                    r = &mut waiting.rx => break r.map_err(|_| TaskExit::Cancelled),
-                    _ = ctx.cancelled() => {
-                        tracing::info!(cell = id, "task cancelled: stopping its cell");
-                        super::cancel(&shared, &waiting.ticket);
-                        let _ = (&mut waiting.rx).await;
-                        break Err(TaskExit::Cancelled);
-                    }
-                    _ = status.tick() => {
-                        let now = running_cell(&shared, id, waiting.started, &waiting.ticket);
-                        ctx.set_status_message(render::running_text(&now, render::Next::Task));
-                    }
-                }
-            };
-            shared.parked().collected(id);
-            result
-        })
     }
 }
 
