@@ -20,7 +20,7 @@ const LOOK_EVERY: Duration = Duration::from_secs(2);
 const ENDED_FOR_A_TRIM: usize = 100;
 
 /// Gives the memory of ended sessions back to the system: when at least
-/// [`ENDED_FOR_A_TRIM`] fewer sessions are open than at the most since the last trim,
+/// `ENDED_FOR_A_TRIM` (100) fewer sessions are open than at the most since the last trim,
 /// `malloc_trim`. Runs until the runtime ends.
 pub async fn give_back_memory(sessions: Arc<LocalSessionManager>) {
     let mut most = 0;

@@ -4,9 +4,9 @@
 //! while a cell runs.
 //!
 //! # Layout
-//! - [`args`]: the tools' argument types (and `interrupt`'s result), parsed strictly.
-//! - [`results`]: how answers become tool results.
-//! - [`follow`]: waiting for a cell: progress, cancellation, `running: true`, MCP tasks.
+//! - `args`: the tools' argument types (and `interrupt`'s result), parsed strictly.
+//! - `results`: how answers become tool results.
+//! - `follow`: waiting for a cell: progress, cancellation, `running: true`, MCP tasks.
 //! - here: the server, its router (one handler per tool) and its MCP handler.
 
 mod args;
