@@ -1,25 +1,8 @@
 //! Command line and environment.
 
+use crate::env;
 use clap::Parser;
 use std::path::PathBuf;
-
-/// The environment variables that code other than the flags sets or reads (the replayer,
-/// tests), each written once.
-pub mod env {
-    /// `--python`.
-    pub const PYTHON: &str = "FLOWREPL_PYTHON";
-    /// `--no-log`.
-    pub const NO_LOG: &str = "FLOWREPL_NO_LOG";
-    /// `--resume`.
-    pub const RESUME: &str = "FLOWREPL_RESUME";
-    /// `--snapshot`.
-    pub const SNAPSHOT: &str = "FLOWREPL_SNAPSHOT";
-    /// `--sandbox`.
-    pub const SANDBOX: &str = "FLOWREPL_SANDBOX";
-    /// Sandbox layers to leave out, comma-separated (diagnostics and tests; a skipped layer
-    /// is reported as not enforced).
-    pub const SANDBOX_SKIP: &str = "FLOWREPL_SANDBOX_SKIP";
-}
 
 /// `--sandbox`: how the worker is confined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

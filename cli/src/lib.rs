@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //! - [`args`]: flags and their environment variables ([`args::Cli`]), shared with the kernel.
+//! - [`env`]: the environment variables other code sets or reads, each named once.
 //! - [`dropin`]: a Python interpreter's command line (`python [flags] SCRIPT`), as the
 //!   original system's clients start it.
 //! - [`served`]: which Python versions this build serves, and the interpreter the user means.
@@ -14,5 +15,6 @@
 
 pub mod args;
 pub mod dropin;
+pub mod env;
 pub mod logcmd;
 pub mod served;

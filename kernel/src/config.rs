@@ -200,7 +200,7 @@ impl Config {
             .ok()
             .filter(|w| w.is_dir())
             .ok_or_else(|| ConfigError::Workspace(workspace.display().to_string()))?;
-        let skip: Vec<String> = std::env::var(flowrepl_cli::args::env::SANDBOX_SKIP)
+        let skip: Vec<String> = std::env::var(flowrepl_cli::env::SANDBOX_SKIP)
             .unwrap_or_default()
             .split(',')
             .map(str::trim)

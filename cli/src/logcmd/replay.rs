@@ -11,7 +11,7 @@
 
 use super::show::{read_task, Cell};
 use super::{io_err, one_task, print_json, say, task_file, LogCmdError, Read, Scope};
-use crate::args::env;
+use crate::env;
 use flowrepl_os::logging::LOG_ENV;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};

@@ -1,0 +1,16 @@
+//! The environment variables that code other than the flags sets or reads (the replayer,
+//! tests), each written once; the flags name them too.
+
+/// `--python`.
+pub const PYTHON: &str = "FLOWREPL_PYTHON";
+/// `--no-log`.
+pub const NO_LOG: &str = "FLOWREPL_NO_LOG";
+/// `--resume`.
+pub const RESUME: &str = "FLOWREPL_RESUME";
+/// `--snapshot`.
+pub const SNAPSHOT: &str = "FLOWREPL_SNAPSHOT";
+/// `--sandbox`.
+pub const SANDBOX: &str = "FLOWREPL_SANDBOX";
+/// Sandbox layers to leave out, comma-separated (diagnostics and tests; a skipped layer
+/// is reported as not enforced).
+pub const SANDBOX_SKIP: &str = "FLOWREPL_SANDBOX_SKIP";
