@@ -18,7 +18,7 @@
 //! Dependencies point one way: fronts → session → engine. The flags, the choice of Python and
 //! `flowrepl log` are in `flowrepl-cli` (no Python); [`BUILD`] is what they need to know
 //! about this build. The kernel links no Python: it loads the executor of the session's
-//! Python version from that version's library ([`python`]).
+//! Python version from that version's library ([`engine::python`]).
 //!
 //! # Start-up order
 //! The real stdio is moved out of reach first (so nothing, not even a panic message, can write
@@ -39,13 +39,9 @@ pub mod serve;
 pub mod session;
 pub mod terminate;
 
-mod linked;
-
 use flowrepl_cli::args::{Cli, Command};
 use flowrepl_cli::logcmd;
-use flowrepl_cli::served::{Build, Executor};
-use flowrepl_exec::python::library::LoadError;
-use flowrepl_exec::python::PythonBuild;
+use flowrepl_cli::served::Build;
 use std::process::ExitCode;
 
 /// What this build knows about Python, for choosing the executor and for the flags: the
@@ -62,16 +58,6 @@ pub const BUILD: Build = Build {
         serve: serve::handler::tool_names,
     },
 };
-
-/// The executor that serves a version ([`flowrepl_cli::served::serving`]): the kernel's one
-/// way into the pyo3 crate ([`flowrepl_exec::python`]). A library is mapped for good when
-/// loaded (once per process: the in-process engine starts once).
-pub fn python(executor: &Executor) -> Result<&'static PythonBuild, LoadError> {
-    match executor {
-        Executor::Library(path) => flowrepl_exec::python::library::load(path),
-        Executor::Linked => linked::linked(),
-    }
-}
 
 /// Runs the kernel until `shutdown` or EOF. Exit codes: 0 after shutdown/EOF, 1 when Python
 /// or the protocol channel fails, 2 for a configuration error.

@@ -7,7 +7,7 @@
 //! It uses nothing of the kernel crate, so that its link (thin LTO) takes in only the
 //! executor's interface and the sandbox, not the kernel's fronts.
 
-#[path = "../linked.rs"]
+#[path = "../engine/linked.rs"]
 mod linked;
 
 use clap::Parser;

@@ -33,7 +33,7 @@ impl InProcess {
         diagnostics: std::fs::File,
         approvals: Arc<Approvals>,
     ) -> Result<InProcess, super::StartError> {
-        let python = crate::python(&config.executor)?;
+        let python = super::python(&config.executor)?;
         (python.logging)(diagnostics);
         let executor = (python.start)(&ExecutorConfig {
             pid: std::process::id(),

@@ -3,7 +3,7 @@
 
 use super::ladder::{KillReason, Ladder, Step};
 use super::process::Ended;
-use super::pump::Wait;
+use super::pump::{Collecting, Wait};
 use super::Worker;
 use crate::engine::CellRun;
 use flowrepl_exec::capture::{append_traceback, decode_output};
@@ -16,32 +16,6 @@ use nix::sys::signal::Signal;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
-
-/// What one cell's frames added up to.
-pub(super) struct Collecting {
-    pub(super) id: u64,
-    pub(super) stdout: Vec<u8>,
-    pub(super) stderr: Vec<u8>,
-    pub(super) events: Vec<flowrepl_protocol::CellEvent>,
-    pub(super) contexts: Vec<String>,
-    /// Approvals the cell waits for (its deadline is held meanwhile).
-    pub(super) waiting: Vec<String>,
-    pub(super) done: Option<Box<DoneReport>>,
-}
-
-impl Collecting {
-    fn new(id: u64) -> Collecting {
-        Collecting {
-            id,
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-            events: Vec::new(),
-            contexts: Vec::new(),
-            waiting: Vec::new(),
-            done: None,
-        }
-    }
-}
 
 impl Worker {
     /// Runs one cell: a ready worker, the Execute frame, the frames until Done under the stop

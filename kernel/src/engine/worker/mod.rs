@@ -50,12 +50,34 @@ use flowrepl_protocol::frame::{CheckpointOutcome, Frame};
 use flowrepl_protocol::{
     CheckpointSummary, Mode, PythonInfo, RestartReply, RestoreReport, VariableInfo, AUTO_CHECKPOINT,
 };
-use process::SpawnConfig;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// How to start a worker.
+#[derive(Debug, Clone)]
+pub struct SpawnConfig {
+    /// The `flowrepl-worker` executable.
+    pub exe: std::path::PathBuf,
+    /// `--python` for the worker.
+    pub python: std::path::PathBuf,
+    /// `--python-lib` for the worker (`None`: the executor linked into it).
+    pub python_lib: Option<std::path::PathBuf>,
+    /// Output limit per stream and cell.
+    pub max_output_bytes: u64,
+    /// Limits.
+    pub limits: crate::config::Limits,
+    /// MCP mode: collect figures as images after each cell.
+    pub images: Option<flowrepl_exec::setup::ImageLimits>,
+    /// What each worker's session starts from.
+    pub setup: flowrepl_exec::setup::SessionSetup,
+    /// Checkpoints, when on.
+    pub snapshots: Option<flowrepl_exec::setup::SnapshotConfig>,
+    /// `--sandbox`: how the worker is confined.
+    pub sandbox: Option<crate::config::SandboxConfig>,
+}
 
 /// How long a starting worker may take to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);

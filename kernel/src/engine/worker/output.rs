@@ -1,6 +1,6 @@
 //! A cell's output out of the capture files the kernel holds, and the progress tail.
 
-use super::cell::Collecting;
+use super::pump::Collecting;
 use super::Worker;
 use flowrepl_exec::tail::{last_line, TAIL_BYTES};
 use std::os::fd::AsFd;

@@ -12,7 +12,7 @@
 //! for its own death signal (the kernel's death); then it kills the whole group, itself
 //! included. On every normal path the kernel kills the group itself and reaps both.
 
-use crate::config::Limits;
+use super::SpawnConfig;
 use flowrepl_protocol::frame::FrameReader;
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::prctl::set_pdeathsig;
@@ -23,32 +23,8 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-
-/// How to start a worker.
-#[derive(Debug, Clone)]
-pub struct SpawnConfig {
-    /// The `flowrepl-worker` executable.
-    pub exe: PathBuf,
-    /// `--python` for the worker.
-    pub python: PathBuf,
-    /// `--python-lib` for the worker (`None`: the executor linked into it).
-    pub python_lib: Option<PathBuf>,
-    /// Output limit per stream and cell.
-    pub max_output_bytes: u64,
-    /// Limits.
-    pub limits: Limits,
-    /// MCP mode: collect figures as images after each cell.
-    pub images: Option<flowrepl_exec::setup::ImageLimits>,
-    /// What each worker's session starts from.
-    pub setup: flowrepl_exec::setup::SessionSetup,
-    /// Checkpoints, when on.
-    pub snapshots: Option<flowrepl_exec::setup::SnapshotConfig>,
-    /// `--sandbox`: how the worker is confined.
-    pub sandbox: Option<crate::config::SandboxConfig>,
-}
 
 /// A running worker.
 #[derive(Debug)]

@@ -1,16 +1,41 @@
 //! Frames from the worker's pipe: waiting, reading, applying a cell's frames, and the
 //! request/reply exchanges between cells.
 
-use super::cell::Collecting;
 use super::{Worker, WorkerError};
 use crate::engine::EngineError;
 use flowrepl_os::lock;
-use flowrepl_protocol::frame::{self, Frame, FrameError, OutputStream};
+use flowrepl_protocol::frame::{self, DoneReport, Frame, FrameError, OutputStream};
 use std::borrow::Cow;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What one cell's frames added up to.
+pub(super) struct Collecting {
+    pub(super) id: u64,
+    pub(super) stdout: Vec<u8>,
+    pub(super) stderr: Vec<u8>,
+    pub(super) events: Vec<flowrepl_protocol::CellEvent>,
+    pub(super) contexts: Vec<String>,
+    /// Approvals the cell waits for (its deadline is held meanwhile).
+    pub(super) waiting: Vec<String>,
+    pub(super) done: Option<Box<DoneReport>>,
+}
+
+impl Collecting {
+    pub(super) fn new(id: u64) -> Collecting {
+        Collecting {
+            id,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            events: Vec::new(),
+            contexts: Vec::new(),
+            waiting: Vec::new(),
+            done: None,
+        }
+    }
+}
 
 /// What reading the worker's pipe gave.
 pub(super) enum Wait {

@@ -2,7 +2,7 @@
 //! private folder that becomes its `/tmp`, and the worker's environment. The layers are applied by the worker itself
 //! (`flowrepl-sandbox`), before Python starts.
 
-use super::process::SpawnConfig;
+use super::SpawnConfig;
 use crate::config::SandboxConfig;
 use flowrepl_exec::setup::SessionSetup;
 use flowrepl_protocol::sandbox::SandboxPolicy;
