@@ -90,3 +90,165 @@ fn the_execution_records_schema_and_table_are_generated_from_its_type() {
         );
     }
 }
+
+/// The first sentence of a source file's module documentation (`//!` lines, or a Python
+/// module's docstring), on one line.
+fn first_sentence(path: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut para = Vec::new();
+    if path.extension().is_some_and(|e| e == "py") {
+        let body = text.trim_start();
+        let body = body
+            .strip_prefix("\"\"\"")
+            .unwrap_or_else(|| panic!("{}: no module docstring", path.display()));
+        for line in body.lines() {
+            let line = line.trim().trim_end_matches("\"\"\"");
+            if line.is_empty() {
+                break;
+            }
+            para.push(line.to_owned());
+        }
+    } else {
+        for line in text.lines().skip_while(|l| !l.starts_with("//!")) {
+            let Some(doc) = line.strip_prefix("//!") else {
+                break;
+            };
+            let doc = doc.trim();
+            if doc.is_empty() {
+                break;
+            }
+            para.push(doc.to_owned());
+        }
+    }
+    let para = para.join(" ");
+    assert!(
+        !para.is_empty(),
+        "{}: no module documentation",
+        path.display()
+    );
+    let end = para
+        .match_indices(". ")
+        .map(|(i, _)| i + 1)
+        .next()
+        .unwrap_or(para.len());
+    plain_links(&para[..end]).replace('|', "\\|")
+}
+
+/// Rustdoc links as plain text: `[`x`](path)` and `[`x`]` become `` `x` ``.
+fn plain_links(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(open) = rest.find("[`") {
+        let Some(close) = rest[open..].find("`]").map(|i| open + i) else {
+            break;
+        };
+        out.push_str(&rest[..open]);
+        out.push_str(&rest[open + 1..close + 1]);
+        rest = &rest[close + 2..];
+        if let Some(target) = rest.strip_prefix('(') {
+            if let Some(end) = target.find(')').filter(|&e| !target[..e].contains(' ')) {
+                rest = &target[end + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The workspace's crates, from Cargo.toml's `members`.
+fn crates() -> Vec<String> {
+    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
+    let line = manifest.lines().find(|l| l.starts_with("members")).unwrap();
+    line.split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The room map: one row per source file of every crate (`src/`, the vendored code left
+/// out), with the first sentence of its module documentation.
+fn room_map() -> String {
+    let root = workspace_root();
+    let mut files = Vec::new();
+    for krate in crates() {
+        let src = root.join(&krate).join("src");
+        let mut stack = vec![src];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                if path.is_dir() {
+                    if name != "vendor" {
+                        stack.push(path);
+                    }
+                } else if name.ends_with(".rs") || name.ends_with(".py") {
+                    files.push(path);
+                }
+            }
+        }
+    }
+    files.sort();
+    let mut out = String::from("| file | its job |\n| --- | --- |\n");
+    for f in files {
+        let rel = f.strip_prefix(&root).unwrap().display().to_string();
+        out.push_str(&format!("| `{rel}` | {} |\n", first_sentence(&f)));
+    }
+    out
+}
+
+/// The map of crates and rooms cannot drift: README's layout table names every crate of the
+/// workspace, every source file the docs name exists, and docs/design.md's room map, one row per source file with the first
+/// sentence of its module documentation, is what the files say now (`FLOWREPL_BLESS=1`
+/// rewrites it).
+#[test]
+fn the_crate_and_room_maps_name_every_crate_and_file() {
+    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
+    let layout = &readme[readme.find("## Layout").expect("README's layout")..];
+    for krate in crates() {
+        assert!(
+            layout.contains(&format!("| `{krate}/` |")),
+            "README's layout table does not name {krate}/"
+        );
+    }
+    // Every source path the docs name (`a/b.rs`, `a/b.py`) exists.
+    let root = workspace_root();
+    let mut docs: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.push(root.join("README.md"));
+    for doc in docs {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        for named in text.split('`').skip(1).step_by(2) {
+            let source = named.ends_with(".rs") || named.ends_with(".py");
+            if !source || !named.contains('/') || named.contains(' ') {
+                continue;
+            }
+            let found = root.join(named).exists()
+                || crates()
+                    .iter()
+                    .any(|c| root.join(c).join("src").join(named).exists());
+            assert!(
+                found,
+                "{} names {named}, which does not exist",
+                doc.display()
+            );
+        }
+    }
+    let path = workspace_root().join("docs/design.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let (start, stop) =
+        between(&doc, "room map").expect("the room map's markers in docs/design.md");
+    let map = room_map();
+    if std::env::var_os("FLOWREPL_BLESS").is_some() {
+        std::fs::write(&path, format!("{}{map}{}", &doc[..start], &doc[stop..])).unwrap();
+    } else {
+        assert!(
+            doc[start..stop] == map,
+            "docs/design.md's room map is not what the files say: run this test with FLOWREPL_BLESS=1"
+        );
+    }
+}
