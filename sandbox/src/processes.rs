@@ -27,6 +27,9 @@
 use flowrepl_protocol::sandbox::SandboxLayer;
 use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::{kill, raise, signal, sigprocmask, SigHandler, SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 /// The PID namespace.
@@ -68,7 +71,7 @@ fn split() -> Result<String, String> {
     match unsafe { nix::unistd::fork() }.map_err(|e| format!("cannot fork init: {e}"))? {
         nix::unistd::ForkResult::Parent { child } => {
             drop(status_write);
-            relay(child.as_raw(), status_read)
+            relay(child, status_read)
         }
         nix::unistd::ForkResult::Child => {
             drop(status_read);
@@ -85,7 +88,7 @@ fn split() -> Result<String, String> {
             );
             // SAFETY: as above, init is single-threaded.
             match unsafe { nix::unistd::fork() } {
-                Ok(nix::unistd::ForkResult::Parent { child }) => init(child.as_raw(), status_write),
+                Ok(nix::unistd::ForkResult::Parent { child }) => init(child, status_write),
                 Ok(nix::unistd::ForkResult::Child) => {
                     drop(status_write);
                     proc.map_err(|e| {
@@ -101,12 +104,13 @@ fn split() -> Result<String, String> {
 }
 
 /// Closes every descriptor but fd 2 (diagnostics) and `keep`, and blocks every signal, so
-/// that `sigwaitinfo` takes them in turn.
-fn settle(keep: &[libc::c_int]) -> libc::sigset_t {
+/// that [`next_signal`] takes them in turn.
+fn settle(keep: &[libc::c_int]) -> SigSet {
     let mut keep: Vec<u32> = keep.iter().chain(&[2]).map(|&fd| fd as u32).collect();
     keep.sort_unstable();
     let close = |from: u32, to: u32| {
-        // SAFETY: closes this process's own descriptors (close_range: Linux 5.9).
+        // SAFETY: closes this process's own descriptors (close_range: Linux 5.9; nix has no
+        // wrapper for it).
         unsafe { libc::syscall(libc::SYS_close_range, from, to, 0u32) };
     };
     let mut from = 0;
@@ -117,50 +121,72 @@ fn settle(keep: &[libc::c_int]) -> libc::sigset_t {
         from = fd + 1;
     }
     close(from, u32::MAX);
-    // SAFETY: a zeroed set filled by sigfillset; this process's own mask.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
-        all
-    }
+    let all = SigSet::all();
+    let _ = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&all), None);
+    all
 }
 
-/// The next signal (blocked, so it waits in the queue until taken here).
-fn next_signal(set: &libc::sigset_t) -> libc::c_int {
+/// The next signal (blocked, so it waits in the queue until taken here). A real-time signal,
+/// which nothing sends a worker, is taken and dropped.
+fn next_signal(set: &SigSet) -> Signal {
     loop {
-        // SAFETY: `set` is a valid signal set; the info pointer may be null.
-        let s = unsafe { libc::sigwaitinfo(set, std::ptr::null_mut()) };
-        if s > 0 {
+        if let Ok(s) = set.wait() {
             return s;
         }
     }
 }
 
+/// How the Python process ended, as init passes it to the relay: a kind (0 exited, 1
+/// killed) and the exit code or signal number.
+fn encode(status: WaitStatus) -> Option<[u8; 8]> {
+    let (kind, value): (i32, i32) = match status {
+        WaitStatus::Exited(_, code) => (0, code),
+        WaitStatus::Signaled(_, sig, _) => (1, sig as i32),
+        _ => return None,
+    };
+    let mut bytes = [0u8; 8];
+    bytes[..4].copy_from_slice(&kind.to_ne_bytes());
+    bytes[4..].copy_from_slice(&value.to_ne_bytes());
+    Some(bytes)
+}
+
+/// The reverse of [`encode`].
+fn decode(bytes: [u8; 8]) -> Option<WaitStatus> {
+    let kind = i32::from_ne_bytes(bytes[..4].try_into().ok()?);
+    let value = i32::from_ne_bytes(bytes[4..].try_into().ok()?);
+    let pid = Pid::from_raw(0);
+    match kind {
+        0 => Some(WaitStatus::Exited(pid, value)),
+        1 => Some(WaitStatus::Signaled(
+            pid,
+            Signal::try_from(value).ok()?,
+            false,
+        )),
+        _ => None,
+    }
+}
+
 /// Init: reaps every child, forwards signals to the Python process, and when that ends,
-/// writes its wait status to the relay and exits (which ends the namespace).
-fn init(python: libc::pid_t, to_relay: OwnedFd) -> ! {
+/// writes how it ended to the relay and exits (which ends the namespace).
+fn init(python: Pid, to_relay: OwnedFd) -> ! {
     let set = settle(&[to_relay.as_raw_fd()]);
     loop {
         let sig = next_signal(&set);
-        if sig != libc::SIGCHLD {
-            // SAFETY: a signal to our own child.
-            unsafe { libc::kill(python, sig) };
+        if sig != Signal::SIGCHLD {
+            let _ = kill(python, sig);
             continue;
         }
-        loop {
-            let mut status = 0;
-            // SAFETY: reaps any child of init without blocking.
-            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-            if pid <= 0 {
+        // Every child that ended (orphans too), without blocking.
+        while let Ok(status) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            if status == WaitStatus::StillAlive {
                 break;
             }
-            if pid == python {
-                let bytes = status.to_ne_bytes();
-                // SAFETY: writes four bytes from a live buffer to our own pipe.
-                unsafe { libc::write(to_relay.as_raw_fd(), bytes.as_ptr().cast(), 4) };
-                // SAFETY: ends init, and with it every process left in the namespace.
-                unsafe { libc::_exit(0) };
+            if status.pid() == Some(python) {
+                if let Some(bytes) = encode(status) {
+                    let _ = nix::unistd::write(&to_relay, &bytes);
+                }
+                // Ends init, and with it every process left in the namespace.
+                std::process::exit(0);
             }
         }
     }
@@ -168,53 +194,45 @@ fn init(python: libc::pid_t, to_relay: OwnedFd) -> ! {
 
 /// The relay: forwards every signal to init and, when init ends, ends as the Python process
 /// did.
-fn relay(init: libc::pid_t, from_init: OwnedFd) -> ! {
+fn relay(init: Pid, from_init: OwnedFd) -> ! {
     // Fd 1, the frame pipe to the kernel, stays open here (never written): the kernel sees
     // its end only once this process has ended like the Python process, not before.
     let set = settle(&[1, from_init.as_raw_fd()]);
     loop {
         let sig = next_signal(&set);
-        if sig != libc::SIGCHLD {
-            // SAFETY: a signal to our own child.
-            unsafe { libc::kill(init, sig) };
+        if sig != Signal::SIGCHLD {
+            let _ = kill(init, sig);
             continue;
         }
-        let mut status = 0;
-        // SAFETY: init is our only child.
-        if unsafe { libc::waitpid(init, &mut status, libc::WNOHANG) } != init {
-            continue;
-        }
-        let mut bytes = [0u8; 4];
-        // SAFETY: reads at most four bytes into a live buffer; init wrote them before it
-        // exited, or never (killed), and then the read gives 0.
-        if unsafe { libc::read(from_init.as_raw_fd(), bytes.as_mut_ptr().cast(), 4) } == 4 {
-            status = i32::from_ne_bytes(bytes);
-        }
-        end_like(status)
+        let status = match waitpid(init, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => continue,
+            Ok(status) => status,
+        };
+        // What init wrote before it exited; nothing if it was killed, and then the relay
+        // ends as init did.
+        let mut bytes = [0u8; 8];
+        let said = match nix::unistd::read(&from_init, &mut bytes) {
+            Ok(8) => decode(bytes),
+            _ => None,
+        };
+        end_like(said.unwrap_or(status))
     }
 }
 
 /// Exits with `status`'s code, or dies by its signal.
-fn end_like(status: libc::c_int) -> ! {
-    if libc::WIFSIGNALED(status) {
-        let sig = libc::WTERMSIG(status);
-        // SAFETY: this process's own disposition and mask, then a signal to itself.
-        unsafe {
-            libc::signal(sig, libc::SIG_DFL);
-            let mut one: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut one);
-            libc::sigaddset(&mut one, sig);
-            libc::sigprocmask(libc::SIG_UNBLOCK, &one, std::ptr::null_mut());
-            libc::raise(sig);
-            libc::_exit(128 + sig)
-        }
+fn end_like(status: WaitStatus) -> ! {
+    if let WaitStatus::Signaled(_, sig, _) = status {
+        // SAFETY: resets this process's own disposition of `sig` to the default, with no
+        // handler involved (a relay inherits the worker's, which ignores SIGPIPE).
+        let _ = unsafe { signal(sig, SigHandler::SigDfl) };
+        let mut one = SigSet::empty();
+        one.add(sig);
+        let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&one), None);
+        let _ = raise(sig);
+        std::process::exit(128 + sig as i32)
     }
-    // SAFETY: ends this process.
-    unsafe {
-        libc::_exit(if libc::WIFEXITED(status) {
-            libc::WEXITSTATUS(status)
-        } else {
-            1
-        })
+    match status {
+        WaitStatus::Exited(_, code) => std::process::exit(code),
+        _ => std::process::exit(1),
     }
 }
