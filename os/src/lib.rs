@@ -3,6 +3,7 @@
 //! [`logging`], diagnostics to the original stderr.
 
 pub mod logging;
+pub mod process;
 pub mod tree;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};

@@ -15,10 +15,9 @@
 use super::SpawnConfig;
 use flowrepl_protocol::frame::FrameReader;
 use nix::sys::memfd::{memfd_create, MFdFlags};
-use nix::sys::prctl::set_pdeathsig;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use nix::sys::signal::{killpg, Signal};
-use nix::unistd::{getpid, getppid, Pid};
+use nix::unistd::{getpid, Pid};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -188,11 +187,7 @@ impl WorkerProcess {
                 if new_session {
                     nix::unistd::setsid()?;
                 }
-                set_pdeathsig(Signal::SIGKILL)?;
-                if getppid() != kernel {
-                    // The kernel died before the death signal was armed.
-                    libc::_exit(0);
-                }
+                flowrepl_os::process::die_with_parent(Signal::SIGKILL, kernel)?;
                 let _ = set_limit(Resource::RLIMIT_CORE, 0);
                 if let Some(mb) = limits.memory_mb {
                     set_limit(Resource::RLIMIT_AS, mb.saturating_mul(1 << 20))?;

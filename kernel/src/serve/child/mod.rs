@@ -206,14 +206,13 @@ impl Child {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        // SAFETY: prctl is async-signal-safe; it arms SIGTERM for when this server dies, so
-        // that no kernel outlives it (SIGTERM: the kernel writes every record first).
+        // SIGTERM when this server dies, so that no kernel outlives it (SIGTERM: the kernel
+        // writes every record first).
+        let server = nix::unistd::getpid();
+        // SAFETY: die_with_parent is async-signal-safe (prctl, getppid, _exit).
         unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
+            cmd.pre_exec(move || {
+                flowrepl_os::process::die_with_parent(nix::sys::signal::Signal::SIGTERM, server)
             });
         }
         let mut process = cmd.spawn().map_err(ChildError::Spawn)?;
