@@ -47,8 +47,9 @@ fn every_thread_is_named_in_the_design_doc() {
     }
 }
 
-/// `text` between the line `<!-- begin NAME -->` and `<!-- end NAME -->` of a document.
-fn between<'a>(doc: &'a str, name: &str) -> Option<(usize, usize)> {
+/// Where the text between the lines `<!-- begin NAME -->` and `<!-- end NAME -->` of a document
+/// starts and ends.
+fn between(doc: &str, name: &str) -> Option<(usize, usize)> {
     let begin = format!("<!-- begin {name} -->\n");
     let end = format!("<!-- end {name} -->");
     let start = doc.find(&begin)? + begin.len();
