@@ -647,3 +647,22 @@ pub fn kill(pid: u32, sig: i32) {
     // SAFETY: plain syscall.
     unsafe { libc::kill(pid as i32, sig) };
 }
+
+/// `flowrepl --help` names `command`'s tools, `tools` (the names a server listed), in its
+/// line: `(tools: a, b, ...)`, from the server's own list.
+pub fn assert_help_lists_tools(command: &str, tools: &[serde_json::Value]) {
+    let help = std::process::Command::new(flowrepl_bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let line = help
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{command} ")))
+        .unwrap_or_else(|| panic!("no {command} line in --help: {help}"));
+    let names: Vec<&str> = tools.iter().map(|t| t.as_str().unwrap()).collect();
+    assert!(
+        line.contains(&format!("(tools: {})", names.join(", "))),
+        "{line}"
+    );
+}

@@ -28,17 +28,7 @@ fn tools_are_listed_with_schemas_for_a_model() {
         said.contains("Output over 5000 characters") && said.contains("(default 60000)"),
         "{said}"
     );
-    // `flowrepl --help` names the same tools, from the server's own list.
-    let help = std::process::Command::new(flowrepl_tests::flowrepl_bin())
-        .arg("--help")
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&help.stdout);
-    let names: Vec<&str> = tools.iter().map(|t| t.as_str().unwrap()).collect();
-    assert!(
-        help.contains(&format!("(tools: {})", names.join(", "))),
-        "{help}"
-    );
+    flowrepl_tests::assert_help_lists_tools("mcp", tools);
 }
 
 /// `wait_s`: a cell still running is answered with its id and output so far, and

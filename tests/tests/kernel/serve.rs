@@ -22,21 +22,7 @@ fn every_kernel_tool_takes_a_task_and_the_server_lists_and_stops_kernels() {
     let facts = server.run("tools", &[]);
     let tools = facts["tools"].as_array().unwrap();
     assert_eq!(tools.len(), 11, "{facts}");
-    // `flowrepl --help` names the same tools, from the server's own list.
-    let help = std::process::Command::new(flowrepl_tests::flowrepl_bin())
-        .arg("--help")
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&help.stdout);
-    let names: Vec<&str> = tools.iter().map(|t| t.as_str().unwrap()).collect();
-    let line = help
-        .lines()
-        .find(|l| l.trim_start().starts_with("serve"))
-        .unwrap();
-    assert!(
-        help.contains(&format!("(tools: {})", names.join(", "))),
-        "{line}"
-    );
+    flowrepl_tests::assert_help_lists_tools("serve", tools);
 }
 
 #[test]
