@@ -274,22 +274,47 @@ pub fn to_ascii(json: &[u8], out: &mut Vec<u8>) -> bool {
         return false;
     }
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let text = String::from_utf8_lossy(json);
-    out.reserve(json.len() + json.len() / 2);
-    let mut rest = text.as_ref();
-    while let Some(at) = rest.bytes().position(|b| !b.is_ascii()) {
-        out.extend_from_slice(&rest.as_bytes()[..at]);
-        let c = rest[at..].chars().next().expect("a character starts here");
-        let mut units = [0u16; 2];
-        for unit in c.encode_utf16(&mut units) {
-            out.extend_from_slice(b"\\u");
-            for shift in [12, 8, 4, 0] {
-                out.push(HEX[usize::from((*unit >> shift) & 0xf)]);
-            }
+    let unit = |out: &mut Vec<u8>, u: u32| {
+        let h = |shift: u32| HEX[((u >> shift) & 0xf) as usize];
+        out.extend_from_slice(&[b'\\', b'u', h(12), h(8), h(4), h(0)]);
+    };
+    out.reserve(json.len() * 2);
+    let mut at = 0;
+    while at < json.len() {
+        let run = json[at..]
+            .iter()
+            .position(|b| !b.is_ascii())
+            .unwrap_or(json.len() - at);
+        out.extend_from_slice(&json[at..at + run]);
+        at += run;
+        if at == json.len() {
+            break;
         }
-        rest = &rest[at + c.len_utf8()..];
+        // One UTF-8 sequence (serde_json writes valid UTF-8; anything else becomes U+FFFD).
+        let lead = json[at];
+        let (len, first) = match lead {
+            0xc0..=0xdf => (2, u32::from(lead & 0x1f)),
+            0xe0..=0xef => (3, u32::from(lead & 0x0f)),
+            0xf0..=0xf7 => (4, u32::from(lead & 0x07)),
+            _ => (1, 0xfffd),
+        };
+        let tail = json.get(at + 1..at + len).unwrap_or(&[]);
+        let c = if len == 1 || tail.len() + 1 != len || tail.iter().any(|b| b & 0xc0 != 0x80) {
+            at += 1;
+            0xfffd
+        } else {
+            at += len;
+            tail.iter()
+                .fold(first, |c, b| (c << 6) | u32::from(b & 0x3f))
+        };
+        if c >= 0x1_0000 {
+            let c = c - 0x1_0000;
+            unit(out, 0xd800 + (c >> 10));
+            unit(out, 0xdc00 + (c & 0x3ff));
+        } else {
+            unit(out, c);
+        }
     }
-    out.extend_from_slice(rest.as_bytes());
     true
 }
 
