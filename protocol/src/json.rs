@@ -278,15 +278,15 @@ pub fn to_ascii(json: &[u8], out: &mut Vec<u8>) -> bool {
         let h = |shift: u32| HEX[((u >> shift) & 0xf) as usize];
         out.extend_from_slice(&[b'\\', b'u', h(12), h(8), h(4), h(0)]);
     };
-    out.reserve(json.len() * 2);
+    // At most three times as long (a 2-byte character becomes 6 bytes).
+    out.reserve(json.len() * 3);
     let mut at = 0;
     while at < json.len() {
-        let run = json[at..]
-            .iter()
-            .position(|b| !b.is_ascii())
-            .unwrap_or(json.len() - at);
-        out.extend_from_slice(&json[at..at + run]);
-        at += run;
+        let start = at;
+        while at < json.len() && json[at] < 0x80 {
+            at += 1;
+        }
+        out.extend_from_slice(&json[start..at]);
         if at == json.len() {
             break;
         }
