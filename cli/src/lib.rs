@@ -3,7 +3,7 @@
 //!
 //! # Layout
 //! - [`args`]: flags and their environment variables ([`args::Cli`]), shared with the kernel.
-//! - [`env`]: the environment variables other code sets or reads, each named once.
+//! - [`env`](mod@env): the environment variables other code sets or reads, each named once.
 //! - [`dropin`]: a Python interpreter's command line (`python [flags] SCRIPT`), as the
 //!   original system's clients start it.
 //! - [`served`]: which Python versions this build serves, and the interpreter the user means.
