@@ -157,7 +157,9 @@ pub struct SnapshotConfig {
     /// Names whose pickle is larger are not saved (and listed).
     pub max_bytes: u64,
     /// Restores are refused: the checkpoints were written by a sandboxed session and this
-    /// one is not sandboxed ([`flowrepl_task_logger::snapshot::sandboxed_mark`]).
+    /// one is not sandboxed ([`flowrepl_task_logger::snapshot::sandboxed_mark`]). Nor is the
+    /// automatic checkpoint written: this session's first write would replace the sandboxed
+    /// session's saved names, which a sandboxed or trusting kernel can still restore.
     pub untrusted: bool,
 }
 
@@ -167,7 +169,7 @@ impl SnapshotConfig {
         matches!(
             self.policy,
             SnapshotPolicy::OnSuccess | SnapshotPolicy::EveryCell
-        )
+        ) && !self.untrusted
     }
 }
 

@@ -960,8 +960,10 @@ fn as_root_without_user_namespaces_a_cell_holds_no_capability() {
 /// A sandboxed cell binds an object whose `__reduce__` makes unpickling create a file in the
 /// user's home (any code could run there). A kernel without the sandbox resuming the task
 /// (in-process: inside the kernel itself) does not unpickle it: it starts, says why, and
-/// refuses `restore`; with `--trust-sandboxed-checkpoints` (the risk named) it restores, and
-/// the planted code runs outside the sandbox.
+/// refuses `restore`, and does not write the automatic checkpoint over the sandboxed
+/// session's (before, its first write, a whole one, replaced it: the last step found no `n`);
+/// with `--trust-sandboxed-checkpoints` (the risk named) it restores, and the planted code
+/// runs outside the sandbox.
 #[test]
 fn a_sandboxed_sessions_checkpoint_is_not_unpickled_outside_the_sandbox() {
     let home = HomeDir::new("pickle");
@@ -990,7 +992,25 @@ fn a_sandboxed_sessions_checkpoint_is_not_unpickled_outside_the_sandbox() {
     drop(k);
     assert!(!planted.exists());
     let mut k = task(Kernel::options()).arg("--resume").start();
-    assert_eq!(k.ok("'n' in globals()")["result"], "False");
+    let r = k.ok("'n' in globals()");
+    assert_eq!(r["result"], "False");
+    // Nor does it write the automatic checkpoint over the sandboxed session's (its first
+    // write would be a whole one, without `n`): it says so, and refuses an explicit one.
+    assert!(
+        r["warnings"]
+            .to_string()
+            .contains("automatic checkpoints are off"),
+        "{r}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let e = k.call("checkpoint", Value::Null);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("automatic checkpoints are off"),
+        "{e}"
+    );
     let e = k.call("restore", Value::Null);
     assert!(
         e["error"]["message"]

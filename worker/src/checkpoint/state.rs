@@ -66,6 +66,10 @@ fn rebound<'py>(
     Ok((changed, gone))
 }
 
+/// Said in the first cell's warnings (and as the error of an explicit write of `auto`) when
+/// the task's checkpoints were written by a sandboxed session and this one is not sandboxed.
+const UNTRUSTED_NO_AUTO: &str = "automatic checkpoints are off in this session: the task's checkpoints were written by a sandboxed session, and this session's would replace them (they are kept for a sandboxed or --trust-sandboxed-checkpoints kernel); name a checkpoint to save this session's variables";
+
 /// The checkpoint state of one executor.
 pub(crate) struct Checkpoints {
     pub(super) config: SnapshotConfig,
@@ -95,12 +99,13 @@ pub(crate) struct Checkpoints {
 
 impl Checkpoints {
     pub(crate) fn new(config: SnapshotConfig) -> Checkpoints {
+        let warning = config.untrusted.then(|| UNTRUSTED_NO_AUTO.to_owned());
         Checkpoints {
             config,
             session: None,
             health: Arc::default(),
             health_changed: false,
-            warning: None,
+            warning,
             module: None,
             store: None,
             codes: Vec::new(),
@@ -293,6 +298,9 @@ impl Checkpoints {
             return Err(CheckpointError::Off);
         }
         snapshot::check_name(name)?;
+        if name == flowrepl_protocol::AUTO_CHECKPOINT && self.config.untrusted {
+            return Err(CallError(UNTRUSTED_NO_AUTO.to_owned()).into());
+        }
         if name == flowrepl_protocol::AUTO_CHECKPOINT {
             self.pending = None;
             self.every_name = false;
