@@ -4,9 +4,9 @@
 //! (in-process) or sent to the kernel at once (worker mode: an event reported just before a
 //! crash reaches the kernel).
 
-use crate::sys::lock;
 use flowrepl_exec::capture::file_size;
 use flowrepl_exec::sink::OutputSink;
+use flowrepl_os::lock;
 use flowrepl_protocol::{CellEvent, EventData};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;

@@ -38,6 +38,3 @@ pub mod support;
 
 pub use executor::Executor;
 pub use python::PYTHON;
-
-/// The OS helpers, under the name the worker's modules use.
-pub(crate) use flowrepl_os as sys;

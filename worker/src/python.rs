@@ -17,7 +17,7 @@ pub static PYTHON: PythonBuild = PythonBuild {
     python: crate::interpreter::BUILD_PYTHON,
     python_version: crate::interpreter::BUILD_PYTHON_VERSION,
     start,
-    logging: crate::sys::logging::init,
+    logging: flowrepl_os::logging::init,
     serve: crate::serve::run,
 };
 

@@ -176,7 +176,7 @@ impl Checkpointer {
             let t = std::thread::Builder::new()
                 .name("flowrepl-checkpoint".into())
                 .spawn(move || write_when_idle(&s))?;
-            crate::sys::lock(&shared.state).writer = Some(t.thread().clone());
+            flowrepl_os::lock(&shared.state).writer = Some(t.thread().clone());
             Some(t)
         } else {
             None
@@ -186,12 +186,12 @@ impl Checkpointer {
 
     /// How the automatic checkpoint is doing, readable while a cell holds the state.
     pub(crate) fn health(&self) -> Arc<Mutex<CheckpointHealth>> {
-        Arc::clone(&crate::sys::lock(&self.shared.state).health)
+        Arc::clone(&flowrepl_os::lock(&self.shared.state).health)
     }
 
     /// Takes the state for a cell or call (waiting while a checkpoint is being written).
     pub(crate) fn hold(&self) -> Held<'_> {
-        let guard = crate::sys::lock(&self.shared.state);
+        let guard = flowrepl_os::lock(&self.shared.state);
         self.shared.running.store(true, Ordering::Release);
         Held {
             shared: &self.shared,
@@ -215,9 +215,9 @@ impl Drop for Checkpointer {
 /// ([`MIN_CHECKPOINT_INTERVAL`]), or the write is [`MAX_CHECKPOINT_DELAY`] old and no cell
 /// runs, and writes it.
 fn write_when_idle(s: &Shared) {
-    crate::sys::block_sigint();
+    flowrepl_os::block_sigint();
     // every-cell: at once, once the cell has let go of the state.
-    let every_cell = crate::sys::lock(&s.state).config.policy == SnapshotPolicy::EveryCell;
+    let every_cell = flowrepl_os::lock(&s.state).config.policy == SnapshotPolicy::EveryCell;
     let idle = if every_cell {
         0
     } else {

@@ -133,19 +133,19 @@ impl Checkpoints {
 
     /// The health, if it changed since the last call (worker mode sends it in Done).
     pub(crate) fn take_health_change(&mut self) -> Option<CheckpointHealth> {
-        std::mem::take(&mut self.health_changed).then(|| crate::sys::lock(&self.health).clone())
+        std::mem::take(&mut self.health_changed).then(|| flowrepl_os::lock(&self.health).clone())
     }
 
     /// Notes how a write of `auto` after cell `count` went.
     fn note_auto_write(&mut self, count: u64, r: &Result<CheckpointSummary, CheckpointError>) {
-        let mut h = crate::sys::lock(&self.health);
+        let mut h = flowrepl_os::lock(&self.health);
         match r {
             Ok(s) => {
                 h.auto_execution_count = Some(s.execution_count);
                 h.failing = false;
             }
             Err(e) => {
-                let error = crate::sys::chain(e);
+                let error = flowrepl_os::chain(e);
                 let newest = match h.auto_execution_count {
                     Some(n) => format!("the newest checkpoint holds the state after cell {n}"),
                     None => "no checkpoint of this session was written yet".to_owned(),

@@ -45,7 +45,7 @@ impl Executor {
             .unwrap_or(Err(CheckpointError::Off));
         // (`with_checkpoints` took in the modules the loading imported.)
         Python::attach(|py| self.rebaseline(py));
-        crate::sys::flush_c_stdio();
+        flowrepl_os::flush_c_stdio();
         self.discard_output();
         r
     }

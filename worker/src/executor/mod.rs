@@ -114,7 +114,7 @@ impl Executor {
     /// Starts Python on the calling thread and prepares the namespace. Fds 1 and 2 are
     /// captured from here on: save the originals first ([`flowrepl_exec::stdio::take_protocol_stdio`]).
     pub fn start(config: &ExecutorConfig) -> Result<Executor, ExecutorError> {
-        crate::sys::tune_malloc();
+        flowrepl_os::tune_malloc();
         let given = match &config.capture {
             Some([o, e]) => Some([o.try_clone()?, e.try_clone()?]),
             None => None,
@@ -320,7 +320,7 @@ impl Executor {
             }
             me.rebaseline(py);
         });
-        crate::sys::flush_c_stdio();
+        flowrepl_os::flush_c_stdio();
         self.discard_output();
     }
 

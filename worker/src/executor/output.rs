@@ -19,7 +19,7 @@ impl Executor {
                     .push(format!("flushing sys.stdout/sys.stderr failed: {e}"));
             }
         }
-        crate::sys::flush_c_stdio();
+        flowrepl_os::flush_c_stdio();
         if let Some(streamer) = self.streamer.clone() {
             return self.stream_output(&streamer, out);
         }

@@ -2,9 +2,9 @@
 //! that runs cells and from the monitor, and approval answers in.
 
 use super::FLUSH_AT;
-use crate::sys::lock;
 use flowrepl_exec::setup::Approver;
 use flowrepl_exec::sink::OutputSink;
+use flowrepl_os::lock;
 use flowrepl_protocol::frame::{self, Frame, FrameReader, OutputStream};
 use flowrepl_protocol::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};
 use std::borrow::Cow;
@@ -23,7 +23,7 @@ pub(super) struct Channel {
 
 impl Channel {
     pub(super) fn with<R>(&self, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
-        let mut g = crate::sys::lock(&self.out);
+        let mut g = flowrepl_os::lock(&self.out);
         let r = f(&mut g.1);
         if g.1.len() >= FLUSH_AT {
             write_or_exit(&mut g);
@@ -37,7 +37,7 @@ impl Channel {
     }
 
     pub(super) fn send(&self) {
-        let mut g = crate::sys::lock(&self.out);
+        let mut g = flowrepl_os::lock(&self.out);
         write_or_exit(&mut g);
     }
 }
@@ -150,7 +150,7 @@ impl Approver for PipeApprover {
                 Err(e) => return gone(format!("bad frame from the kernel: {e}")),
             }
             let left = until.saturating_duration_since(Instant::now());
-            match crate::sys::poll_readable(input.get_ref().as_raw_fd(), left) {
+            match flowrepl_os::poll_readable(input.get_ref().as_raw_fd(), left) {
                 Ok(true) => {}
                 Ok(false) => return None,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => return None,

@@ -19,8 +19,8 @@ use channel::{Channel, PipeApprover};
 use flowrepl_exec::worker_args::{inherited_capture, WorkerArgs};
 
 use crate::executor::Executor;
-use crate::sys::lock;
 use flowrepl_exec::setup::{CellOutcome, ExecutorConfig};
+use flowrepl_os::lock;
 use flowrepl_protocol::frame::{
     self, CheckpointOutcome, DoneReport, Frame, FrameReader, VariablesReport, WorkerHello,
 };
@@ -63,7 +63,7 @@ fn done_report(o: CellOutcome) -> DoneReport {
 /// Runs the worker until Shutdown or EOF. Exit codes: 0 at the end, 1 if Python cannot start
 /// or the channel breaks, 2 for bad arguments.
 pub fn run(args: WorkerArgs) -> ExitCode {
-    crate::sys::reset_inherited_signals();
+    flowrepl_os::reset_inherited_signals();
     let stdio = match flowrepl_exec::stdio::take_protocol_stdio() {
         Ok(s) => s,
         Err(e) => {
@@ -71,9 +71,9 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    crate::sys::logging::init(stdio.diagnostics);
+    flowrepl_os::logging::init(stdio.diagnostics);
     // Before any thread starts, so that every thread we start inherits it.
-    crate::sys::block_sigint();
+    flowrepl_os::block_sigint();
     let channel = Arc::new(Channel {
         out: Mutex::new((stdio.output, Vec::with_capacity(FLUSH_AT))),
         cell: AtomicU64::new(0),
@@ -170,7 +170,7 @@ fn serve(
             let mut input = lock(input);
             if input.is_empty() {
                 // The next frame usually comes within tens of µs: look before sleeping.
-                static NEXT_FRAME: crate::sys::Spin = crate::sys::Spin::new();
+                static NEXT_FRAME: flowrepl_os::Spin = flowrepl_os::Spin::new();
                 NEXT_FRAME.until_readable(input.get_ref().as_raw_fd());
             }
             input.read_frame()
@@ -195,10 +195,10 @@ fn serve(
                 if let Some(s) = args.cpu_seconds {
                     arm_cpu_limit(s, executor.cpu_total_ms());
                 }
-                crate::sys::unblock_sigint();
+                flowrepl_os::unblock_sigint();
                 let outcome =
                     executor.execute(code, Duration::from_millis(timeout_ms), execution_count);
-                crate::sys::block_sigint();
+                flowrepl_os::block_sigint();
                 let mut rep = done_report(outcome);
                 rep.capture_ends = executor.capture_cursors();
                 rep.output_in_capture = args.capture_fds;
@@ -268,7 +268,7 @@ fn serve(
             Frame::Health { id } => {
                 let health = executor
                     .checkpoint_health()
-                    .map(|h| crate::sys::lock(&h).clone())
+                    .map(|h| flowrepl_os::lock(&h).clone())
                     .unwrap_or_default();
                 channel
                     .put(&Frame::HealthReply {
