@@ -66,7 +66,7 @@ pub fn pread_into(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result
 
 /// Release consumed bytes once this many have accumulated.
 const PUNCH_THRESHOLD: u64 = 1 << 20;
-use crate::sys::PAGE;
+use flowrepl_os::PAGE;
 
 /// One captured stream.
 #[derive(Debug)]

@@ -27,6 +27,3 @@ pub mod stdio;
 pub mod tail;
 pub mod usage;
 pub mod worker_args;
-
-/// The OS helpers, under the name these modules use.
-pub(crate) use flowrepl_os as sys;

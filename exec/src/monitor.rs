@@ -42,7 +42,7 @@ const IDLE_TICKS_BEFORE_SLOW: u32 = 20;
 /// or child processes), which the output limit bounds too.
 const SLOW_TICK: Duration = Duration::from_secs(1);
 const RESEND: Duration = Duration::from_secs(1);
-use crate::sys::{lock, PAGE};
+use flowrepl_os::{lock, PAGE};
 use nix::sys::pthread::pthread_kill;
 use nix::sys::signal::Signal;
 
@@ -287,7 +287,7 @@ impl Interrupter {
 }
 
 fn run(shared: &Shared) {
-    crate::sys::block_sigint();
+    flowrepl_os::block_sigint();
     let mut idle_ticks = 0;
     loop {
         let mut running = false;

@@ -29,7 +29,7 @@ pub trait OutputSink: Send + Sync {
     fn context(&self, json: &str);
 }
 
-use crate::sys::PAGE;
+use flowrepl_os::PAGE;
 const STREAMS: [OutputStream; 2] = [OutputStream::Stdout, OutputStream::Stderr];
 
 #[derive(Debug)]
@@ -95,7 +95,7 @@ impl Streamer {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        crate::sys::lock(&self.state)
+        flowrepl_os::lock(&self.state)
     }
 
     /// A cell starts; its output begins at `starts` (the capture cursors).
