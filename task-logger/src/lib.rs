@@ -6,7 +6,7 @@
 //!
 //! # Layout
 //! - [`record`]: [`ExecutionRecord`], its fields and the format version.
-//! - [`schema`]: the records' JSON Schemas, generated from their types.
+//! - `schema` (feature `schema`): the records' JSON Schemas, generated from their types.
 //! - [`path`]: ids → file names that cannot escape `log_dir` or collide.
 //! - [`writer`]: [`TaskLog`], one `write(2)` of one whole line per record, O_APPEND, 0600;
 //!   failures are returned, never panicked on, and the file is reopened on the next record.
@@ -21,6 +21,7 @@ mod name_watch;
 pub mod path;
 pub mod reader;
 pub mod record;
+#[cfg(feature = "schema")]
 pub mod schema;
 pub mod snapshot;
 pub mod untrusted;

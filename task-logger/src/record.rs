@@ -5,7 +5,7 @@
 //!
 //! The fields are [`ExecutionRecord`]'s: its field documentation is the reference.
 //! `docs/schema/v1/execution.schema.json` (JSON Schema, draft 2020-12) and the field table
-//! of `docs/task-log.md` are generated from it ([`crate::schema::execution_schema`]); a test
+//! of `docs/task-log.md` are generated from it (`schema::execution_schema`, feature `schema`); a test
 //! fails when the committed copies differ (`FLOWREPL_BLESS=1` rewrites them).
 //!
 //! # Event records (`type: "event"`)
@@ -55,16 +55,17 @@ pub const RECORD_TYPE_EVENT: &str = "event";
 
 /// One `execute_code` call (`type: "execution"`): one line of the task log. Borrows its
 /// strings when written (no copy of a 50 MB stdout), owns them when read back.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExecutionRecord<'a> {
     /// `execution`; other record types are `event`, `context` and `session`: skip the types
     /// you do not know.
     #[serde(rename = "type")]
-    #[schemars(extend("const" = "execution"))]
+    #[cfg_attr(feature = "schema", schemars(extend("const" = "execution")))]
     pub kind: Cow<'a, str>,
     /// The format version (1, `FORMAT_VERSION`): fields are only ever added within a
     /// version.
-    #[schemars(range(min = 1))]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub version: u32,
     /// `FLOW_PLAN_ID` (default `local`), as given (not the file-name form).
     pub plan_id: Cow<'a, str>,
@@ -75,13 +76,13 @@ pub struct ExecutionRecord<'a> {
     /// The kernel run (a UUID).
     pub session_id: Cow<'a, str>,
     /// 1, 2, … within the session.
-    #[schemars(range(min = 1))]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub execution_count: u64,
     /// The cell's start: UTC, ISO 8601 with milliseconds and `Z`.
-    #[schemars(extend("format" = "date-time"))]
+    #[cfg_attr(feature = "schema", schemars(extend("format" = "date-time")))]
     pub timestamp: Cow<'a, str>,
     /// The cell's wall time, ms.
-    #[schemars(range(min = 0.0))]
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub elapsed_ms: f64,
     /// The cell's source.
     #[serde(serialize_with = "text")]
@@ -111,7 +112,7 @@ pub struct ExecutionRecord<'a> {
     /// How the cell was stopped: `interrupt` (SIGINT, the namespace kept) or `kill` (worker
     /// mode: SIGKILL after the grace period, the state lost); null when it was not.
     #[serde(default)]
-    #[schemars(extend("enum" = ["interrupt", "kill", null]))]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["interrupt", "kill", null])))]
     pub stopped_by: Option<Cow<'a, str>>,
     /// Names the cell added, sorted.
     pub added_vars: Cow<'a, [String]>,
@@ -124,7 +125,7 @@ pub struct ExecutionRecord<'a> {
     /// Modules the cell imported, sorted.
     pub added_imports: Cow<'a, [String]>,
     /// Where the cell ran: `in_process` or `worker`.
-    #[schemars(extend("enum" = ["in_process", "worker"]))]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["in_process", "worker"])))]
     pub mode: Cow<'a, str>,
     /// The result's warnings: what went wrong around the cell without failing it.
     #[serde(default)]
@@ -135,7 +136,7 @@ pub struct ExecutionRecord<'a> {
     pub pid: Option<u32>,
     /// That process's CPU time during the cell (all threads, not child processes), ms.
     #[serde(default)]
-    #[schemars(range(min = 0.0))]
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub cpu_ms: Option<f64>,
     /// Its peak resident memory during the cell, KiB.
     #[serde(default)]

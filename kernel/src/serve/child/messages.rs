@@ -88,12 +88,11 @@ pub(super) async fn read_loop(
         let line = match line {
             Line::Whole(line) => line,
             Line::Over(over) => {
-                let err = over.error(lines.max());
                 tracing::warn!(task = %child.key.task, len = over.len, "the kernel sent a message over FLOWREPL_MAX_REQUEST_BYTES: dropped");
-                let id = err.id.as_ref().and_then(|id| serde_json::to_value(id).ok());
-                let waiting = id
-                    .and_then(|id| id.as_u64())
-                    .and_then(|id| lock(&child.pending).remove(&id));
+                // Our ids are numbers, and the kernel writes a reply's id before its result.
+                let id = flowrepl_protocol::jsonrpc::id_in_prefix(&over.head)
+                    .and_then(|id| serde_json::to_value(id).ok()?.as_u64());
+                let waiting = id.and_then(|id| lock(&child.pending).remove(&id));
                 if let Some(tx) = waiting {
                     let message = format!(
                         "the kernel's reply was {} bytes, over FLOWREPL_MAX_REQUEST_BYTES ({})",
