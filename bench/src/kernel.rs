@@ -26,12 +26,12 @@ pub fn run(args: &Args, python: &str, logs: &Path) -> Anchors {
     let mut starts = (Vec::new(), Vec::new());
     for _ in 0..n_start {
         starts.0.push(
-            Peer::spawn(kernel_cmd(&args.kernel, &logs, false), true)
+            Peer::spawn(kernel_cmd(&args.kernel, logs, false), true)
                 .start
                 .as_secs_f64()
                 * 1e3,
         );
-        let mut c = Command::new(&python);
+        let mut c = Command::new(python);
         c.arg(args.bench_dir.join("plain_repl.py"));
         starts
             .1
@@ -47,7 +47,7 @@ pub fn run(args: &Args, python: &str, logs: &Path) -> Anchors {
     drop(pipe);
 
     // The plain Python REPL.
-    let mut c = Command::new(&python);
+    let mut c = Command::new(python);
     c.arg(args.bench_dir.join("plain_repl.py"));
     let mut repl = Peer::spawn(c, true);
     let repl_rss_idle = repl.rss_kb();
@@ -59,7 +59,7 @@ pub fn run(args: &Args, python: &str, logs: &Path) -> Anchors {
     drop(repl);
 
     // flowrepl.
-    let mut k = Peer::spawn(kernel_cmd(&args.kernel, &logs, false), true);
+    let mut k = Peer::spawn(kernel_cmd(&args.kernel, logs, false), true);
     let k_rss_idle = k.rss_kb();
     let phases = std::cell::RefCell::new(Vec::new());
     let k_small = stats(measure(&mut k, &small, 500, n_small, &|p: &Peer| {
@@ -100,7 +100,7 @@ pub fn run(args: &Args, python: &str, logs: &Path) -> Anchors {
     let k_rss_after = k.rss_kb();
     drop(k);
     let py_cycle: f64 = {
-        let out = Command::new(&python)
+        let out = Command::new(python)
             .arg(args.bench_dir.join("diff_cycle.py"))
             .args(["10000", if args.quick { "500" } else { "2000" }])
             .output()

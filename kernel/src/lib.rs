@@ -1,24 +1,14 @@
-//! The `flowrepl` kernel: a persistent Python session behind JSON-RPC 2.0 on stdio.
+//! The `flowrepl` kernel: a persistent Python session behind JSON-RPC 2.0 on stdio, MCP on
+//! stdio (`flowrepl mcp`), or many of them behind MCP over HTTP (`flowrepl serve`).
 //!
-//! # Layout
-//! - [`approvals`]: the cells' requests for approval, routed to the front's way of asking.
-//! - [`config`]: flags + environment → [`config::Config`] (identity, log path, limits, python).
-//! - [`engine`]: where cells run, behind one interface: in-process or a worker subprocess
-//!   (its lifecycle, the stop ladder, crash recovery).
-//! - [`events`]: a cell's events (`flow`, `MCP::` lines) in order.
-//! - [`session`]: engine + task log + counters, and the one dispatcher both fronts use.
-//! - [`records`]: the task-log record writer thread.
-//! - [`ledger`]: what each cell changed, so that restores name what they could not bring back.
-//! - [`terminate`]: SIGTERM/SIGHUP write every record before the kernel ends.
-//! - [`lines`]: bounded lines from an async reader (the MCP front's input, `serve`'s kernels).
-//! - [`jsonrpc`]: the JSON-RPC front (request loop, busy-time watcher, reply writer).
-//! - [`mcp`]: the MCP front (`flowrepl mcp`).
-//! - [`serve`]: many kernels, one per task, as one MCP server over HTTP (`flowrepl serve`).
+//! This crate is the binaries and the start-up order; everything else is a library:
+//! - `flowrepl-session`: the engine (where cells run) and the session every front uses.
+//! - `flowrepl-jsonrpc`: the JSON-RPC front (request loop, busy-time watcher, reply writer).
+//! - `flowrepl-mcp`: the MCP front (`flowrepl mcp`) and the tools `serve` relays.
+//! - `flowrepl-serve`: many kernels, one per task, as one MCP server over HTTP.
 //!
-//! Dependencies point one way: fronts → session → engine. The flags, the choice of Python and
-//! `flowrepl log` are in `flowrepl-cli` (no Python); [`BUILD`] is what they need to know
-//! about this build. The kernel links no Python: it loads the executor of the session's
-//! Python version from that version's library ([`engine::python`]).
+//! The flags, the choice of Python and `flowrepl log` are in `flowrepl-cli` (no Python);
+//! [`BUILD`] is what they need to know about this build.
 //!
 //! # Start-up order
 //! The real stdio is moved out of reach first (so nothing, not even a panic message, can write
@@ -26,20 +16,10 @@
 //! notification. See `docs/protocol.md` for the wire format.
 #![warn(missing_docs)]
 
-pub mod approvals;
-pub mod config;
-pub mod engine;
-pub mod events;
-pub mod jsonrpc;
-pub mod ledger;
-pub mod lines;
-pub mod mcp;
-pub mod records;
-pub mod serve;
-pub mod session;
-pub mod terminate;
 
 use flowrepl_cli::args::{Cli, Command};
+use flowrepl_jsonrpc as jsonrpc;
+use flowrepl_session::{approvals, config, engine, session, terminate};
 use flowrepl_cli::logcmd;
 use flowrepl_cli::served::Build;
 use std::process::ExitCode;
@@ -54,8 +34,8 @@ pub const BUILD: Build = Build {
     versions_dir: option_env!("FLOWREPL_VERSIONS_DIR"),
     profile: option_env!("FLOWREPL_VERSIONS_PROFILE"),
     tools: flowrepl_cli::args::ToolNames {
-        mcp: mcp::tools::tool_names,
-        serve: serve::handler::tool_names,
+        mcp: flowrepl_mcp::tools::tool_names,
+        serve: flowrepl_serve::handler::tool_names,
     },
 };
 
@@ -69,7 +49,7 @@ pub fn run(cli: Cli) -> ExitCode {
         return logcmd::run(&cli.log_globals(), args);
     }
     if let Some(Command::Serve(args)) = &cli.command {
-        return serve::run(&cli, args);
+        return flowrepl_serve::run(&cli, args);
     }
     // Before stdio is taken: an interpreter this build cannot serve is one plain line.
     let choice = match flowrepl_cli::served::choose(&cli, &BUILD) {
@@ -191,7 +171,7 @@ fn run_mcp(
         session_id = %config.identity.session_id,
         "flowrepl MCP server ready"
     );
-    let served = mcp::serve(session, config, input, output);
+    let served = flowrepl_mcp::serve(session, config, input, output);
     let records = session.finish(if served.is_ok() { "eof" } else { "error" });
     match served {
         Ok(()) => {

@@ -83,7 +83,7 @@ pub fn poll_readable(fd: RawFd, wait: Duration) -> std::io::Result<bool> {
 /// is still polling when the bytes arrive costs nothing. The poll yields the CPU between
 /// looks, so a thread that has work to do on the same CPU runs first. Whether the read of
 /// the JSON-RPC client's next request polls is measured per client
-/// (`kernel/src/jsonrpc/spin.rs`).
+/// (`jsonrpc/src/spin.rs`).
 pub fn spin_before_block() -> Duration {
     static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| {

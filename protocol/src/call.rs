@@ -23,6 +23,9 @@ use crate::snapshot::{CheckpointParams, RestartParams, RestoreReport};
 use crate::snapshot::{CheckpointSummary, CheckpointsReply};
 use serde::{Deserialize, Serialize};
 
+/// A cell's timeout when neither the call nor the kernel's flags give one: 5 minutes.
+pub const DEFAULT_TIMEOUT_MS: u64 = 300_000;
+
 /// Largest accepted `timeout_ms`: 7 days. Larger values get -32602.
 pub const MAX_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
 

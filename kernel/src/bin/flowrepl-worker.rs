@@ -4,10 +4,10 @@
 //! with `--sandbox`, confines itself (`flowrepl_sandbox::apply`) before Python starts: the
 //! library and libpython are mapped by then, and nothing of Python has run.
 //!
-//! It uses nothing of the kernel crate, so that its link (thin LTO) takes in only the
-//! executor's interface and the sandbox, not the kernel's fronts.
+//! It uses nothing of the session or the fronts (only the engine's `linked.rs`, as a source
+//! file), so that its link (thin LTO) takes in only the executor's interface and the sandbox.
 
-#[path = "../engine/linked.rs"]
+#[path = "../../../session/src/engine/linked.rs"]
 mod linked;
 
 use clap::Parser;

@@ -2,10 +2,9 @@
 
 use flowrepl_cli::args::Cli;
 use flowrepl_cli::served::{Choice, Executor};
+use flowrepl_protocol::call::DEFAULT_TIMEOUT_MS;
 use std::path::PathBuf;
 
-/// The default cell timeout.
-pub const DEFAULT_TIMEOUT_MS: u64 = 300_000;
 /// The default cell timeout in drop-in mode: its clients give up after 300 s, so a cell that
 /// times out (and, in worker mode, is killed within the 2 s grace period) is still answered.
 pub const DROPIN_TIMEOUT_MS: u64 = 295_000;

@@ -2,7 +2,7 @@
 //!
 //! The child is the same kernel a task backend would start for the task (its `FLOW_*`
 //! variables, its log, checkpoints and context, `--resume`), so each tool, its result shape,
-//! `read_output`, progress and approvals are implemented once, in [`crate::mcp`]; this
+//! `read_output`, progress and approvals are implemented once, in [`flowrepl_mcp`]; this
 //! module only relays. Requests get ids of this connection; the reader task routes
 //! - responses to the call waiting for them;
 //! - `notifications/progress` to the client whose call gave the progress token (each call's
@@ -28,9 +28,9 @@ mod messages;
 pub use call::Relay;
 use messages::{pass_on_stderr, read_loop};
 
-use crate::lines::BoundedLines;
-use crate::mcp::approval::LatestAsking;
-use crate::mcp::tools;
+use flowrepl_mcp::lines::BoundedLines;
+use flowrepl_mcp::approval::LatestAsking;
+use flowrepl_mcp::tools;
 use flowrepl_os::lock;
 use rmcp::model::{CallToolResult, ElicitRequestParams, ProgressToken};
 use rmcp::{Peer, RoleServer};
@@ -287,10 +287,10 @@ impl Child {
     pub fn cells(&self) -> u64 {
         self.cells.load(Ordering::Relaxed)
     }
-    /// Asks it to start no more cells ([`crate::mcp::DRAIN`]): calls queued behind its
+    /// Asks it to start no more cells ([`flowrepl_mcp::DRAIN`]): calls queued behind its
     /// running cell are answered "the server is shutting down" without running.
     pub async fn drain(&self) {
-        let drain = json!({"jsonrpc": "2.0", "method": crate::mcp::DRAIN});
+        let drain = json!({"jsonrpc": "2.0", "method": flowrepl_mcp::DRAIN});
         if let Err(e) = self.send(&drain).await {
             tracing::debug!(task = %self.key.task, error = %e, "drain not sent");
         }

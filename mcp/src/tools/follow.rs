@@ -4,12 +4,12 @@
 
 use super::results::{error_text, internal};
 use super::KernelServer;
-use crate::mcp::approval::Asking;
-use crate::mcp::parked::{Take, Waiting};
-use crate::mcp::render::{self, RunningCell};
-use crate::mcp::tasks;
-use crate::mcp::{Shared, Ticket};
-use crate::session::{not_stopped, unstoppable_for};
+use crate::approval::Asking;
+use crate::parked::{Take, Waiting};
+use crate::render::{self, RunningCell};
+use crate::tasks;
+use crate::{Shared, Ticket};
+use flowrepl_session::session::{not_stopped, unstoppable_for};
 use flowrepl_exec::tail::OutputTail;
 use rmcp::model::{
     CallToolResponse, InputRequiredResult, ProgressNotificationParam, ProgressToken,
@@ -151,7 +151,7 @@ impl KernelServer {
                     }
                     cancelled = true;
                     tracing::info!("execute_code cancelled by the client: interrupting the cell");
-                    crate::mcp::cancel(&self.shared, &waiting.ticket);
+                    crate::cancel(&self.shared, &waiting.ticket);
                 }
                 _ = stuck_check.tick(), if !cancelled && waiting.ticket.is_queued() => {
                     // In-process, a cell that ignores SIGINT cannot be stopped: do not leave
@@ -219,7 +219,7 @@ pub(super) fn finish_cell(shared: Arc<Shared>) -> impl FnOnce(u64, TaskContext) 
                     r = &mut waiting.rx => break r.map_err(|_| TaskExit::Cancelled),
                     _ = ctx.cancelled() => {
                         tracing::info!(cell = id, "task cancelled: stopping its cell");
-                        crate::mcp::cancel(&shared, &waiting.ticket);
+                        crate::cancel(&shared, &waiting.ticket);
                         let _ = (&mut waiting.rx).await;
                         break Err(TaskExit::Cancelled);
                     }

@@ -1,5 +1,9 @@
 //! `flowrepl mcp`: the same kernel as an MCP server on stdio (rmcp).
 //!
+//! `flowrepl serve` relays to such kernels and uses this crate's vocabulary for it: the tools
+//! ([`tools`]: names, argument types, the listing), [`render`], [`approval`], [`tasks`],
+//! [`lines`], [`server_info`] and [`DRAIN`].
+//!
 //! # Threads
 //! - The **main thread** owns the [`Session`] (Python's main thread in-process, so signals
 //!   and `KeyboardInterrupt` work as in the JSON-RPC front). It takes [`Job`]s one at a time:
@@ -24,6 +28,7 @@
 //! the client reads it, pending records are written, and the kernel exits 0.
 
 pub mod approval;
+pub mod lines;
 pub mod parked;
 pub mod render;
 pub mod schema;
@@ -32,9 +37,9 @@ pub mod tasks;
 pub mod tools;
 pub mod transport;
 
-use crate::config::Config;
-use crate::engine::Control;
-use crate::session::{Answer, Responder, Session};
+use flowrepl_session::config::Config;
+use flowrepl_session::engine::Control;
+use flowrepl_session::session::{Answer, Responder, Session};
 use flowrepl_protocol::sandbox::SandboxReport;
 use flowrepl_protocol::{Call, ExecuteResult, Image, RpcError};
 use rmcp::model::CallToolResult;
@@ -175,7 +180,7 @@ pub struct Shared {
     /// In-process or worker.
     pub mode: flowrepl_protocol::Mode,
     /// The cells' approval requests.
-    pub approvals: Arc<crate::approvals::Approvals>,
+    pub approvals: Arc<flowrepl_session::approvals::Approvals>,
     /// Approvals are asked through the client (set at the first `execute_code`).
     asking: std::sync::Once,
 }

@@ -1,7 +1,7 @@
 //! The tools' argument types, parsed strictly (a bad argument is -32602), and `interrupt`'s
 //! result.
 
-use crate::mcp::store::StreamName;
+use crate::store::StreamName;
 use flowrepl_protocol::call::MAX_TIMEOUT_MS;
 use flowrepl_protocol::CheckpointParams;
 use rmcp::model::JsonObject;

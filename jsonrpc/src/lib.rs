@@ -11,7 +11,7 @@ pub mod line_reader;
 pub mod spin;
 pub mod writer;
 
-use crate::session::{Answer, Flow, Responder, Session};
+use flowrepl_session::session::{Answer, Flow, Responder, Session};
 use flowrepl_protocol::jsonrpc::Notification;
 use flowrepl_protocol::{Call, ExecuteMethod, ExecuteResult, Id, Image, RpcError, READY_MARKER};
 use front::{Front, Item};

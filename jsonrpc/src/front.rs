@@ -26,8 +26,8 @@
 
 use super::line_reader::{Line, LineReader};
 use super::writer::ReplyWriter;
-use crate::approvals::{Approvals, Asker};
-use crate::session::{not_stopped, unstoppable_for, StatusBoard};
+use flowrepl_session::approvals::{Approvals, Asker};
+use flowrepl_session::session::{not_stopped, unstoppable_for, StatusBoard};
 use flowrepl_os::lock;
 use flowrepl_protocol::jsonrpc::{Notification, Response};
 use flowrepl_protocol::{

@@ -1,6 +1,6 @@
 //! How the kernel's answers become tool results.
 
-use crate::session::Answer;
+use flowrepl_session::session::Answer;
 use flowrepl_protocol::VariableInfo;
 use rmcp::model::{CallToolResult, ContentBlock};
 use rmcp::ErrorData;
@@ -28,7 +28,7 @@ pub fn error_text(text: String) -> CallToolResult {
 pub fn answer_result(answer: Answer) -> CallToolResult {
     match answer {
         Answer::Restart(r) => structured(r.message.clone(), &r, false),
-        Answer::Restore(r) => structured(crate::engine::restored_message(&r), &r, false),
+        Answer::Restore(r) => structured(flowrepl_session::engine::restored_message(&r), &r, false),
         Answer::Checkpoint(c) => {
             let mut text = format!(
                 "checkpoint {:?} written after cell {}: {} names saved, {} bytes, {:.1} ms",

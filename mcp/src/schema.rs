@@ -150,7 +150,7 @@ fn collect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp::render::McpExecuteResult;
+    use crate::render::McpExecuteResult;
 
     #[test]
     fn execute_result_schema_is_flat_and_typed() {

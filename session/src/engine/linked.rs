@@ -1,6 +1,6 @@
 //! The executor linked into this binary (the `static-python` feature), if any. Shared as a
-//! source file by the kernel crate and the `flowrepl-worker` binary, which does not link the
-//! kernel crate (its thin-LTO link would take in the fronts).
+//! source file by the engine and the `flowrepl-worker` binary, which links neither the
+//! session nor the fronts (its thin-LTO link would take them in).
 
 use flowrepl_exec::python::library::LoadError;
 use flowrepl_exec::python::PythonBuild;

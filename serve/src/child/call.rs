@@ -3,8 +3,8 @@
 //! elicitation requests, or in the call's answer for a 2026-07-28 client).
 
 use super::{Child, Progress};
-use crate::mcp::approval::Asking;
-use crate::mcp::tools;
+use flowrepl_mcp::approval::Asking;
+use flowrepl_mcp::tools;
 use flowrepl_os::lock;
 use rmcp::model::{
     CallToolResponse, CallToolResult, InputRequests, InputRequiredResult, InputResponses,
@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 pub struct Relay {
     /// How its client can be asked for approvals.
     pub asking: Asking,
-    /// The call sent again: its `requestState` (see [`crate::serve::relay`]) and the client's
+    /// The call sent again: its `requestState` (see [`crate::relay`]) and the client's
     /// `inputResponses`.
     pub resume: Option<(String, InputResponses)>,
 }
@@ -164,7 +164,7 @@ impl Child {
     /// The approvals waiting for a 2026-07-28 client, as `inputRequests` (none: `None`).
     pub fn inbox_requests(&self) -> Option<InputRequests> {
         let inbox = lock(&self.inbox);
-        crate::mcp::approval::input_requests(inbox.iter().map(|(key, (params, _))| (key, params)))
+        flowrepl_mcp::approval::input_requests(inbox.iter().map(|(key, (params, _))| (key, params)))
     }
 
     /// Answers the kernel's elicitation requests that `responses` name (others are ignored,

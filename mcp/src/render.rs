@@ -310,7 +310,7 @@ fn text_block(r: &ExecuteResult, stdout: &str, stderr: &str, result: Option<&str
         let _ = write!(
             t,
             "[restored] {}",
-            crate::engine::restored_message(restored)
+            flowrepl_session::engine::restored_message(restored)
         );
     }
     for w in &r.report.warnings {

@@ -3,10 +3,10 @@
 
 use super::child::{Child, Relay, TaskKey};
 use super::pool::{KernelInfo, Pool, PoolError};
-use crate::mcp::approval::Asking;
-use crate::mcp::tasks::{self, CellTasks};
-use crate::mcp::tools::structured;
-use crate::mcp::{render, schema};
+use flowrepl_mcp::approval::Asking;
+use flowrepl_mcp::tasks::{self, CellTasks};
+use flowrepl_mcp::tools::structured;
+use flowrepl_mcp::{render, schema};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
     GetTaskParams, GetTaskResult, InitializeResult, JsonObject, ListToolsResult,
@@ -26,7 +26,7 @@ const STOP_KERNEL: &str = "stop_kernel";
 
 /// The names of the server's tools, sorted: the kernels' and its own.
 pub fn tool_names() -> Vec<String> {
-    let mut names = crate::mcp::tools::tool_names();
+    let mut names = flowrepl_mcp::tools::tool_names();
     names.extend([LIST_KERNELS.to_owned(), STOP_KERNEL.to_owned()]);
     names.sort();
     names
@@ -162,7 +162,7 @@ fn finish_relayed(
 ) -> impl FnOnce(u64, TaskContext) -> TaskFuture {
     move |cell, ctx| {
         Box::pin(async move {
-            use crate::mcp::tools::{arguments, InterruptArgs, WaitCellArgs, INTERRUPT, WAIT_CELL};
+            use flowrepl_mcp::tools::{arguments, InterruptArgs, WaitCellArgs, INTERRUPT, WAIT_CELL};
             let never = tokio_util::sync::CancellationToken::new();
             let every = tasks::STATUS_EVERY.as_secs_f64();
             let mut cancelled = false;
@@ -252,7 +252,7 @@ fn with_task_args(mut tool: Tool) -> Tool {
 
 impl ServerHandler for Serve {
     fn get_info(&self) -> InitializeResult {
-        crate::mcp::server_info("flowrepl Python kernels", self.instructions.to_string())
+        flowrepl_mcp::server_info("flowrepl Python kernels", self.instructions.to_string())
     }
 
     async fn get_task(
