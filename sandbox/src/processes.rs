@@ -27,7 +27,8 @@
 use flowrepl_protocol::sandbox::SandboxLayer;
 use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
-use nix::sys::signal::{kill, raise, signal, sigprocmask, SigHandler, SigSet, SigmaskHow, Signal};
+use flowrepl_os::process::Exit;
+use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -136,36 +137,6 @@ fn next_signal(set: &SigSet) -> Signal {
     }
 }
 
-/// How the Python process ended, as init passes it to the relay: a kind (0 exited, 1
-/// killed) and the exit code or signal number.
-fn encode(status: WaitStatus) -> Option<[u8; 8]> {
-    let (kind, value): (i32, i32) = match status {
-        WaitStatus::Exited(_, code) => (0, code),
-        WaitStatus::Signaled(_, sig, _) => (1, sig as i32),
-        _ => return None,
-    };
-    let mut bytes = [0u8; 8];
-    bytes[..4].copy_from_slice(&kind.to_ne_bytes());
-    bytes[4..].copy_from_slice(&value.to_ne_bytes());
-    Some(bytes)
-}
-
-/// The reverse of [`encode`].
-fn decode(bytes: [u8; 8]) -> Option<WaitStatus> {
-    let kind = i32::from_ne_bytes(bytes[..4].try_into().ok()?);
-    let value = i32::from_ne_bytes(bytes[4..].try_into().ok()?);
-    let pid = Pid::from_raw(0);
-    match kind {
-        0 => Some(WaitStatus::Exited(pid, value)),
-        1 => Some(WaitStatus::Signaled(
-            pid,
-            Signal::try_from(value).ok()?,
-            false,
-        )),
-        _ => None,
-    }
-}
-
 /// Init: reaps every child, forwards signals to the Python process, and when that ends,
 /// writes how it ended to the relay and exits (which ends the namespace).
 fn init(python: Pid, to_relay: OwnedFd) -> ! {
@@ -182,8 +153,8 @@ fn init(python: Pid, to_relay: OwnedFd) -> ! {
                 break;
             }
             if status.pid() == Some(python) {
-                if let Some(bytes) = encode(status) {
-                    let _ = nix::unistd::write(&to_relay, &bytes);
+                if let Some(exit) = Exit::of_wait(status) {
+                    let _ = nix::unistd::write(&to_relay, &exit.to_bytes());
                 }
                 // Ends init, and with it every process left in the namespace.
                 std::process::exit(0);
@@ -212,27 +183,11 @@ fn relay(init: Pid, from_init: OwnedFd) -> ! {
         // ends as init did.
         let mut bytes = [0u8; 8];
         let said = match nix::unistd::read(&from_init, &mut bytes) {
-            Ok(8) => decode(bytes),
+            Ok(8) => Exit::from_bytes(bytes),
             _ => None,
         };
-        end_like(said.unwrap_or(status))
-    }
-}
-
-/// Exits with `status`'s code, or dies by its signal.
-fn end_like(status: WaitStatus) -> ! {
-    if let WaitStatus::Signaled(_, sig, _) = status {
-        // SAFETY: resets this process's own disposition of `sig` to the default, with no
-        // handler involved (a relay inherits the worker's, which ignores SIGPIPE).
-        let _ = unsafe { signal(sig, SigHandler::SigDfl) };
-        let mut one = SigSet::empty();
-        one.add(sig);
-        let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&one), None);
-        let _ = raise(sig);
-        std::process::exit(128 + sig as i32)
-    }
-    match status {
-        WaitStatus::Exited(_, code) => std::process::exit(code),
-        _ => std::process::exit(1),
+        said.or_else(|| Exit::of_wait(status))
+            .unwrap_or(Exit::Code(1))
+            .reproduce()
     }
 }

@@ -16,7 +16,8 @@ use flowrepl_os::logging::LOG_ENV;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use flowrepl_os::process::{Group, Supervision, Supervisor};
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 
 /// How to replay.
 #[derive(Debug, Clone)]
@@ -43,9 +44,14 @@ fn first_line(code: &str) -> &str {
     code.lines().find(|l| !l.trim().is_empty()).unwrap_or("")
 }
 
+/// How long the replaying kernel has to exit after `shutdown`.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A kernel driven over JSON-RPC.
 struct Replayer {
-    child: Child,
+    /// A group of its own (a Ctrl-C reaches the replayer, not the kernel), SIGTERM if the
+    /// replayer dies, killed and reaped if the replayer gives up on it.
+    child: Supervisor,
     input: ChildStdin,
     output: BufReader<ChildStdout>,
     next_id: u64,
@@ -74,11 +80,16 @@ impl Replayer {
         if opts.worker {
             cmd.arg("--worker");
         }
+        Supervision {
+            group: Group::Own,
+            death_signal: nix::sys::signal::Signal::SIGTERM,
+        }
+        .apply(&mut cmd);
         let mut child = cmd.spawn()?;
         let input = child.stdin.take().expect("piped");
         let output = BufReader::new(child.stdout.take().expect("piped"));
         let mut r = Replayer {
-            child,
+            child: Supervisor::of(child),
             input,
             output,
             next_id: 0,
@@ -123,9 +134,11 @@ impl Replayer {
         }
     }
 
+    /// Asks the kernel to shut down and gives it [`SHUTDOWN_GRACE`] to write its records
+    /// and exit before it is killed.
     fn finish(mut self) {
         let _ = self.call("shutdown", Value::Null);
-        let _ = self.child.wait();
+        self.child.stop(None, SHUTDOWN_GRACE);
     }
 }
 

@@ -32,6 +32,7 @@ use flowrepl_mcp::lines::BoundedLines;
 use flowrepl_mcp::approval::LatestAsking;
 use flowrepl_mcp::tools;
 use flowrepl_os::lock;
+use flowrepl_os::process::{Group, Supervision, Supervisor};
 use rmcp::model::{CallToolResult, ElicitRequestParams, ProgressToken};
 use rmcp::{Peer, RoleServer};
 use serde_json::{json, Value};
@@ -136,7 +137,8 @@ pub struct Child {
     pub started: Instant,
     /// `None` once closed (the child then ends).
     stdin: tokio::sync::Mutex<Option<tokio::process::ChildStdin>>,
-    process: Mutex<Option<tokio::process::Child>>,
+    /// The kernel process: its own group, SIGTERM if this server dies, reaped here.
+    process: Mutex<Option<Supervisor>>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Value>>>,
     progress: Mutex<HashMap<String, Progress>>,
     asker: Mutex<Option<Peer<RoleServer>>>,
@@ -185,7 +187,7 @@ impl Child {
                 path: workspace.clone(),
                 source,
             })?;
-        let mut cmd = tokio::process::Command::new(&spawn.exe);
+        let mut cmd = std::process::Command::new(&spawn.exe);
         cmd.arg("mcp")
             .args(&spawn.args)
             .arg("--resume")
@@ -204,22 +206,28 @@ impl Child {
             .env_remove(super::auth::TOKEN_ENV)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        // SIGTERM when this server dies, so that no kernel outlives it (SIGTERM: the kernel
-        // writes every record first).
-        let server = nix::unistd::getpid();
-        // SAFETY: die_with_parent is async-signal-safe (prctl, getppid, _exit).
-        unsafe {
-            cmd.pre_exec(move || {
-                flowrepl_os::process::die_with_parent(nix::sys::signal::Signal::SIGTERM, server)
-            });
+            .stderr(Stdio::piped());
+        // A group of its own (a terminal's Ctrl-C reaches the server, which stops its kernels
+        // in order), SIGTERM when this server dies, so that no kernel outlives it (SIGTERM:
+        // the kernel writes every record first).
+        Supervision {
+            group: Group::Own,
+            death_signal: nix::sys::signal::Signal::SIGTERM,
         }
+        .apply(&mut cmd);
         let mut process = cmd.spawn().map_err(ChildError::Spawn)?;
-        let pid = process.id().unwrap_or(0);
-        let stdin = process.stdin.take().expect("piped stdin");
-        let stdout = process.stdout.take().expect("piped stdout");
-        let stderr = process.stderr.take().expect("piped stderr");
+        let pid = process.id();
+        let pipes = (
+            process.stdin.take().map(tokio::process::ChildStdin::from_std),
+            process.stdout.take().map(tokio::process::ChildStdout::from_std),
+            process.stderr.take().map(tokio::process::ChildStderr::from_std),
+        );
+        let process = Supervisor::of(process);
+        let (Some(Ok(stdin)), Some(Ok(stdout)), Some(Ok(stderr))) = pipes else {
+            return Err(ChildError::Spawn(std::io::Error::other(
+                "the kernel's pipes could not be registered with the runtime",
+            )));
+        };
         let child = Arc::new(Child {
             key,
             pid,
@@ -311,12 +319,11 @@ impl Child {
         drop(self.stdin.lock().await.take());
         let process = lock(&self.process).take();
         if let Some(mut p) = process {
-            match tokio::time::timeout(grace + Duration::from_secs(10), p.wait()).await {
-                Ok(_) => {}
-                Err(_) => {
-                    tracing::warn!(pid = self.pid, task = %self.key.task, "the kernel did not exit: killing it");
-                    let _ = p.kill().await;
-                }
+            let stopped =
+                tokio::task::spawn_blocking(move || p.stop(None, grace + Duration::from_secs(10)))
+                    .await;
+            if stopped.is_ok_and(|s| s.killed) {
+                tracing::warn!(pid = self.pid, task = %self.key.task, "the kernel did not exit: killed");
             }
         }
         said
@@ -357,14 +364,14 @@ impl Child {
     async fn kill(&self) {
         let process = lock(&self.process).take();
         if let Some(mut p) = process {
-            let _ = p.kill().await;
+            let _ = tokio::task::spawn_blocking(move || p.kill()).await;
         }
     }
 
     /// Reaps it if it has exited (a kernel that died by itself).
     pub fn reap(&self) {
         if let Some(p) = lock(&self.process).as_mut() {
-            let _ = p.try_wait();
+            p.try_reap();
         }
     }
 }

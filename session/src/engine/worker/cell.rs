@@ -3,6 +3,7 @@
 
 use super::ladder::{KillReason, Ladder, Step};
 use super::process::Ended;
+use flowrepl_os::process::Exit;
 use super::pump::{Collecting, Wait};
 use super::Worker;
 use crate::engine::CellRun;
@@ -347,7 +348,7 @@ impl Worker {
             None => {
                 let limits = self.limits();
                 if let (Some(e), Some(secs)) = (ended, limits.cpu_seconds) {
-                    if e.signal == Some(Signal::SIGXCPU as i32) {
+                    if e.exit.and_then(Exit::signal) == Some(Signal::SIGXCPU) {
                         let used = (e.cpu_total_ms - self.last_cpu_total_ms).max(0.0) / 1000.0;
                         return (
                             Fault::CpuLimitExceeded,
@@ -363,7 +364,7 @@ impl Worker {
                     elapsed.as_secs_f64() * 1000.0
                 );
                 if let (Some(mb), Some(e)) = (limits.memory_mb, ended) {
-                    let signal = e.signal.and_then(|s| Signal::try_from(s).ok());
+                    let signal = e.exit.and_then(Exit::signal);
                     if matches!(
                         signal,
                         Some(Signal::SIGKILL | Signal::SIGSEGV | Signal::SIGABRT | Signal::SIGBUS)

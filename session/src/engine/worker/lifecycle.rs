@@ -136,7 +136,8 @@ impl Worker {
                 Wait::Eof => {
                     let ended = self.drop_worker();
                     if ended
-                        .is_some_and(|e| e.code == Some(i32::from(flowrepl_sandbox::REFUSED_EXIT)))
+                        .is_some_and(|e| e.exit.and_then(flowrepl_os::process::Exit::code)
+                            == Some(i32::from(flowrepl_sandbox::REFUSED_EXIT)))
                     {
                         return Err(WorkerError::SandboxRefused);
                     }

@@ -1,9 +1,9 @@
 //! The worker process: spawning it, its guard, killing its process group, reaping.
 //!
-//! A worker is started directly from the `flowrepl-worker` executable (no shell): its own
-//! process group (so that one `kill(-pgid, SIGKILL)` also ends every process a cell started),
-//! `PR_SET_PDEATHSIG(SIGKILL)` (it dies if the kernel dies), rlimits from the configuration,
-//! core dumps off. Its stdin and stdout are the frame pipes; its stderr is the kernel's
+//! A worker is started directly from the `flowrepl-worker` executable (no shell), supervised
+//! as every child of flowrepl is (`flowrepl_os::process`): its own process group (so that one
+//! `kill(-pgid, SIGKILL)` also ends every process a cell started), SIGKILL when the kernel
+//! dies, reaped with what it used; plus rlimits from the configuration, core dumps off. Its stdin and stdout are the frame pipes; its stderr is the kernel's
 //! diagnostics stream.
 //!
 //! The death signal only reaches the worker itself. So that the processes a cell started die
@@ -15,13 +15,14 @@
 use super::SpawnConfig;
 use flowrepl_protocol::frame::FrameReader;
 use nix::sys::memfd::{memfd_create, MFdFlags};
+use flowrepl_os::process::{Group, Reaped, Supervision, Supervisor};
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::Signal;
 use nix::unistd::{getpid, Pid};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
@@ -37,8 +38,9 @@ pub struct WorkerProcess {
     /// Its capture files (stdout, stderr): made here and handed over as its fds 3 and 4, so
     /// that what a dying worker had not sent can still be read.
     pub capture: [std::os::fd::OwnedFd; 2],
+    /// The worker itself: its group, its reaping.
+    supervisor: Supervisor,
     guard: Option<libc::pid_t>,
-    reaped: bool,
     /// A sandboxed worker's private `/tmp`, removed with this value.
     _tmp: Option<super::sandbox::PrivateTmp>,
     /// A sandboxed worker's stderr, relayed to the diagnostics (`super::diagnostics`).
@@ -46,33 +48,7 @@ pub struct WorkerProcess {
 }
 
 /// How a worker ended, with what it used (from `wait4`).
-#[derive(Debug, Clone, Copy)]
-pub struct Ended {
-    /// Its exit code, if it exited.
-    pub code: Option<i32>,
-    /// The signal that ended it, if one did.
-    pub signal: Option<i32>,
-    /// Its CPU time over its whole life, in milliseconds.
-    pub cpu_total_ms: f64,
-    /// Its peak RSS in KiB (since the last cell began).
-    pub peak_rss_kb: u64,
-}
-
-impl Ended {
-    /// "exited with code 3" / "was killed by signal 11 (SIGSEGV)".
-    pub fn describe(&self) -> String {
-        match (self.code, self.signal) {
-            (_, Some(sig)) => format!("was killed by signal {sig} ({})", signal_name(sig)),
-            (Some(code), None) => format!("exited with code {code}"),
-            (None, None) => "ended".to_owned(),
-        }
-    }
-}
-
-/// The usual name of a signal number (`SIGSEGV`), or `signal` for one nix does not know.
-pub fn signal_name(sig: i32) -> &'static str {
-    Signal::try_from(sig).map_or("signal", Signal::as_str)
-}
+pub type Ended = Reaped;
 
 /// Sets a resource limit, soft and hard.
 fn set_limit(resource: Resource, value: u64) -> nix::Result<()> {
@@ -163,14 +139,11 @@ impl WorkerProcess {
             .sandbox
             .as_ref()
             .is_some_and(|sb| flowrepl_sandbox::terminal::new_session(&sb.skip));
-        if !new_session {
-            cmd.process_group(0);
-        }
         let limits = config.limits;
         let kernel = getpid();
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-        // syscalls (fcntl, dup2, prctl, getppid, getrlimit/setrlimit, _exit) through thin
-        // wrappers that neither allocate nor lock.
+        // syscalls (fcntl, dup2, getrlimit/setrlimit) through thin wrappers that neither
+        // allocate nor lock.
         unsafe {
             cmd.pre_exec(move || {
                 // The capture files at fds 3 and 4 and the context at fd 5 (through high fds
@@ -184,10 +157,6 @@ impl WorkerProcess {
                         Some(_) => return Err(io::Error::last_os_error()),
                     }
                 }
-                if new_session {
-                    nix::unistd::setsid()?;
-                }
-                flowrepl_os::process::die_with_parent(Signal::SIGKILL, kernel)?;
                 let _ = set_limit(Resource::RLIMIT_CORE, 0);
                 if let Some(mb) = limits.memory_mb {
                     set_limit(Resource::RLIMIT_AS, mb.saturating_mul(1 << 20))?;
@@ -199,6 +168,11 @@ impl WorkerProcess {
                 Ok(())
             });
         }
+        Supervision {
+            group: if new_session { Group::Session } else { Group::Own },
+            death_signal: Signal::SIGKILL,
+        }
+        .apply(&mut cmd);
         let mut child = cmd.spawn()?;
         drop(context);
         let pid = child.id() as libc::pid_t;
@@ -212,53 +186,42 @@ impl WorkerProcess {
         let from_worker = FrameReader::new(File::from(std::os::fd::OwnedFd::from(
             child.stdout.take().expect("piped stdout"),
         )));
-        // The std handle is dropped without waiting: we reap with wait4 ourselves.
-        drop(child);
+        let supervisor = Supervisor::of(child);
         let guard = spawn_guard(pid, kernel.as_raw());
         Ok(WorkerProcess {
             pid,
             to_worker: Arc::new(Mutex::new(to_worker)),
             from_worker,
             capture,
+            supervisor,
             guard,
-            reaped: false,
             _tmp: tmp,
             relay,
         })
     }
 
     /// SIGKILL to the worker's whole process group (the worker, its guard, what cells
-    /// started). The group leader is our unreaped child, so its id cannot have been reused.
+    /// started); nothing once it is reaped.
     pub fn kill_group(&self) {
-        let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
+        self.supervisor.signal_group(Signal::SIGKILL);
     }
 
-    /// Kills the group if needed and reaps the worker and its guard. Idempotent.
+    /// Kills the group if needed and reaps the worker and its guard. Idempotent: `None` once
+    /// reaped.
     pub fn kill_and_reap(&mut self) -> Option<Ended> {
-        if self.reaped {
+        if self.supervisor.is_reaped() && self.guard.is_none() {
             return None;
         }
         self.kill_group();
-        let ended = self.reap();
-        Some(ended)
+        Some(self.reap())
     }
 
     /// Waits for the worker (which must be dead or dying), then kills its group and reaps
     /// the guard.
     pub fn reap(&mut self) -> Ended {
-        let mut status = 0;
-        let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-        let r = loop {
-            // SAFETY: wait4 on our own child; fills `status` and `ru`.
-            let r = unsafe { libc::wait4(self.pid, &mut status, 0, ru.as_mut_ptr()) };
-            if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            break r;
-        };
-        self.reaped = true;
-        // The worker is gone; whatever its cells started goes with it.
-        self.kill_group();
+        // The worker is gone; whatever its cells started goes with it (the supervisor kills
+        // the group once it has reaped the leader).
+        let ended = self.supervisor.reap();
         if let Some(relay) = &self.relay {
             // Its last lines (why it ended) before the kernel says anything of its end.
             relay.finish(std::time::Duration::from_millis(200));
@@ -267,26 +230,9 @@ impl WorkerProcess {
             // Our own child, killed above when it is in the group; a sandboxed worker's
             // session is not the kernel's, so its guard could not join the group.
             let _ = nix::sys::signal::kill(Pid::from_raw(g), Signal::SIGKILL);
-            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(g), None);
+            let _ = nix::sys::wait::waitpid(Pid::from_raw(g), None);
         }
-        if r != self.pid {
-            return Ended {
-                code: None,
-                signal: None,
-                cpu_total_ms: 0.0,
-                peak_rss_kb: 0,
-            };
-        }
-        // SAFETY: initialised by the successful wait4.
-        let ru = unsafe { ru.assume_init() };
-        let tv = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
-        let st = std::process::ExitStatus::from_raw(status);
-        Ended {
-            code: st.code(),
-            signal: st.signal(),
-            cpu_total_ms: tv(ru.ru_utime) + tv(ru.ru_stime),
-            peak_rss_kb: ru.ru_maxrss.max(0) as u64,
-        }
+        ended
     }
 }
 
