@@ -7,7 +7,7 @@
 //! - [`interpreter`]: starts embedded CPython with the right stdlib and venv.
 //! - [`key_diff`]: diffs namespace and `sys.modules` keys with one ordered walk (what a cell
 //!   added and removed; "snapshot" names only checkpoints).
-//! - [`checkpoint`]: checkpoints of the namespace (when, and the bridge to `snapshot.py`).
+//! - [`checkpoint`]: checkpoints of the namespace (when, and the bridge to the Python package in its folder).
 //! - `sys`: the OS and sync helpers of `flowrepl-os` (signal masks, poll, locks), shared with
 //!   the kernel.
 //! - [`approval`]: `flow.request_approval`: asking a person while the cell waits.

@@ -1,6 +1,7 @@
-//! Loading the executor's Python code: `support.py` (the module `_flowrepl`, at start),
-//! `snapshot.py` (`_flowrepl_snapshot`, on the first checkpoint or restore) and the
-//! cloudpickle it uses (`_flowrepl_cloudpickle`, a pinned copy in `worker/vendor/`).
+//! Loading the executor's Python code: `support.py` (the module `_flowrepl`, at start), the
+//! checkpoint package (the Python modules in `checkpoint/`, on the first checkpoint or
+//! restore) and the cloudpickle it uses (`_flowrepl_cloudpickle`, a pinned copy in
+//! `worker/vendor/`).
 //!
 //! Compiling it costs about 2 ms, on every kernel and every worker start. The compiled code is
 //! therefore kept, marshalled, in the user's cache directory
@@ -38,18 +39,58 @@ pub const SUPPORT: Source = Source {
     text: include_str!("support.py"),
 };
 
-/// `_flowrepl_snapshot`: checkpoints, loaded on the first checkpoint or restore.
-pub const SNAPSHOT: Source = Source {
-    module: "_flowrepl_snapshot",
-    filename: "<flowrepl-snapshot>",
-    text: include_str!("snapshot.py"),
-};
+/// The checkpoint package (`worker/src/checkpoint/*.py`), in load order: each module is given
+/// the ones before it as globals under their short names, once loaded (`picklable`, `files`, ...), and
+/// the last, `_flowrepl_checkpoint`, is the package's face to the Rust side. Loaded on the
+/// first checkpoint or restore ([`load_checkpoint`]).
+pub const CHECKPOINT: [(&str, Source); 5] = [
+    (
+        "picklable",
+        Source {
+            module: "_flowrepl_checkpoint_picklable",
+            filename: "<flowrepl-checkpoint/picklable.py>",
+            text: include_str!("checkpoint/picklable.py"),
+        },
+    ),
+    (
+        "files",
+        Source {
+            module: "_flowrepl_checkpoint_files",
+            filename: "<flowrepl-checkpoint/files.py>",
+            text: include_str!("checkpoint/files.py"),
+        },
+    ),
+    (
+        "graph",
+        Source {
+            module: "_flowrepl_checkpoint_graph",
+            filename: "<flowrepl-checkpoint/graph.py>",
+            text: include_str!("checkpoint/graph.py"),
+        },
+    ),
+    (
+        "restore",
+        Source {
+            module: "_flowrepl_checkpoint_restore",
+            filename: "<flowrepl-checkpoint/restore.py>",
+            text: include_str!("checkpoint/restore.py"),
+        },
+    ),
+    (
+        "store",
+        Source {
+            module: "_flowrepl_checkpoint",
+            filename: "<flowrepl-checkpoint/store.py>",
+            text: include_str!("checkpoint/store.py"),
+        },
+    ),
+];
 
 /// The version of the cloudpickle copy in `worker/vendor/cloudpickle`.
 pub const CLOUDPICKLE_VERSION: &str = "3.1.2";
 
-/// `_flowrepl_cloudpickle`: flowrepl's own cloudpickle, loaded with `_flowrepl_snapshot` and
-/// known only to it (never in `sys.modules`).
+/// `_flowrepl_cloudpickle`: flowrepl's own cloudpickle, loaded with the checkpoint package
+/// and known only to it (never in `sys.modules`).
 pub const CLOUDPICKLE: Source = Source {
     module: "_flowrepl_cloudpickle",
     filename: "<flowrepl-cloudpickle>",
@@ -67,11 +108,32 @@ impl Source {
 
 /// The module `_flowrepl`, from the cached code when there is one.
 pub fn load(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
-    load_source(py, &SUPPORT)
+    load_source(py, &SUPPORT, &[])
 }
 
-/// Module `src`, from the cached code when there is one.
-pub fn load_source<'py>(py: Python<'py>, src: &Source) -> PyResult<Bound<'py, PyModule>> {
+/// The checkpoint package ([`CHECKPOINT`]) with flowrepl's cloudpickle: its last module.
+pub fn load_checkpoint(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
+    let cloudpickle = load_source(py, &CLOUDPICKLE, &[])?;
+    cloudpickle.setattr("__version__", CLOUDPICKLE_VERSION)?;
+    let mut loaded: Vec<(&str, Bound<'_, PyModule>)> = Vec::with_capacity(CHECKPOINT.len());
+    for (name, src) in &CHECKPOINT {
+        let module = load_source(py, src, &loaded)?;
+        if *name == "picklable" {
+            // Its by-value pickler: private to it, never in sys.modules.
+            module.setattr("cloudpickle", &cloudpickle)?;
+        }
+        loaded.push((name, module));
+    }
+    Ok(loaded.pop().expect("the package has modules").1)
+}
+
+/// Module `src`, from the cached code when there is one, with `globals` set once its code has
+/// run (it declares them as `None`, and uses them only in its functions).
+pub fn load_source<'py>(
+    py: Python<'py>,
+    src: &Source,
+    globals: &[(&str, Bound<'py, PyModule>)],
+) -> PyResult<Bound<'py, PyModule>> {
     let marshal = py.import("marshal")?;
     let magic: Vec<u8> = py
         .import("importlib._bootstrap_external")?
@@ -111,6 +173,9 @@ pub fn load_source<'py>(py: Python<'py>, src: &Source) -> PyResult<Bound<'py, Py
     module.setattr("__file__", src.filename)?;
     let dict = module.dict();
     code.cast_into::<PyCode>()?.run(Some(&dict), Some(&dict))?;
+    for (name, value) in globals {
+        module.setattr(*name, value)?;
+    }
     Ok(module)
 }
 

@@ -1,6 +1,7 @@
-//! The executor's embedded Python (`worker/src/support.py`, `worker/src/snapshot.py`) has
-//! unit tests of its own (`worker/tests/python/`, `unittest`): they run here in a plain
-//! interpreter of every CPython version found, as the code runs embedded in each.
+//! The executor's embedded Python (`worker/src/support.py`, the checkpoint package
+//! `worker/src/checkpoint/*.py`) has unit tests of its own (`worker/tests/python/`, one file
+//! per module, `unittest`): they run here in a plain interpreter of every CPython version
+//! found, as the code runs embedded in each.
 
 use flowrepl_tests::workspace_root;
 use std::process::Command;

@@ -1,5 +1,5 @@
 //! Checkpoints of the namespace: when they are written, and the bridge to the Python code
-//! that writes and restores them (`snapshot.py`, the module `_flowrepl_snapshot`).
+//! that writes and restores them (the Python package in the same folder, `_flowrepl_checkpoint`).
 //!
 //! # When
 //! With [`SnapshotPolicy::OnSuccess`] a successful cell makes the automatic checkpoint
@@ -41,7 +41,7 @@
 //!
 //! # Layout
 //! - here: the policy (when), the lock cells hold, and the writer thread;
-//! - `state`: the checkpoint state of one executor and the calls into `snapshot.py` (the
+//! - `state`: the checkpoint state of one executor and the calls into the Python package (the
 //!   Python side), with the walk that finds the names rebound since the last write.
 
 mod state;

@@ -1,5 +1,5 @@
 //! The checkpoint state of one executor, and the bridge to the Python code that writes and
-//! restores checkpoints (`snapshot.py`, the module `_flowrepl_snapshot`).
+//! restores checkpoints (the Python package in the same folder, `_flowrepl_checkpoint`).
 
 use crate::support::py_err;
 use flowrepl_exec::setup::{CallError, CheckpointError, SnapshotConfig};
@@ -81,7 +81,7 @@ pub(crate) struct Checkpoints {
     health_changed: bool,
     /// A failed automatic write, for the next cell's warnings.
     warning: Option<String>,
-    /// `_flowrepl_snapshot`, once loaded.
+    /// `_flowrepl_checkpoint`, once loaded.
     module: Option<Py<PyAny>>,
     /// Its `Store` for `auto`.
     store: Option<Py<PyAny>>,
@@ -189,15 +189,9 @@ impl Checkpoints {
         if let Some(m) = &self.module {
             return Ok(m.bind(py).clone());
         }
-        let load = || -> PyResult<Bound<'py, PyAny>> {
-            let m = crate::support::load_source(py, &crate::support::SNAPSHOT)?.into_any();
-            // Its by-value pickler: private to it, never in sys.modules.
-            let cp = crate::support::load_source(py, &crate::support::CLOUDPICKLE)?;
-            cp.setattr("__version__", crate::support::CLOUDPICKLE_VERSION)?;
-            m.setattr("_cloudpickle", cp)?;
-            Ok(m)
-        };
-        let m = load().map_err(py_err)?;
+        let m = crate::support::load_checkpoint(py)
+            .map_err(py_err)?
+            .into_any();
         self.module = Some(m.clone().unbind());
         Ok(m)
     }
@@ -408,15 +402,18 @@ mod tests {
     use flowrepl_task_logger::snapshot::JournalLine;
     use pyo3::prelude::*;
 
-    /// `snapshot.py` writes journal lines in one function; the Rust reader reads what it
+    /// `files.py` writes journal lines in one function; the Rust reader reads what it
     /// writes, field for field.
     #[test]
     fn the_reader_reads_what_the_writer_writes() {
         crate::interpreter::test_python();
         Python::attach(|py| {
-            let m = crate::support::load_source(py, &crate::support::SNAPSHOT).unwrap();
+            let m = crate::support::load_checkpoint(py)
+                .unwrap()
+                .getattr("files")
+                .unwrap();
             let group = m
-                .getattr("_Group")
+                .getattr("Group")
                 .unwrap()
                 .call1((vec!["a", "b"], "s1.pkl", 10, 20, vec!["c"], py.None()))
                 .unwrap();
