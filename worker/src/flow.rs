@@ -1,5 +1,5 @@
 //! `flow`, the object cells report through (a builtin, and `flowrepl.flow`): its Python side
-//! is `install_flow` in `support.py`; this wires it to the kernel's side, the events
+//! is `install_flow` in `support/flow.py`; this wires it to the kernel's side, the events
 //! ([`crate::events::Emitter`]), the approvals ([`crate::approval::Approvals`]) and the
 //! task's identity and context ([`FlowSetup`]).
 
@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// returns the `flow` object.
 pub fn install_flow(
     py: Python<'_>,
-    support: &Bound<'_, PyModule>,
+    support: &crate::support::Loaded<'_>,
     emitter: Arc<Emitter>,
     approvals: Approvals,
     setup: &FlowSetup,
@@ -102,7 +102,7 @@ pub fn install_flow(
         None => serde_json::json!({}),
     };
     let initial = json_to_py(py, &initial)?;
-    let flow = support.getattr("install_flow")?.call1((
+    let flow = support.get("install_flow")?.call1((
         emit,
         clock,
         count,

@@ -1,13 +1,13 @@
-//! Loading the executor's Python code: `support.py` (the module `_flowrepl`, at start), the
-//! checkpoint package (the Python modules in `checkpoint/`, on the first checkpoint or
-//! restore) and the cloudpickle it uses (`_flowrepl_cloudpickle`, a pinned copy in
-//! `worker/vendor/`).
+//! Loading the executor's Python code, two packages of a module per job: the support package
+//! (the Python modules in `support/`, at start), the checkpoint package (in `checkpoint/`, on
+//! the first checkpoint or restore) and the cloudpickle it uses (`_flowrepl_cloudpickle`, a
+//! pinned copy in `worker/vendor/`).
 //!
-//! Compiling it costs about 2 ms, on every kernel and every worker start. The compiled code is
+//! Compiling the support package costs about 2 ms, on every kernel and every worker start. The compiled code is
 //! therefore kept, marshalled, in the user's cache directory
 //! (`flowrepl_exec::setup::support_cache_dir`: `$XDG_CACHE_HOME/flowrepl`, else
-//! `~/.cache/flowrepl`, made 0700; a sandboxed worker reads it and cannot write it), under a name that holds the source's hash and the
-//! interpreter's bytecode magic number, so that another flowrepl build or Python version
+//! `~/.cache/flowrepl`, made 0700; a sandboxed worker reads it and cannot write it), under a
+//! name that holds the source's hash and the interpreter's bytecode magic number, so that another flowrepl build or Python version
 //! never reads it. Any miss or failure (no cache directory, a torn or foreign file) falls
 //! back to compiling, and a cache that cannot be written is simply not used. The file is
 //! written to a temporary name and renamed, so a reader never sees half of one.
@@ -32,59 +32,85 @@ pub struct Source {
     pub text: &'static str,
 }
 
-/// `_flowrepl`: loaded by every executor at start.
-pub const SUPPORT: Source = Source {
-    module: "_flowrepl",
-    filename: "<flowrepl-support>",
-    text: include_str!("support.py"),
-};
+/// A module of a [`Package`]: its short name (what the modules after it call it) and source.
+pub type Part = (&'static str, Source);
 
-/// The checkpoint package (`worker/src/checkpoint/*.py`), in load order: each module is given
-/// the ones before it as globals under their short names, once loaded (`picklable`, `files`, ...), and
-/// the last, `_flowrepl_checkpoint`, is the package's face to the Rust side. Loaded on the
-/// first checkpoint or restore ([`load_checkpoint`]).
-pub const CHECKPOINT: [(&str, Source); 5] = [
-    (
-        "picklable",
-        Source {
-            module: "_flowrepl_checkpoint_picklable",
-            filename: "<flowrepl-checkpoint/picklable.py>",
-            text: include_str!("checkpoint/picklable.py"),
-        },
-    ),
-    (
-        "files",
-        Source {
-            module: "_flowrepl_checkpoint_files",
-            filename: "<flowrepl-checkpoint/files.py>",
-            text: include_str!("checkpoint/files.py"),
-        },
-    ),
-    (
-        "graph",
-        Source {
-            module: "_flowrepl_checkpoint_graph",
-            filename: "<flowrepl-checkpoint/graph.py>",
-            text: include_str!("checkpoint/graph.py"),
-        },
-    ),
-    (
-        "restore",
-        Source {
-            module: "_flowrepl_checkpoint_restore",
-            filename: "<flowrepl-checkpoint/restore.py>",
-            text: include_str!("checkpoint/restore.py"),
-        },
-    ),
-    (
-        "store",
-        Source {
-            module: "_flowrepl_checkpoint",
-            filename: "<flowrepl-checkpoint/store.py>",
-            text: include_str!("checkpoint/store.py"),
-        },
-    ),
-];
+/// The executor's Python modules of one job, in load order: each module is given the ones
+/// before it as globals under their short names once its code has run (it declares them as
+/// `None` and uses them only inside functions). None of them is in `sys.modules`, so a cell
+/// cannot import or replace them.
+#[derive(Debug, Clone, Copy)]
+pub struct Package(pub &'static [Part]);
+
+/// Declares a package's modules once: `short => "path.py"` in load order, each the module
+/// `<prefix>_<short>` with the file name `<package/short.py>` in tracebacks.
+macro_rules! package {
+    ($prefix:literal, $dir:literal: $($short:literal),+ $(,)?) => {
+        Package(&[$((
+            $short,
+            Source {
+                module: concat!($prefix, "_", $short),
+                filename: concat!("<flowrepl-", $dir, "/", $short, ".py>"),
+                text: include_str!(concat!($dir, "/", $short, ".py")),
+            },
+        )),+])
+    };
+}
+
+/// The support package (`support/`): loaded by every executor at start ([`load`]).
+pub const SUPPORT: Package = package!("_flowrepl", "support": "session", "flow", "results");
+
+/// The checkpoint package (`checkpoint/`), loaded on the first checkpoint or restore
+/// ([`load_checkpoint`]); `store` is its face to the Rust side, and `picklable` gets
+/// flowrepl's cloudpickle.
+pub const CHECKPOINT: Package = package!("_flowrepl_checkpoint", "checkpoint": "picklable", "files", "graph", "restore", "store");
+
+/// A loaded [`Package`].
+pub struct Loaded<'py>(Vec<(&'static str, Bound<'py, PyModule>)>);
+
+impl<'py> Loaded<'py> {
+    /// The module `short`.
+    pub fn module(&self, short: &str) -> PyResult<&Bound<'py, PyModule>> {
+        self.0
+            .iter()
+            .find(|(name, _)| *name == short)
+            .map(|(_, m)| m)
+            .ok_or_else(|| pyo3::exceptions::PyLookupError::new_err(format!("no module {short}")))
+    }
+
+    /// `name` from the first module that has it.
+    pub fn get(&self, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        for (_, m) in &self.0 {
+            if let Ok(v) = m.getattr(name) {
+                return Ok(v);
+            }
+        }
+        Err(pyo3::exceptions::PyAttributeError::new_err(format!(
+            "the executor's Python has no {name}"
+        )))
+    }
+}
+
+impl Package {
+    /// Loads every module in order; `prepare` sees each one before the next is loaded.
+    pub fn load<'py>(
+        self,
+        py: Python<'py>,
+        mut prepare: impl FnMut(&str, &Bound<'py, PyModule>) -> PyResult<()>,
+    ) -> PyResult<Loaded<'py>> {
+        let mut loaded: Vec<(&'static str, Bound<'py, PyModule>)> =
+            Vec::with_capacity(self.0.len());
+        for (short, src) in self.0 {
+            let module = load_source(py, src)?;
+            for (name, before) in &loaded {
+                module.setattr(*name, before)?;
+            }
+            prepare(short, &module)?;
+            loaded.push((short, module));
+        }
+        Ok(Loaded(loaded))
+    }
+}
 
 /// The version of the cloudpickle copy in `worker/vendor/cloudpickle`.
 pub const CLOUDPICKLE_VERSION: &str = "3.1.2";
@@ -106,34 +132,27 @@ impl Source {
     }
 }
 
-/// The module `_flowrepl`, from the cached code when there is one.
-pub fn load(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
-    load_source(py, &SUPPORT, &[])
+/// The support package, from the cached code when there is one.
+pub fn load(py: Python<'_>) -> PyResult<Loaded<'_>> {
+    SUPPORT.load(py, |_, _| Ok(()))
 }
 
-/// The checkpoint package ([`CHECKPOINT`]) with flowrepl's cloudpickle: its last module.
+/// The checkpoint package with flowrepl's cloudpickle: its face, `store`.
 pub fn load_checkpoint(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
-    let cloudpickle = load_source(py, &CLOUDPICKLE, &[])?;
+    let cloudpickle = load_source(py, &CLOUDPICKLE)?;
     cloudpickle.setattr("__version__", CLOUDPICKLE_VERSION)?;
-    let mut loaded: Vec<(&str, Bound<'_, PyModule>)> = Vec::with_capacity(CHECKPOINT.len());
-    for (name, src) in &CHECKPOINT {
-        let module = load_source(py, src, &loaded)?;
-        if *name == "picklable" {
+    let loaded = CHECKPOINT.load(py, |short, module| {
+        if short == "picklable" {
             // Its by-value pickler: private to it, never in sys.modules.
             module.setattr("cloudpickle", &cloudpickle)?;
         }
-        loaded.push((name, module));
-    }
-    Ok(loaded.pop().expect("the package has modules").1)
+        Ok(())
+    })?;
+    loaded.module("store").cloned()
 }
 
-/// Module `src`, from the cached code when there is one, with `globals` set once its code has
-/// run (it declares them as `None`, and uses them only in its functions).
-pub fn load_source<'py>(
-    py: Python<'py>,
-    src: &Source,
-    globals: &[(&str, Bound<'py, PyModule>)],
-) -> PyResult<Bound<'py, PyModule>> {
+/// Module `src`, from the cached code when there is one.
+pub fn load_source<'py>(py: Python<'py>, src: &Source) -> PyResult<Bound<'py, PyModule>> {
     let marshal = py.import("marshal")?;
     let magic: Vec<u8> = py
         .import("importlib._bootstrap_external")?
@@ -173,9 +192,6 @@ pub fn load_source<'py>(
     module.setattr("__file__", src.filename)?;
     let dict = module.dict();
     code.cast_into::<PyCode>()?.run(Some(&dict), Some(&dict))?;
-    for (name, value) in globals {
-        module.setattr(*name, value)?;
-    }
     Ok(module)
 }
 

@@ -139,18 +139,27 @@ fn the_support_code_cache_can_never_break_a_start() {
         };
         let dir = cache.path().display().to_string();
         assert_eq!(start(&dir).ok("1 + 1")["result"], "2", "{mode}");
-        // The executor's support code (checkpoints may have cached theirs too).
+        // The support package's modules, one file each (checkpoints may have cached theirs
+        // too, and cloudpickle).
         let files: Vec<_> = std::fs::read_dir(cache.path().join("flowrepl"))
             .unwrap()
             .map(|e| e.unwrap().path())
             .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("_flowrepl-"))
+                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    [
+                        "_flowrepl_session-",
+                        "_flowrepl_flow-",
+                        "_flowrepl_results-",
+                    ]
+                    .iter()
+                    .any(|m| n.starts_with(m))
+                })
             })
             .collect();
-        assert_eq!(files.len(), 1, "{mode}: {files:?}");
-        std::fs::write(&files[0], b"not marshal data").unwrap();
+        assert_eq!(files.len(), 3, "{mode}: {files:?}");
+        for f in &files {
+            std::fs::write(f, b"not marshal data").unwrap();
+        }
         assert_eq!(
             start(&dir).ok("2 + 2")["result"],
             "4",

@@ -1,5 +1,5 @@
-//! The executor's embedded Python (`worker/src/support.py`, the checkpoint package
-//! `worker/src/checkpoint/*.py`) has unit tests of its own (`worker/tests/python/`, one file
+//! The executor's embedded Python (the packages in `worker/src/support/` and
+//! `worker/src/checkpoint/`) has unit tests of its own (`worker/tests/python/`, one file
 //! per module, `unittest`): they run here in a plain interpreter of every CPython version
 //! found, as the code runs embedded in each.
 

@@ -1,5 +1,5 @@
 //! Checkpoints of the namespace: when they are written, and the bridge to the Python code
-//! that writes and restores them (the Python package in the same folder, `_flowrepl_checkpoint`).
+//! that writes and restores them (the Python package in the same folder, `_flowrepl_checkpoint_*`).
 //!
 //! # When
 //! With [`SnapshotPolicy::OnSuccess`] a successful cell makes the automatic checkpoint

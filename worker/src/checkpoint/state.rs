@@ -1,5 +1,5 @@
 //! The checkpoint state of one executor, and the bridge to the Python code that writes and
-//! restores checkpoints (the Python package in the same folder, `_flowrepl_checkpoint`).
+//! restores checkpoints (the Python package in the same folder, `_flowrepl_checkpoint_*`).
 
 use crate::support::py_err;
 use flowrepl_exec::setup::{CallError, CheckpointError, SnapshotConfig};
@@ -81,7 +81,7 @@ pub(crate) struct Checkpoints {
     health_changed: bool,
     /// A failed automatic write, for the next cell's warnings.
     warning: Option<String>,
-    /// `_flowrepl_checkpoint`, once loaded.
+    /// `_flowrepl_checkpoint_store`, once loaded.
     module: Option<Py<PyAny>>,
     /// Its `Store` for `auto`.
     store: Option<Py<PyAny>>,

@@ -1,4 +1,4 @@
-"""Namespace checkpoints: the module `_flowrepl_checkpoint` (the package's face to the Rust
+"""Namespace checkpoints: the module `_flowrepl_checkpoint_store` (the package's face to the Rust
 side, `worker/src/checkpoint/state.rs`), loaded on the first checkpoint or restore (never on a
 kernel's start).
 

@@ -45,8 +45,8 @@ use std::ffi::c_int;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// The functions of `support.py` the executor calls: one table, each field named as its
-/// Python function (a name missing from `support.py` fails the executor's start).
+/// The functions of the support package the executor calls: one table, each field named as its
+/// Python function (a name missing from every module of the package fails the executor's start).
 macro_rules! support_functions {
     ($($name:ident),* $(,)?) => {
         struct Support {
@@ -54,9 +54,9 @@ macro_rules! support_functions {
         }
 
         impl Support {
-            fn load(module: &Bound<'_, PyModule>) -> PyResult<Support> {
+            fn load(package: &crate::support::Loaded<'_>) -> PyResult<Support> {
                 Ok(Support {
-                    $($name: module.getattr(stringify!($name))?.unbind(),)*
+                    $($name: package.get(stringify!($name))?.unbind(),)*
                 })
             }
         }
@@ -139,7 +139,7 @@ impl Executor {
             let support_err = |e: PyErr| ExecutorError::Support(e.to_string());
             let module = crate::support::load(py).map_err(support_err)?;
             let globals = module
-                .getattr("setup")
+                .get("setup")
                 .and_then(|f| f.call0())
                 .and_then(|g| Ok(g.cast_into::<PyDict>()?))
                 .map_err(support_err)?;
@@ -221,7 +221,7 @@ impl Executor {
             };
             let path0 = config.setup.path0.as_ref().map(|p| p.display().to_string());
             module
-                .getattr("apply_setup")
+                .get("apply_setup")
                 .and_then(|f| f.call1((config.setup.argv.clone(), path0)))
                 .map_err(support_err)?;
             exec.run_startup(py);

@@ -1,7 +1,10 @@
-"""Loads the executor's embedded Python (worker/src/*.py, worker/src/checkpoint/*.py) as the kernel does: by path, as
-private modules, with the vendored cloudpickle handed to the checkpoint code."""
+"""Loads the executor's embedded Python packages (worker/src/support/, worker/src/checkpoint/)
+as the kernel does: by path, as private modules in the order worker/src/support.rs declares
+(read from there), each given the ones before it, with the vendored cloudpickle handed to the
+checkpoint code."""
 import importlib.util
 import pathlib
+import re
 import sys
 import types
 
@@ -15,12 +18,28 @@ def load(name, path):
     return module
 
 
+def _declared():
+    """folder -> (module prefix, short names in load order), from support.rs's `package!`s."""
+    text = (WORKER / "src" / "support.rs").read_text()
+    found = {}
+    for prefix, folder, names in re.findall(r'package!\(\s*"(\w+)",\s*"(\w+)":([^)]*)\)', text):
+        found[folder] = (prefix, re.findall(r'"(\w+)"', names))
+    return found
+
+
+def package(folder):
+    """A package as the kernel loads it: each module given the ones before it by short name."""
+    prefix, order = _declared()[folder]
+    loaded = {}
+    for short in order:
+        module = load_with(f"{prefix}_{short}", WORKER / "src" / folder / f"{short}.py", dict(loaded))
+        loaded[short] = module
+    return loaded
+
+
 def support():
-    return load("_flowrepl", WORKER / "src" / "support.py")
-
-
-# The checkpoint package in its load order (worker/src/support.rs, `CHECKPOINT`).
-CHECKPOINT = ("picklable", "files", "graph", "restore", "store")
+    """The support package, each module by its short name."""
+    return types.SimpleNamespace(**package("support"))
 
 
 def load_with(name, path, globals_):
@@ -32,14 +51,9 @@ def load_with(name, path, globals_):
 
 
 def checkpoint():
-    """The checkpoint package, each module by its short name (`store` is `_flowrepl_checkpoint`)."""
+    """The checkpoint package, each module by its short name, with flowrepl's cloudpickle."""
     cloudpickle = load("_flowrepl_cloudpickle", WORKER / "vendor" / "cloudpickle" / "cloudpickle.py")
     sys.modules.pop("_flowrepl_cloudpickle", None)
-    loaded = {}
-    for short in CHECKPOINT:
-        name = "_flowrepl_checkpoint" if short == "store" else f"_flowrepl_checkpoint_{short}"
-        module = load_with(name, WORKER / "src" / "checkpoint" / f"{short}.py", dict(loaded))
-        if short == "picklable":
-            module.cloudpickle = cloudpickle
-        loaded[short] = module
+    loaded = package("checkpoint")
+    loaded["picklable"].cloudpickle = cloudpickle
     return types.SimpleNamespace(**loaded)

@@ -1,18 +1,15 @@
-"""Unit tests of support.py (the module `_flowrepl`), in a plain interpreter of each version."""
+"""Unit tests of support/results.py (exceptions, figures, variables)."""
 import base64
-import io
 import json
 import linecache
-import os
 import struct
-import sys
-import tempfile
 import unittest
 import zlib
 
 from helpers import support
 
-S = support()
+P = support()
+S = P.results
 
 
 def png(width, height):
@@ -31,41 +28,9 @@ class Shows:
         return self.data
 
 
-class NoStdinTest(unittest.TestCase):
-    def test_reads_are_at_eof_and_say_why_on_stderr(self):
-        err = io.StringIO()
-        old, sys.stderr = sys.stderr, err
-        try:
-            stdin = S.NoStdin()
-            self.assertEqual(stdin.readline(), "")
-            self.assertEqual(stdin.read(), "")
-        finally:
-            sys.stderr = old
-        self.assertIn("input()/sys.stdin.readline() reached EOF", err.getvalue())
-        self.assertIn("sys.stdin.read() reached EOF", err.getvalue())
-
-
-class ContextTest(unittest.TestCase):
-    def test_update_merges_or_replaces_and_saves_the_whole_context(self):
-        saved = []
-
-        def save(new):
-            saved.append(dict(new))
-            return new
-
-        ctx = S.Context({"a": 1}, save)
-        self.assertEqual(ctx.update({"b": 2}), {"a": 1, "b": 2})
-        self.assertEqual(ctx.update({"c": 3}, merge=False), {"c": 3})
-        self.assertEqual(saved, [{"a": 1, "b": 2}, {"c": 3}])
-        self.assertEqual(dict(ctx.items()), {"c": 3})
-        self.assertIn("c", ctx)
-        with self.assertRaises(TypeError):
-            ctx.update([("x", 1)])
-
-
 class ExceptionTest(unittest.TestCase):
     def test_type_message_and_the_cells_lines_in_the_traceback(self):
-        S.register_sources([("<cell-1>", "x = 1\n1 / 0\n")])
+        P.session.register_sources([("<cell-1>", "x = 1\n1 / 0\n")])
         self.assertEqual(linecache.getline("<cell-1>", 2), "1 / 0\n")
         try:
             exec(compile("x = 1\n1 / 0\n", "<cell-1>", "exec"), {})
@@ -88,26 +53,7 @@ class ExceptionTest(unittest.TestCase):
         self.assertEqual((kind, message), ("Bad", "<unprintable Bad>"))
 
 
-class NamespaceTest(unittest.TestCase):
-    def test_reset_keeps_only_what_a_fresh_main_has(self):
-        ns = {"__name__": "__main__", "__builtins__": __builtins__, "x": 1, "_y": 2}
-        S.reset_namespace(ns)
-        self.assertEqual(sorted(ns), ["__annotations__", "__builtins__", "__name__"])
-
-    def test_a_failing_startup_file_is_reported_and_the_next_still_runs(self):
-        with tempfile.TemporaryDirectory() as d:
-            bad, good = os.path.join(d, "bad.py"), os.path.join(d, "good.py")
-            with open(bad, "w") as f:
-                f.write("raise ValueError('boom')\n")
-            with open(good, "w") as f:
-                f.write("ready = True\n")
-            ns = {}
-            errors = S.run_startup(ns, [bad, good])
-        self.assertTrue(ns["ready"])
-        self.assertEqual(len(errors), 1)
-        self.assertIn("bad.py failed", errors[0])
-        self.assertIn("ValueError: boom", errors[0])
-
+class VariablesTest(unittest.TestCase):
     def test_variables_are_listed_without_dunders_with_sizes_and_short_reprs(self):
         ns = {"__name__": "__main__", "items": [1, 2, 3], "text": "x" * 500, "f": len}
         listed = {v["name"]: v for v in json.loads(S.list_variables(ns, max_repr=40))}
@@ -130,7 +76,6 @@ class ImagesTest(unittest.TestCase):
         images, notes = S.collect_images(Shows(png(20, 20)), 4, 100)
         self.assertEqual(images, [])
         self.assertIn("over the limit of 100", notes[0])
-
 
 if __name__ == "__main__":
     unittest.main()
