@@ -26,14 +26,14 @@
 
 use super::line_reader::{Line, LineReader};
 use super::writer::ReplyWriter;
-use flowrepl_session::approvals::{Approvals, Asker};
-use flowrepl_session::session::{not_stopped, unstoppable_for, StatusBoard};
 use flowrepl_os::lock;
 use flowrepl_protocol::jsonrpc::{Notification, Response};
 use flowrepl_protocol::{
     ApprovalRequest, ApproveReply, Call, ExecuteResult, Id, InterruptReply, Request, RpcError,
     StatusInfo,
 };
+use flowrepl_session::approvals::{Approvals, Asker};
+use flowrepl_session::session::{not_stopped, unstoppable_for, StatusBoard};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::fs::File;

@@ -11,9 +11,9 @@ pub mod line_reader;
 pub mod spin;
 pub mod writer;
 
-use flowrepl_session::session::{Answer, Flow, Responder, Session};
 use flowrepl_protocol::jsonrpc::Notification;
 use flowrepl_protocol::{Call, ExecuteMethod, ExecuteResult, Id, Image, RpcError, READY_MARKER};
+use flowrepl_session::session::{Answer, Flow, Responder, Session};
 use front::{Front, Item};
 use std::io;
 use std::sync::Arc;

@@ -16,12 +16,11 @@
 //! notification. See `docs/protocol.md` for the wire format.
 #![warn(missing_docs)]
 
-
 use flowrepl_cli::args::{Cli, Command};
-use flowrepl_jsonrpc as jsonrpc;
-use flowrepl_session::{approvals, config, engine, session, terminate};
 use flowrepl_cli::logcmd;
 use flowrepl_cli::served::Build;
+use flowrepl_jsonrpc as jsonrpc;
+use flowrepl_session::{approvals, config, engine, session, terminate};
 use std::process::ExitCode;
 
 /// What this build knows about Python, for choosing the executor and for the flags: the

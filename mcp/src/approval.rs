@@ -16,9 +16,9 @@
 //! same cell (the code does not run twice). Whether such a client can answer is per request
 //! (its `_meta` capabilities); the latest waiting call's say is the one used.
 
-use flowrepl_session::approvals::{Approvals, Asker};
 use flowrepl_os::lock;
 use flowrepl_protocol::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};
+use flowrepl_session::approvals::{Approvals, Asker};
 use rmcp::model::{
     CancelledNotificationParam, ClientResult, ElicitRequest, ElicitRequestParams, ElicitResult,
     ElicitationAction, ElicitationSchema, InputRequest, InputRequests, InputResponses,

@@ -37,11 +37,11 @@ pub mod tasks;
 pub mod tools;
 pub mod transport;
 
+use flowrepl_protocol::sandbox::SandboxReport;
+use flowrepl_protocol::{Call, ExecuteResult, Image, RpcError};
 use flowrepl_session::config::Config;
 use flowrepl_session::engine::Control;
 use flowrepl_session::session::{Answer, Responder, Session};
-use flowrepl_protocol::sandbox::SandboxReport;
-use flowrepl_protocol::{Call, ExecuteResult, Image, RpcError};
 use rmcp::model::CallToolResult;
 use rmcp::ServiceExt;
 use std::fs::File;

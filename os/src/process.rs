@@ -409,7 +409,10 @@ mod tests {
             Err(nix::errno::Errno::ESRCH)
         );
         // One that heeds the ask is not killed.
-        let mut s = started("trap 'exit 7' TERM; while :; do sleep 0.05; done", Group::Own);
+        let mut s = started(
+            "trap 'exit 7' TERM; while :; do sleep 0.05; done",
+            Group::Own,
+        );
         std::thread::sleep(Duration::from_millis(200));
         let stopped = s.stop(Some(Signal::SIGTERM), Duration::from_secs(10));
         assert!(!stopped.killed);

@@ -24,10 +24,10 @@
 //! the worker's before Python starts, shared copy-on-write. The resource accounting the kernel
 //! reads from `wait4` (CPU time, peak RSS) includes reaped descendants, so it is unchanged.
 
+use flowrepl_os::process::Exit;
 use flowrepl_protocol::sandbox::SandboxLayer;
 use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
-use flowrepl_os::process::Exit;
 use nix::sys::signal::{kill, sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;

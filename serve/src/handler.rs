@@ -162,7 +162,9 @@ fn finish_relayed(
 ) -> impl FnOnce(u64, TaskContext) -> TaskFuture {
     move |cell, ctx| {
         Box::pin(async move {
-            use flowrepl_mcp::tools::{arguments, InterruptArgs, WaitCellArgs, INTERRUPT, WAIT_CELL};
+            use flowrepl_mcp::tools::{
+                arguments, InterruptArgs, WaitCellArgs, INTERRUPT, WAIT_CELL,
+            };
             let never = tokio_util::sync::CancellationToken::new();
             let every = tasks::STATUS_EVERY.as_secs_f64();
             let mut cancelled = false;

@@ -111,7 +111,8 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
     let (plan, task) = flowrepl_task_logger::path::plan_and_task_from_env();
     let tools = flowrepl_mcp::tools::listed(
         args.mcp.max_chars as usize,
-        cli.timeout_ms.unwrap_or(flowrepl_protocol::call::DEFAULT_TIMEOUT_MS),
+        cli.timeout_ms
+            .unwrap_or(flowrepl_protocol::call::DEFAULT_TIMEOUT_MS),
         Duration::from_secs(args.mcp.wait_s),
     );
     let server = handler::Serve::new(Arc::clone(&pool), tools, child::TaskKey { plan, task });

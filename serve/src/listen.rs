@@ -100,9 +100,7 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
             refused += 1;
-            if last_refusal_line
-                .is_none_or(|t| t.elapsed() >= crate::auth::REFUSAL_LOG_EVERY)
-            {
+            if last_refusal_line.is_none_or(|t| t.elapsed() >= crate::auth::REFUSAL_LOG_EVERY) {
                 last_refusal_line = Some(std::time::Instant::now());
                 tracing::warn!(
                     refused,

@@ -13,10 +13,10 @@ use super::show::{read_task, Cell};
 use super::{io_err, one_task, print_json, say, task_file, LogCmdError, Read, Scope};
 use crate::env;
 use flowrepl_os::logging::LOG_ENV;
+use flowrepl_os::process::{Group, Supervision, Supervisor};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use flowrepl_os::process::{Group, Supervision, Supervisor};
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 
 /// How to replay.

@@ -9,8 +9,8 @@ use crate::parked::{Take, Waiting};
 use crate::render::{self, RunningCell};
 use crate::tasks;
 use crate::{Shared, Ticket};
-use flowrepl_session::session::{not_stopped, unstoppable_for};
 use flowrepl_exec::tail::OutputTail;
+use flowrepl_session::session::{not_stopped, unstoppable_for};
 use rmcp::model::{
     CallToolResponse, InputRequiredResult, ProgressNotificationParam, ProgressToken,
     RequestMetaObject,

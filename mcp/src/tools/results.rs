@@ -1,7 +1,7 @@
 //! How the kernel's answers become tool results.
 
-use flowrepl_session::session::Answer;
 use flowrepl_protocol::VariableInfo;
+use flowrepl_session::session::Answer;
 use rmcp::model::{CallToolResult, ContentBlock};
 use rmcp::ErrorData;
 use serde::Serialize;

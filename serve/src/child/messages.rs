@@ -2,8 +2,8 @@
 //! routes what the child sends (see the parent module) and passes its stderr on.
 
 use super::{Child, ChildError, LAST_WORDS, MAX_STDERR_LINE};
-use flowrepl_mcp::lines::{BoundedLines, Line};
 use flowrepl_mcp::approval::Asking;
+use flowrepl_mcp::lines::{BoundedLines, Line};
 use flowrepl_os::lock;
 use rmcp::model::{ElicitRequestParams, ProgressNotificationParam};
 use serde_json::{json, Value};

@@ -28,8 +28,8 @@ mod messages;
 pub use call::Relay;
 use messages::{pass_on_stderr, read_loop};
 
-use flowrepl_mcp::lines::BoundedLines;
 use flowrepl_mcp::approval::LatestAsking;
+use flowrepl_mcp::lines::BoundedLines;
 use flowrepl_mcp::tools;
 use flowrepl_os::lock;
 use flowrepl_os::process::{Group, Supervision, Supervisor};
@@ -218,9 +218,18 @@ impl Child {
         let mut process = cmd.spawn().map_err(ChildError::Spawn)?;
         let pid = process.id();
         let pipes = (
-            process.stdin.take().map(tokio::process::ChildStdin::from_std),
-            process.stdout.take().map(tokio::process::ChildStdout::from_std),
-            process.stderr.take().map(tokio::process::ChildStderr::from_std),
+            process
+                .stdin
+                .take()
+                .map(tokio::process::ChildStdin::from_std),
+            process
+                .stdout
+                .take()
+                .map(tokio::process::ChildStdout::from_std),
+            process
+                .stderr
+                .take()
+                .map(tokio::process::ChildStderr::from_std),
         );
         let process = Supervisor::of(process);
         let (Some(Ok(stdin)), Some(Ok(stdout)), Some(Ok(stderr))) = pipes else {

@@ -2,21 +2,47 @@
 //! gathered; a worker that died during it becomes the cell's [`Fault`].
 
 use super::ladder::{KillReason, Ladder, Step};
+use super::pipe::{Pipe, Wait};
 use super::process::Ended;
-use flowrepl_os::process::Exit;
-use super::pump::{Collecting, Wait};
 use super::Worker;
 use crate::engine::CellRun;
 use flowrepl_exec::capture::{append_traceback, decode_output};
 use flowrepl_exec::setup::CellOutcome;
 use flowrepl_exec::tail::OutputTail;
 use flowrepl_os::lock;
-use flowrepl_protocol::frame::{DoneReport, Frame};
+use flowrepl_os::process::Exit;
+use flowrepl_protocol::frame::{self, DoneReport, Frame, OutputStream};
 use flowrepl_protocol::{CellReport, ExecutionKind, Fault, Mode, ResourceUsage, StoppedBy};
 use nix::sys::signal::Signal;
+use std::borrow::Cow;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
+
+/// What one cell's frames added up to.
+pub(super) struct Collecting {
+    pub(super) id: u64,
+    pub(super) stdout: Vec<u8>,
+    pub(super) stderr: Vec<u8>,
+    pub(super) events: Vec<flowrepl_protocol::CellEvent>,
+    pub(super) contexts: Vec<String>,
+    /// Approvals the cell waits for (its deadline is held meanwhile).
+    pub(super) waiting: Vec<String>,
+    pub(super) done: Option<Box<DoneReport>>,
+}
+
+impl Collecting {
+    pub(super) fn new(id: u64) -> Collecting {
+        Collecting {
+            id,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            events: Vec::new(),
+            contexts: Vec::new(),
+            waiting: Vec::new(),
+            done: None,
+        }
+    }
+}
 
 impl Worker {
     /// Runs one cell: a ready worker, the Execute frame, the frames until Done under the stop
@@ -32,8 +58,12 @@ impl Worker {
             Ok(lost) => lost,
             Err(run) => return *run,
         };
-        self.next_id += 1;
-        let mut c = Collecting::new(self.next_id);
+        let id = self
+            .state
+            .pipe()
+            .expect("ready_for_cell left a worker")
+            .next_id();
+        let mut c = Collecting::new(id);
         let started = Instant::now();
         let mut ladder = Ladder::new(started, timeout, self.grace);
         let sent = self.send_cell(&c, timeout, execution_count, code);
@@ -48,7 +78,9 @@ impl Worker {
                 self.last_cpu_total_ms = done.cpu_total_ms;
                 // The worker's word (a cell can forge it): every reader cuts it to the capture
                 // files' real size (`read_output`, the output tail), so no fstat per cell here.
-                self.capture_next = done.capture_ends;
+                if let Some(p) = self.state.process_mut() {
+                    p.capture.next = done.capture_ends;
+                }
                 let mut run = self.finished_run(*done, stdout, stderr, interrupted);
                 warnings.append(&mut run.outcome.report.warnings);
                 run.outcome.report.warnings = warnings;
@@ -100,31 +132,31 @@ impl Worker {
         execution_count: u64,
         code: &str,
     ) -> bool {
-        self.send_buf.clear();
-        Frame::Execute {
-            id: c.id,
-            timeout_ms: timeout.as_millis() as u64,
-            execution_count,
-            code,
-        }
-        .encode(&mut self.send_buf)
-        .expect("worker mode caps request lines at frame::MAX_CELL_BYTES (config.rs)");
+        let proc = self
+            .state
+            .process_mut()
+            .expect("ensure_ready left a worker");
         {
             let mut st = self.control.lock();
             st.running = true;
             st.interrupted_at = None;
             st.tail = OutputTail::default();
-            st.cell_starts = self.capture_next;
+            st.cell_starts = proc.capture.next;
         }
-        let proc = self
-            .state
-            .process_mut()
-            .expect("ensure_ready left a worker");
-        let sent = lock(&proc.to_worker).write_all(&self.send_buf).is_ok();
-        if self.send_buf.capacity() > (1 << 20) {
-            self.send_buf = Vec::with_capacity(4096);
+        // Worker mode caps request lines at frame::MAX_CELL_BYTES (config.rs): the frame fits.
+        let sent = proc.pipe.send(|id| Frame::Execute {
+            id,
+            timeout_ms: timeout.as_millis() as u64,
+            execution_count,
+            code,
+        });
+        match sent {
+            Ok(id) => {
+                debug_assert_eq!(id, c.id, "the cell's id is the pipe's next");
+                true
+            }
+            Err(_) => false,
         }
-        sent
     }
 
     /// Reads the cell's frames until its Done frame or the worker's end, stepping the stop
@@ -135,11 +167,11 @@ impl Worker {
         let mut readable = alive
             && self.state.process().is_some_and(|p| {
                 static WORKER_FRAME: flowrepl_os::Spin = flowrepl_os::Spin::new();
-                WORKER_FRAME.until_readable(p.from_worker.get_ref().as_raw_fd())
+                WORKER_FRAME.until_readable(p.pipe.fd())
             });
         while alive && c.done.is_none() {
             let got = if std::mem::take(&mut readable) {
-                Ok(self.fill_frames())
+                Ok(self.state.pipe().map_or(Wait::Eof, Pipe::fill))
             } else {
                 let interrupted_at = self.control.lock().interrupted_at;
                 let wait = match ladder.step(Instant::now(), interrupted_at) {
@@ -160,18 +192,87 @@ impl Worker {
                         continue;
                     }
                 };
-                self.read_frames(wait)
+                self.state.pipe().map_or(Ok(Wait::Eof), |p| p.read(wait))
             };
             match got {
                 Ok(Wait::Frames) => {
                     alive = self.take_frames(c);
                     if c.done.is_none() {
-                        self.update_tail(c);
+                        self.control.publish_tail([&c.stdout, &c.stderr]);
                     }
                     ladder.hold(Instant::now(), !c.waiting.is_empty());
                 }
                 Ok(Wait::Timeout) => {}
                 Ok(Wait::Eof) | Err(_) => alive = false,
+            }
+        }
+    }
+
+    /// Applies the buffered frames to `c`; false if the worker broke the protocol.
+    fn take_frames(&mut self, c: &mut Collecting) -> bool {
+        let Some(proc) = self.state.process_mut() else {
+            return false;
+        };
+        loop {
+            let payload = match proc.pipe.next_buffered() {
+                Ok(Some(p)) => p,
+                Ok(None) => return true,
+                Err(e) => {
+                    tracing::error!(error = %e, "bad frame from the worker");
+                    return false;
+                }
+            };
+            let frame = frame::decode(&payload);
+            if let Ok(f) = &frame {
+                if proc.forged(f, c.stdout.len() + c.stderr.len()) {
+                    return false;
+                }
+            }
+            match frame {
+                Ok(Frame::Output { id, stream, bytes }) if id == c.id => match stream {
+                    OutputStream::Stdout => c.stdout.extend_from_slice(bytes),
+                    OutputStream::Stderr => c.stderr.extend_from_slice(bytes),
+                },
+                Ok(Frame::Event { id, event }) if id == c.id => c.events.push(event.into_owned()),
+                Ok(Frame::Context { id, json }) if id == c.id => {
+                    // A worker started later (after a crash or restart) starts from it.
+                    self.spawn.setup.flow.context = Some(json.to_owned());
+                    c.contexts.push(json.to_owned());
+                }
+                Ok(Frame::ApprovalRequest { id, request }) if id == c.id => {
+                    c.waiting.push(request.approval_id.clone());
+                    let to_worker = proc.pipe.writer();
+                    self.approvals.open(
+                        &request,
+                        Box::new(move |answer| {
+                            let mut buf = Vec::new();
+                            if let Err(e) = (Frame::ApprovalAnswer {
+                                answer: Cow::Owned(answer),
+                            })
+                            .encode(&mut buf)
+                            {
+                                tracing::warn!(error = %e, "an approval answer too large for a frame was dropped");
+                                return;
+                            }
+                            if let Err(e) = lock(&to_worker).write_all(&buf) {
+                                tracing::warn!(error = %e, "the approval answer could not reach the worker");
+                            }
+                        }),
+                    );
+                }
+                Ok(Frame::ApprovalEnded { id, approval_id }) if id == c.id => {
+                    c.waiting.retain(|w| w != approval_id);
+                    self.approvals.close(approval_id);
+                }
+                Ok(Frame::Done { id, report }) if id == c.id => {
+                    c.done = Some(Box::new(report.into_owned()));
+                    return true;
+                }
+                Ok(other) => tracing::warn!(?other, "unexpected frame from the worker ignored"),
+                Err(e) => {
+                    tracing::error!(error = %e, "bad frame from the worker");
+                    return false;
+                }
             }
         }
     }
@@ -203,7 +304,10 @@ impl Worker {
             None => Some(None),
         };
         if let Some(ends) = read_here {
-            let read = self.read_output([c.stdout.len(), c.stderr.len()], ends);
+            let read = self.state.process().map_or_else(Default::default, |p| {
+                p.capture
+                    .read_output([c.stdout.len(), c.stderr.len()], ends)
+            });
             for (have, more) in [&mut c.stdout, &mut c.stderr].into_iter().zip(read) {
                 if have.is_empty() {
                     *have = more;

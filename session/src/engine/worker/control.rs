@@ -2,8 +2,7 @@
 //! cell, its output so far, the checkpoint's health.
 
 use crate::engine::Control;
-use flowrepl_exec::tail::read_stream;
-use flowrepl_exec::tail::OutputTail;
+use flowrepl_exec::tail::{last_line, read_stream, OutputTail, TAIL_BYTES};
 use flowrepl_os::lock;
 use nix::sys::signal::Signal;
 use std::os::fd::AsFd;
@@ -54,6 +53,18 @@ impl WorkerControl {
     /// lock as [`Control::interrupt`].
     pub(super) fn signal_running(&self) {
         self.lock().signal_running();
+    }
+
+    /// Publishes the running cell's output so far (what Output frames brought) to
+    /// [`Control::output_tail`].
+    pub(super) fn publish_tail(&self, streams: [&[u8]; 2]) {
+        let mut st = self.lock();
+        for (i, bytes) in streams.into_iter().enumerate() {
+            if st.tail.bytes[i] != bytes.len() as u64 {
+                st.tail.bytes[i] = bytes.len() as u64;
+                st.tail.last_line[i] = last_line(&bytes[bytes.len().saturating_sub(TAIL_BYTES)..]);
+            }
+        }
     }
 }
 

@@ -1,15 +1,13 @@
 //! The worker's life as [`State`] and its transitions: spawn (`Absent` → `Starting`), ready
 //! (→ `Ready`), drop and stop (→ `Absent`), and noticing a death between cells.
 
+use super::pipe::{Pipe, Wait};
 use super::process::{Ended, WorkerProcess};
-use super::pump::Wait;
 use super::{Worker, WorkerError, READY_TIMEOUT};
 use crate::config::Limits;
-use flowrepl_os::lock;
 use flowrepl_protocol::frame::{self, Frame, WorkerHello};
 use flowrepl_protocol::AUTO_CHECKPOINT;
-use std::io::{self, Write};
-use std::os::fd::AsRawFd;
+use std::io;
 use std::time::Instant;
 
 /// Where the worker is in its life.
@@ -42,6 +40,11 @@ impl State {
             State::Starting(p) | State::Ready { proc: p, .. } => Some(p),
         }
     }
+
+    /// The current worker's frame pipe.
+    pub(super) fn pipe(&mut self) -> Option<&mut Pipe> {
+        self.process_mut().map(|p| &mut p.pipe)
+    }
 }
 
 impl Worker {
@@ -70,7 +73,10 @@ impl Worker {
         {
             let mut st = self.control.lock();
             st.pid = Some(p.pid);
-            st.capture = match (p.capture[0].try_clone(), p.capture[1].try_clone()) {
+            st.capture = match (
+                p.capture.files[0].try_clone(),
+                p.capture.files[1].try_clone(),
+            ) {
                 (Ok(o), Ok(e)) => Some([o, e]),
                 _ => None,
             };
@@ -91,19 +97,19 @@ impl Worker {
         }
         let until = Instant::now() + READY_TIMEOUT;
         loop {
-            if let Some(payload) = self.next_buffered().map_err(io::Error::other)? {
+            let buffered = self.state.pipe().map_or(Ok(None), Pipe::next_buffered);
+            if let Some(payload) = buffered.map_err(io::Error::other)? {
                 match frame::decode(&payload) {
                     Ok(Frame::Ready { hello }) => {
                         let mut hello = hello.into_owned();
                         tracing::debug!(pid = hello.pid, "worker ready");
-                        let starts = self.real_capture_ends(hello.capture_starts);
-                        let State::Starting(proc) =
+                        let State::Starting(mut proc) =
                             std::mem::replace(&mut self.state, State::Absent)
                         else {
                             unreachable!("only a starting worker sends Ready");
                         };
+                        proc.capture.next = proc.capture.real_ends(hello.capture_starts);
                         self.python = hello.python.clone();
-                        self.capture_next = starts;
                         if let Some(r) = hello.restored.take() {
                             self.restored = Some(Ok(r));
                         } else if let Some(e) = hello.restore_error.take() {
@@ -131,14 +137,14 @@ impl Worker {
                 self.drop_worker();
                 return Err(WorkerError::NotReady(READY_TIMEOUT));
             }
-            match self.read_frames(left)? {
+            match self.state.pipe().map_or(Ok(Wait::Eof), |p| p.read(left))? {
                 Wait::Frames | Wait::Timeout => {}
                 Wait::Eof => {
                     let ended = self.drop_worker();
-                    if ended
-                        .is_some_and(|e| e.exit.and_then(flowrepl_os::process::Exit::code)
-                            == Some(i32::from(flowrepl_sandbox::REFUSED_EXIT)))
-                    {
+                    if ended.is_some_and(|e| {
+                        e.exit.and_then(flowrepl_os::process::Exit::code)
+                            == Some(i32::from(flowrepl_sandbox::REFUSED_EXIT))
+                    }) {
                         return Err(WorkerError::SandboxRefused);
                     }
                     let how = ended.map(|e| e.describe()).unwrap_or_default();
@@ -162,17 +168,14 @@ impl Worker {
     /// exit handlers and flushes (its pipe closes when it exits), then SIGKILL to its group.
     pub(super) fn stop_worker(&mut self) {
         if let State::Ready { proc, .. } = &mut self.state {
-            self.send_buf.clear();
-            Frame::Shutdown {}
-                .encode(&mut self.send_buf)
-                .expect("an empty frame fits");
-            if lock(&proc.to_worker).write_all(&self.send_buf).is_ok() {
+            let pipe = &mut proc.pipe;
+            if pipe.send_plain(&Frame::Shutdown {}).is_ok() {
                 let until = Instant::now() + self.grace;
                 loop {
                     let left = until.saturating_duration_since(Instant::now());
                     // Whatever it still sends (a late Done) is not wanted: read until EOF.
-                    match self.read_frames(left) {
-                        Ok(Wait::Frames) => while let Ok(Some(_)) = self.next_buffered() {},
+                    match pipe.read(left) {
+                        Ok(Wait::Frames) => while let Ok(Some(_)) = pipe.next_buffered() {},
                         Ok(Wait::Timeout) if !left.is_zero() => {}
                         Ok(Wait::Eof) => break,
                         Ok(Wait::Timeout) | Err(_) => {
@@ -195,9 +198,9 @@ impl Worker {
     /// a fresh worker instead of failing. Returns a warning to attach to the cell.
     pub(super) fn check_idle_worker(&mut self) -> Option<String> {
         let p = self.state.process()?;
-        let fd = p.from_worker.get_ref().as_raw_fd();
+        let fd = p.pipe.fd();
         // The usual case, one poll: nothing came since the last request was answered.
-        if p.from_worker.is_empty() && !flowrepl_os::poll_pending(fd) {
+        if p.pipe.is_empty() && !flowrepl_os::poll_pending(fd) {
             return None;
         }
         let forged = self.drain_between_requests();
@@ -229,16 +232,16 @@ impl Worker {
         if !matches!(self.state, State::Ready { .. }) {
             return false;
         }
+        let Some(p) = self.state.process_mut() else {
+            return false;
+        };
         loop {
-            let frame = match self.next_buffered() {
-                Ok(Some(payload)) => frame::decode(&payload).map(|f| !self.forged(&f, 0)),
+            let frame = match p.pipe.next_buffered() {
+                Ok(Some(payload)) => frame::decode(&payload).map(|f| !p.forged(&f, 0)),
                 Ok(None) => {
-                    let Some(p) = self.state.process() else {
-                        return false;
-                    };
-                    let fd = p.from_worker.get_ref().as_raw_fd();
-                    if !flowrepl_os::poll_readable(fd, std::time::Duration::ZERO).unwrap_or(false)
-                        || matches!(self.fill_frames(), Wait::Eof)
+                    if !flowrepl_os::poll_readable(p.pipe.fd(), std::time::Duration::ZERO)
+                        .unwrap_or(false)
+                        || matches!(p.pipe.fill(), Wait::Eof)
                     {
                         return false;
                     }

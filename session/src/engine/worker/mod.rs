@@ -18,14 +18,18 @@
 //! the kill grace period to run its cells' exit handlers before its group is killed.
 //!
 //! # Rooms
-//! - this file: [`Worker`], its start, and the [`Engine`] methods between cells;
-//! - `lifecycle.rs`: [`State`] and its transitions (spawn, ready, drop, stop, a death noticed
-//!   between cells);
-//! - `cell.rs`: one cell, in phases (ready, send, wait under the ladder, output, death);
-//! - `pump.rs`: frames off the pipe, applied to the running cell; request/reply between cells;
-//! - `output.rs`: output read from the capture files the kernel holds, and the progress tail;
+//! The [`Worker`] is the engine; each part of a worker's life is a type of its own:
+//! - this file: [`Worker`], its start, the [`Engine`] methods and the request/reply
+//!   exchanges between cells;
+//! - `lifecycle.rs`: [`State`] and the worker's transitions (spawn, ready, drop, stop, a death
+//!   noticed between cells);
+//! - `cell.rs`: one cell, in phases (ready, send, wait under the ladder, its frames, output,
+//!   death);
+//! - [`process`]: one worker process (`WorkerProcess`: spawning, its guard, reaping), which
+//!   holds its frame pipe (`pipe.rs`, `Pipe`: frames written and read, forged ones told
+//!   apart) and its capture files (`output.rs`, `Capture`: a cell's output read from them);
 //! - `control.rs`: [`WorkerControl`], what other threads reach while a cell runs;
-//! - [`ladder`]: when to re-send SIGINT and when to kill; [`process`]: spawning the process.
+//! - [`ladder`]: when to re-send SIGINT and when to kill.
 
 pub mod diagnostics;
 pub mod ladder;
@@ -35,7 +39,7 @@ mod cell;
 mod control;
 mod lifecycle;
 mod output;
-mod pump;
+mod pipe;
 mod sandbox;
 
 pub use control::WorkerControl;
@@ -46,10 +50,11 @@ use control::ControlState;
 use super::{CellRun, Control, Engine, EngineError};
 use crate::approvals::Approvals;
 use crate::config::{Config, WorkerConfig};
-use flowrepl_protocol::frame::{CheckpointOutcome, Frame};
+use flowrepl_protocol::frame::{self, CheckpointOutcome, Frame};
 use flowrepl_protocol::{
     CheckpointSummary, Mode, PythonInfo, RestartReply, RestoreReport, VariableInfo, AUTO_CHECKPOINT,
 };
+use pipe::Wait;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
@@ -122,13 +127,9 @@ pub struct Worker {
     /// The interpreter of the last worker that was ready (kept while a new one starts).
     python: PythonInfo,
     control: Arc<WorkerControl>,
-    next_id: u64,
-    send_buf: Vec<u8>,
     last_cpu_total_ms: f64,
     /// Where the cells' approval requests go.
     approvals: Arc<Approvals>,
-    /// Where the next cell's output starts in the current worker's capture files.
-    capture_next: [u64; 2],
     /// The automatic checkpoint's journal, when checkpoints are on: a fresh worker after a
     /// death restores from it if it exists.
     auto_journal: Option<std::path::PathBuf>,
@@ -177,17 +178,82 @@ impl Worker {
                     ..ControlState::default()
                 }),
             }),
-            next_id: 0,
-            send_buf: Vec::with_capacity(4096),
             last_cpu_total_ms: 0.0,
             approvals,
-            capture_next: [0; 2],
             auto_journal: super::auto_journal(config),
             restored: None,
         };
         w.spawn_worker(super::resumes(config).then_some(AUTO_CHECKPOINT))?;
         w.ensure_ready()?;
         Ok(w)
+    }
+}
+
+impl Worker {
+    /// Sends a request frame (`request` with a fresh id) between cells and waits up to
+    /// `timeout` for the frame `pick` accepts; frames it does not are ignored. A worker that
+    /// dies meanwhile is replaced (from the last checkpoint, if there is one).
+    fn ask<'r, T>(
+        &mut self,
+        request: impl FnOnce(u64) -> Frame<'r>,
+        timeout: Duration,
+        during: &'static str,
+        mut pick: impl FnMut(Frame<'_>, u64) -> Option<T>,
+    ) -> Result<T, EngineError> {
+        if let Some(w) = self.check_idle_worker() {
+            tracing::warn!("{w}");
+        }
+        self.ensure_ready()?;
+        let proc = self
+            .state
+            .process_mut()
+            .expect("ensure_ready left a worker");
+        let id = proc.pipe.send(request).map_err(WorkerError::Io)?;
+        let until = std::time::Instant::now() + timeout;
+        loop {
+            let proc = self
+                .state
+                .process_mut()
+                .expect("a worker is dropped only below");
+            while let Some(payload) = proc
+                .pipe
+                .next_buffered()
+                .map_err(io::Error::other)
+                .map_err(WorkerError::Io)?
+            {
+                match frame::decode(&payload) {
+                    Ok(f) if proc.forged(&f, 0) => {
+                        // Stopped: the loop below sees its end and starts a fresh worker.
+                        continue;
+                    }
+                    Ok(f) => {
+                        let shown = format!("{f:?}");
+                        match pick(f, id) {
+                            Some(v) => return Ok(v),
+                            None => {
+                                tracing::warn!(frame = %shown, "unexpected frame from the worker ignored")
+                            }
+                        }
+                    }
+                    Err(e) => return Err(WorkerError::Io(io::Error::other(e)).into()),
+                }
+            }
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(EngineError::Timeout(timeout));
+            }
+            match proc.pipe.read(left).map_err(WorkerError::Io)? {
+                Wait::Frames | Wait::Timeout => {}
+                Wait::Eof => {
+                    let ended = self.drop_worker();
+                    let how = ended.map(|e| e.describe()).unwrap_or_default();
+                    if let Err(e) = self.spawn_worker(self.after_death()) {
+                        tracing::error!(error = %flowrepl_os::chain(&e), "a new worker could not be started");
+                    }
+                    return Err(EngineError::WorkerDied { how, during });
+                }
+            }
+        }
     }
 }
 

@@ -1,25 +1,42 @@
-//! A cell's output out of the capture files the kernel holds, and the progress tail.
+//! A worker's capture files as the kernel holds them: a cell's output read out of them, and
+//! where the next cell's output starts.
 
-use super::pump::Collecting;
-use super::Worker;
-use flowrepl_exec::tail::{last_line, TAIL_BYTES};
-use std::os::fd::AsFd;
+use flowrepl_exec::capture::{drop_marker, file_size, kept_ranges, pread_into};
+use std::os::fd::{AsFd, OwnedFd};
 
-impl Worker {
+/// One worker's capture files (stdout, stderr): made by the kernel and handed over as the
+/// worker's fds 3 and 4, so that what a dying worker had not sent can still be read.
+#[derive(Debug)]
+pub(super) struct Capture {
+    /// The files.
+    pub(super) files: [OwnedFd; 2],
+    /// Where the next cell's output starts in them (the worker's word, from its Ready or Done
+    /// frame: every reader cuts it to the files' real size).
+    pub(super) next: [u64; 2],
+    /// The output limit per stream and cell, applied as the worker applies it.
+    max_output: u64,
+}
+
+impl Capture {
+    /// The files, the next cell's output at their start.
+    pub(super) fn new(files: [OwnedFd; 2], max_output: u64) -> Capture {
+        Capture {
+            files,
+            next: [0; 2],
+            max_output,
+        }
+    }
+
     /// What the cell wrote that did not arrive as Output frames (`received` bytes per stream
-    /// did), read from the kernel's handle on the capture files up to `ends` (a worker's
-    /// Done) or to their current size (a worker that died), with the output limit applied as
-    /// the worker applies it: the kept head, the marker, the last quarter. One `pread` per
-    /// range, straight into the buffer the reply is made from.
+    /// did), read up to `ends` (a worker's Done) or to the files' current size (a worker
+    /// that died), with the output limit applied as the worker applies it: the kept head,
+    /// the marker, the last quarter. One `pread` per range, straight into the buffer the
+    /// reply is made from.
     pub(super) fn read_output(&self, received: [usize; 2], ends: Option<[u64; 2]>) -> [Vec<u8>; 2] {
-        use flowrepl_exec::capture::{drop_marker, file_size, kept_ranges, pread_into};
-        let Some(p) = self.state.process() else {
-            return Default::default();
-        };
-        let max = self.spawn.max_output_bytes;
+        let max = self.max_output;
         let mut out: [Vec<u8>; 2] = Default::default();
         for i in 0..2 {
-            let fd = p.capture[i].as_fd();
+            let fd = self.files[i].as_fd();
             // The ends a Done frame says are the worker's word (a cell can forge frames): never
             // past what the capture file really holds.
             let real = match file_size(fd) {
@@ -27,7 +44,7 @@ impl Worker {
                 Err(_) => continue,
             };
             let size = ends.map_or(real, |e| e[i].min(real));
-            let start = self.capture_next[i].min(size);
+            let start = self.next[i].min(size);
             let from = start.saturating_add(received[i] as u64);
             let read = |buf: &mut Vec<u8>, a: u64, b: u64| {
                 if b <= a {
@@ -56,25 +73,14 @@ impl Worker {
         out
     }
 
-    /// `claimed` capture offsets (from a Ready or Done frame: the worker's word) cut to what
-    /// the capture files really hold.
-    pub(super) fn real_capture_ends(&self, claimed: [u64; 2]) -> [u64; 2] {
-        let Some(p) = self.state.process() else {
-            return [0; 2];
-        };
-        std::array::from_fn(|i| {
-            flowrepl_exec::capture::file_size(p.capture[i].as_fd()).map_or(0, |s| claimed[i].min(s))
-        })
+    /// The output limit per stream and cell.
+    pub(super) fn max_output(&self) -> u64 {
+        self.max_output
     }
 
-    /// Publishes the running cell's output so far to [`WorkerControl::output_tail`].
-    pub(super) fn update_tail(&self, c: &Collecting) {
-        let mut st = self.control.lock();
-        for (i, bytes) in [&c.stdout, &c.stderr].into_iter().enumerate() {
-            if st.tail.bytes[i] != bytes.len() as u64 {
-                st.tail.bytes[i] = bytes.len() as u64;
-                st.tail.last_line[i] = last_line(&bytes[bytes.len().saturating_sub(TAIL_BYTES)..]);
-            }
-        }
+    /// `claimed` offsets (from a Ready or Done frame: the worker's word) cut to what the
+    /// files really hold.
+    pub(super) fn real_ends(&self, claimed: [u64; 2]) -> [u64; 2] {
+        std::array::from_fn(|i| file_size(self.files[i].as_fd()).map_or(0, |s| claimed[i].min(s)))
     }
 }

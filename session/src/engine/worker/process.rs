@@ -12,10 +12,12 @@
 //! for its own death signal (the kernel's death); then it kills the whole group, itself
 //! included. On every normal path the kernel kills the group itself and reaps both.
 
+use super::output::Capture;
+use super::pipe::Pipe;
 use super::SpawnConfig;
-use flowrepl_protocol::frame::FrameReader;
-use nix::sys::memfd::{memfd_create, MFdFlags};
 use flowrepl_os::process::{Group, Reaped, Supervision, Supervisor};
+use flowrepl_protocol::frame::Frame;
+use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use nix::sys::signal::Signal;
 use nix::unistd::{getpid, Pid};
@@ -24,20 +26,16 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 
 /// A running worker.
 #[derive(Debug)]
 pub struct WorkerProcess {
     /// Its pid, also its process group id.
     pub pid: libc::pid_t,
-    /// Frames to the worker (shared with the threads that deliver approval answers).
-    pub to_worker: Arc<Mutex<File>>,
-    /// Frames from the worker.
-    pub from_worker: FrameReader<File>,
-    /// Its capture files (stdout, stderr): made here and handed over as its fds 3 and 4, so
-    /// that what a dying worker had not sent can still be read.
-    pub capture: [std::os::fd::OwnedFd; 2],
+    /// Its frame pipe.
+    pub(super) pipe: Pipe,
+    /// Its capture files (stdout, stderr).
+    pub(super) capture: Capture,
     /// The worker itself: its group, its reaping.
     supervisor: Supervisor,
     guard: Option<libc::pid_t>,
@@ -169,7 +167,11 @@ impl WorkerProcess {
             });
         }
         Supervision {
-            group: if new_session { Group::Session } else { Group::Own },
+            group: if new_session {
+                Group::Session
+            } else {
+                Group::Own
+            },
             death_signal: Signal::SIGKILL,
         }
         .apply(&mut cmd);
@@ -180,24 +182,40 @@ impl WorkerProcess {
             shown.set(pid);
             relay
         });
-        let to_worker = File::from(std::os::fd::OwnedFd::from(
-            child.stdin.take().expect("piped stdin"),
-        ));
-        let from_worker = FrameReader::new(File::from(std::os::fd::OwnedFd::from(
-            child.stdout.take().expect("piped stdout"),
-        )));
+        let pipe = Pipe::new(
+            File::from(std::os::fd::OwnedFd::from(
+                child.stdin.take().expect("piped stdin"),
+            )),
+            File::from(std::os::fd::OwnedFd::from(
+                child.stdout.take().expect("piped stdout"),
+            )),
+        );
         let supervisor = Supervisor::of(child);
         let guard = spawn_guard(pid, kernel.as_raw());
         Ok(WorkerProcess {
             pid,
-            to_worker: Arc::new(Mutex::new(to_worker)),
-            from_worker,
-            capture,
+            pipe,
+            capture: Capture::new(capture, config.max_output_bytes),
             supervisor,
             guard,
             _tmp: tmp,
             relay,
         })
+    }
+
+    /// Whether `f` is forged (`Pipe::forged`: a cell wrote to the worker's frame pipe, with
+    /// `output` bytes of the cell's output so far): then the worker is stopped (its group
+    /// killed: the caller sees the pipe's end and starts a fresh worker, as after any worker
+    /// fault) and the frame must not be used.
+    pub(super) fn forged(&self, f: &Frame<'_>, output: usize) -> bool {
+        let Some(why) = self.pipe.forged(f, output, self.capture.max_output()) else {
+            return false;
+        };
+        tracing::error!(
+            "the worker sent {why}: a cell wrote to its frame pipe; the worker is stopped"
+        );
+        self.kill_group();
+        true
     }
 
     /// SIGKILL to the worker's whole process group (the worker, its guard, what cells
