@@ -4,7 +4,7 @@
 //! `static-python` feature (`pip install`), which links the build interpreter's executor into
 //! it: then it needs libpython's rpath as the library does.
 
-include!("../worker/build/python_env.rs");
+include!("../executor/build/python_env.rs");
 
 fn main() {
     if std::env::var_os("CARGO_FEATURE_STATIC_PYTHON").is_some() {

@@ -7,7 +7,7 @@
 //! the Python version (pyo3, the worker, this library) are built per version (see
 //! [`VERSION_KEY`]); each version's library is then placed in
 //! `<target>/flowrepl-python/<major.minor>/<profile>/`, where the kernel finds it
-//! (`flowrepl_cli::served`). The kernel itself is built once, without Python. Figures:
+//! (`flowrepl_cli::choice`). The kernel itself is built once, without Python. Figures:
 //! docs/design.md. Which interpreters:
 //! - `FLOWREPL_PYTHONS` unset: every supported CPython found (pyenv, /usr/local/bin,
 //!   /usr/bin), one per version, preferring one with a shared libpython;
@@ -16,7 +16,7 @@
 //! A version whose build fails is reported as a cargo warning and not served; the rest of the
 //! build goes on.
 
-include!("../worker/build/python_env.rs");
+include!("../executor/build/python_env.rs");
 
 use std::path::Path;
 
@@ -38,7 +38,7 @@ fn main() {
     // The nested builds compile these sources too: build again when they change.
     for dir in [
         "pylib",
-        "worker",
+        "executor",
         "exec",
         "os",
         "protocol",

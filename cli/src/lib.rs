@@ -6,15 +6,15 @@
 //! - [`env`](mod@env): the environment variables other code sets or reads, each named once.
 //! - [`dropin`]: a Python interpreter's command line (`python [flags] SCRIPT`), as the
 //!   original system's clients start it.
-//! - [`served`]: which Python versions this build serves, and the interpreter the user means.
+//! - [`choice`]: which Python versions this build serves, and the interpreter the user means.
 //! - [`logcmd`]: `flowrepl log`: the task logs for people, and as JSON.
 //!
 //! Nothing here links pyo3: the kernel package passes in what the build knows about Python
-//! ([`served::Build`]).
+//! ([`choice::Build`]).
 #![warn(missing_docs)]
 
 pub mod args;
+pub mod choice;
 pub mod dropin;
 pub mod env;
 pub mod logcmd;
-pub mod served;

@@ -1,4 +1,4 @@
-//! The half of flowrepl's executor that needs no Python, shared by the executor (the worker
+//! The half of flowrepl's executor that needs no Python, shared by the executor (the executor
 //! crate, pyo3) and the kernel (which reads a worker's capture files itself).
 //!
 //! # Layout

@@ -75,11 +75,7 @@ impl Responder for Reply<'_> {
 
 /// Serves requests until `shutdown` or EOF. For a `json_repl_client`, a failing cell called
 /// as `execute` is answered with a JSON-RPC error (see `Config::json_repl_client`).
-pub fn serve(
-    session: &mut Session,
-    front: &Arc<Front>,
-    json_repl_client: bool,
-) -> io::Result<Ended> {
+pub fn run(session: &mut Session, front: &Arc<Front>, json_repl_client: bool) -> io::Result<Ended> {
     let watcher = front.spawn_watcher()?;
     let mut ready = front.status();
     ready.message = Some(READY_MARKER.to_owned());

@@ -17,8 +17,8 @@
 #![warn(missing_docs)]
 
 use flowrepl_cli::args::{Cli, Command};
+use flowrepl_cli::choice::Build;
 use flowrepl_cli::logcmd;
-use flowrepl_cli::served::Build;
 use flowrepl_jsonrpc as jsonrpc;
 use flowrepl_session::{approvals, config, engine, session, terminate};
 use std::process::ExitCode;
@@ -51,7 +51,7 @@ pub fn run(cli: Cli) -> ExitCode {
         return flowrepl_serve::run(&cli, args);
     }
     // Before stdio is taken: an interpreter this build cannot serve is one plain line.
-    let choice = match flowrepl_cli::served::choose(&cli, &BUILD) {
+    let choice = match flowrepl_cli::choice::choose(&cli, &BUILD) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("flowrepl: {e}");
@@ -139,7 +139,7 @@ pub fn run(cli: Cli) -> ExitCode {
     if !config.json_repl_client {
         front.ask_client();
     }
-    match jsonrpc::serve(&mut session, &front, config.json_repl_client) {
+    match jsonrpc::run(&mut session, &front, config.json_repl_client) {
         Ok(ended) => {
             let reason = match ended {
                 jsonrpc::Ended::Shutdown => "shutdown",
@@ -170,7 +170,7 @@ fn run_mcp(
         session_id = %config.identity.session_id,
         "flowrepl MCP server ready"
     );
-    let served = flowrepl_mcp::serve(session, config, input, output);
+    let served = flowrepl_mcp::run(session, config, input, output);
     let records = session.finish(if served.is_ok() { "eof" } else { "error" });
     match served {
         Ok(()) => {

@@ -1,5 +1,5 @@
 //! `flowrepl`: the kernel. It picks the Python the user means, loads the executor built for
-//! that version (`flowrepl_cli::served`) and serves the session.
+//! that version (`flowrepl_cli::choice`) and serves the session.
 
 use std::process::ExitCode;
 

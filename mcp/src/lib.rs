@@ -241,7 +241,7 @@ fn cancel(shared: &Arc<Shared>, ticket: &Arc<Ticket>) {
 }
 
 /// Serves MCP on `input`/`output` until the client closes stdin.
-pub fn serve(
+pub fn run(
     session: &mut Session,
     config: &Config,
     input: File,

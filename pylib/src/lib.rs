@@ -2,4 +2,4 @@
 //! the kernel loads it (`flowrepl_exec::python::library`). It is the only part of flowrepl
 //! built once per Python version; `build.rs` builds it for every other CPython found.
 
-flowrepl_exec::export_python!(flowrepl_worker::PYTHON);
+flowrepl_exec::export_python!(flowrepl_executor::PYTHON);

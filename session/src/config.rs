@@ -1,7 +1,7 @@
 //! Everything the kernel needs to know at start, from the command line and the environment.
 
 use flowrepl_cli::args::Cli;
-use flowrepl_cli::served::{Choice, Executor};
+use flowrepl_cli::choice::{Choice, Executor};
 use flowrepl_protocol::call::DEFAULT_TIMEOUT_MS;
 use std::path::PathBuf;
 
@@ -228,7 +228,7 @@ impl Config {
     }
 
     /// Resolves the command line and environment, for the interpreter chosen
-    /// ([`flowrepl_cli::served::choose`]).
+    /// ([`flowrepl_cli::choice::choose`]).
     pub fn resolve(cli: &Cli, choice: Choice) -> Result<Config, ConfigError> {
         let worker_env = std::env::var("USE_SUBPROCESS_WORKER")
             .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));

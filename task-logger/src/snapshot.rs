@@ -11,7 +11,7 @@
 //!   line is ignored, so a reader always sees the previous checkpoint. Compaction and named
 //!   checkpoints replace the whole journal (or folder) by a rename.
 //!
-//! The writer is the executor's Python code (`worker/src/checkpoint/files.py`); [`read`] folds the
+//! The writer is the executor's Python code (`executor/src/checkpoint/files.py`); [`read`] folds the
 //! lines into a [`Checkpoint`], which the executor restores from and `checkpoints` lists.
 //!
 //! # Trust

@@ -61,5 +61,5 @@ pub struct PythonBuild {
     /// not reach). Called by the kernel before [`PythonBuild::start`].
     pub logging: fn(File),
     /// The `flowrepl-worker` process: runs until the kernel closes the channel.
-    pub serve: fn(WorkerArgs) -> ExitCode,
+    pub run_worker: fn(WorkerArgs) -> ExitCode,
 }

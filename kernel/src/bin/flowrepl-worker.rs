@@ -1,5 +1,5 @@
 //! `flowrepl-worker`: the keep-alive subprocess of flowrepl's worker mode. Started by the
-//! kernel, spoken to in frames on stdin/stdout; see `flowrepl_worker::serve`. It loads the
+//! kernel, spoken to in frames on stdin/stdout; see `flowrepl_executor::worker`. It loads the
 //! Python library the kernel names (`--python-lib`), as the kernel does in-process, then,
 //! with `--sandbox`, confines itself (`flowrepl_sandbox::apply`) before Python starts: the
 //! library and libpython are mapped by then, and nothing of Python has run.
@@ -50,5 +50,5 @@ fn main() -> ExitCode {
             }
         }
     }
-    (python.serve)(args)
+    (python.run_worker)(args)
 }

@@ -8,7 +8,7 @@ use flowrepl_exec::python::PythonBuild;
 /// The linked executor, or [`LoadError::NoneNamed`] in a build that links none.
 pub fn linked() -> Result<&'static PythonBuild, LoadError> {
     #[cfg(feature = "static-python")]
-    return Ok(&flowrepl_worker::PYTHON);
+    return Ok(&flowrepl_executor::PYTHON);
     #[cfg(not(feature = "static-python"))]
     Err(LoadError::NoneNamed)
 }

@@ -26,13 +26,13 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flowrepl_cli::served::Executor;
+use flowrepl_cli::choice::Executor;
 use flowrepl_exec::python::library::LoadError;
 use flowrepl_exec::python::PythonBuild;
 
 mod linked;
 
-/// The executor that serves a version ([`flowrepl_cli::served::serving`]): the kernel's one
+/// The executor that serves a version ([`flowrepl_cli::choice::serving`]): the kernel's one
 /// way into the pyo3 crate ([`flowrepl_exec::python`]). A library is mapped for good when
 /// loaded (once per process: the in-process engine starts once).
 pub fn python(executor: &Executor) -> Result<&'static PythonBuild, LoadError> {

@@ -1,5 +1,5 @@
-//! The executor's embedded Python (the packages in `worker/src/support/` and
-//! `worker/src/checkpoint/`) has unit tests of its own (`worker/tests/python/`, one file
+//! The executor's embedded Python (the packages in `executor/src/support/` and
+//! `executor/src/checkpoint/`) has unit tests of its own (`executor/tests/python/`, one file
 //! per module, `unittest`): they run here in a plain interpreter of every CPython version
 //! found, as the code runs embedded in each.
 
@@ -10,7 +10,7 @@ use std::process::Command;
 fn the_support_code_passes_its_unit_tests_on_every_python_found() {
     let found = flowrepl_pythons::discover();
     assert!(!found.is_empty(), "no CPython 3.10+ found");
-    let dir = workspace_root().join("worker/tests/python");
+    let dir = workspace_root().join("executor/tests/python");
     for python in found {
         let out = Command::new(&python.program)
             .args(["-m", "unittest", "-v"])

@@ -1,9 +1,9 @@
 """Namespace checkpoints: the module `_flowrepl_checkpoint_store` (the package's face to the Rust
-side, `worker/src/checkpoint/state.rs`), loaded on the first checkpoint or restore (never on a
+side, `executor/src/checkpoint/state.rs`), loaded on the first checkpoint or restore (never on a
 kernel's start).
 
 # The package
-The loader (worker/src/support.rs, `CHECKPOINT`) compiles each module from the source embedded
+The loader (executor/src/support.rs, `CHECKPOINT`) compiles each module from the source embedded
 in the binary and then gives it the modules before it as globals, in this order (none is in
 `sys.modules`, so a cell cannot import or replace them):
 - picklable.py: what can be saved, and how a pickle refers to other names (with flowrepl's
@@ -13,7 +13,7 @@ in the binary and then gives it the modules before it as globals, in this order 
 - restore.py: loading a checkpoint into a namespace;
 - store.py (here): `Store`, the automatic checkpoint kept in step with the namespace
   (incremental saves, compaction), and named checkpoints.
-Unit tests: worker/tests/python/test_checkpoint_*.py, one file per module.
+Unit tests: executor/tests/python/test_checkpoint_*.py, one file per module.
 """
 
 import io
@@ -25,7 +25,7 @@ import sys
 import time
 import types
 
-# Set by the loader once this module has run (worker/src/support.rs, `CHECKPOINT`); used only
+# Set by the loader once this module has run (executor/src/support.rs, `CHECKPOINT`); used only
 # inside functions.
 files = graph = picklable = restore = None
 

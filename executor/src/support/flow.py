@@ -1,7 +1,7 @@
 """`flow` in every cell: the module `_flowrepl_flow` (part of the support package, loaded
-when the executor starts; see worker/src/support.rs, `SUPPORT`). The task's identity and
+when the executor starts; see executor/src/support.rs, `SUPPORT`). The task's identity and
 context, events and steps, and requests for approval; the Rust side gives it the functions
-that emit, save and ask (worker/src/flow.rs). Unit tests: worker/tests/python/test_support_flow.py.
+that emit, save and ask (executor/src/flow.rs). Unit tests: executor/tests/python/test_support_flow.py.
 """
 import sys
 

@@ -1,7 +1,7 @@
 """What a cell's result shows: the module `_flowrepl_results` (part of the support package,
-loaded when the executor starts; see worker/src/support.rs, `SUPPORT`). An exception as its
+loaded when the executor starts; see executor/src/support.rs, `SUPPORT`). An exception as its
 type, message and traceback; figures as PNG images; the namespace's variables. Unit tests:
-worker/tests/python/test_support_results.py.
+executor/tests/python/test_support_results.py.
 """
 import sys
 

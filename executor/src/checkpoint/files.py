@@ -8,7 +8,7 @@ line is ignored by the reader). A line says which names it saves (`put`, groups 
 pickled together), which names are modules (`modules`, restored by importing), which could not
 be saved and why (`unsaved`) and which are gone (`drop`); a `full` line starts over. The Rust
 side (flowrepl-task-logger's `snapshot`) folds the lines into the checkpoint: one reader of the
-format. See docs/snapshots.md. Unit tests: worker/tests/python/test_checkpoint_files.py.
+format. See docs/snapshots.md. Unit tests: executor/tests/python/test_checkpoint_files.py.
 """
 
 import json

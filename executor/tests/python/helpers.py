@@ -1,5 +1,5 @@
-"""Loads the executor's embedded Python packages (worker/src/support/, worker/src/checkpoint/)
-as the kernel does: by path, as private modules in the order worker/src/support.rs declares
+"""Loads the executor's embedded Python packages (executor/src/support/, executor/src/checkpoint/)
+as the kernel does: by path, as private modules in the order executor/src/support.rs declares
 (read from there), each given the ones before it, with the vendored cloudpickle handed to the
 checkpoint code."""
 import importlib.util

@@ -6,7 +6,7 @@
 //! per check, and exit status 1 if any failed.
 
 use flowrepl_exec::setup::{CellOutcome, ExecutorConfig, SessionSetup};
-use flowrepl_worker::Executor;
+use flowrepl_executor::Executor;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -39,7 +39,7 @@ fn main() {
     };
     let mut ex = Executor::start(&ExecutorConfig {
         pid: std::process::id(),
-        python: PathBuf::from(flowrepl_worker::interpreter::BUILD_PYTHON),
+        python: PathBuf::from(flowrepl_executor::interpreter::BUILD_PYTHON),
         max_output_bytes: 1 << 20,
         sink: None,
         images: None,

@@ -1,8 +1,8 @@
 """The session's interpreter state: the module `_flowrepl_session` (part of the support
-package, loaded when the executor starts; see worker/src/support.rs, `SUPPORT`). Stdio that
+package, loaded when the executor starts; see executor/src/support.rs, `SUPPORT`). Stdio that
 a cell cannot break, `sys.path` and `sys.argv` as the interactive interpreter has them,
 startup files, and the namespace's reset and end. Unit tests:
-worker/tests/python/test_support_session.py.
+executor/tests/python/test_support_session.py.
 """
 import io
 import os

@@ -18,7 +18,7 @@ pub static PYTHON: PythonBuild = PythonBuild {
     python_version: crate::interpreter::BUILD_PYTHON_VERSION,
     start,
     logging: flowrepl_os::logging::init,
-    serve: crate::serve::run,
+    run_worker: crate::worker::run,
 };
 
 fn start(config: &ExecutorConfig) -> Result<Box<dyn PythonExecutor>, ExecutorError> {

@@ -2,7 +2,7 @@
 checkpoint package, see store.py). Names whose pickles share objects, or whose references to
 each other run in a circle, form one group, so that sharing survives and a restore can load
 every group after the groups it refers to. Unit tests:
-worker/tests/python/test_checkpoint_graph.py.
+executor/tests/python/test_checkpoint_graph.py.
 """
 
 

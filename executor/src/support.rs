@@ -1,7 +1,7 @@
 //! Loading the executor's Python code, two packages of a module per job: the support package
 //! (the Python modules in `support/`, at start), the checkpoint package (in `checkpoint/`, on
 //! the first checkpoint or restore) and the cloudpickle it uses (`_flowrepl_cloudpickle`, a
-//! pinned copy in `worker/vendor/`).
+//! pinned copy in `executor/vendor/`).
 //!
 //! Compiling the support package costs about 2 ms, on every kernel and every worker start. The compiled code is
 //! therefore kept, marshalled, in the user's cache directory
@@ -112,7 +112,7 @@ impl Package {
     }
 }
 
-/// The version of the cloudpickle copy in `worker/vendor/cloudpickle`.
+/// The version of the cloudpickle copy in `executor/vendor/cloudpickle`.
 pub const CLOUDPICKLE_VERSION: &str = "3.1.2";
 
 /// `_flowrepl_cloudpickle`: flowrepl's own cloudpickle, loaded with the checkpoint package

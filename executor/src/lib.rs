@@ -1,4 +1,9 @@
-//! The Python executor of flowrepl, and the `flowrepl-worker` binary around it.
+//! The Python executor of flowrepl (embedded CPython), run in the kernel's process or in a
+//! `flowrepl-worker` subprocess, and that process's loop.
+//!
+//! Names: the **executor** is this crate, wherever it runs; a **worker** is only the
+//! subprocess (the `flowrepl-worker` binary, its loop in [`worker`], and the kernel's engine
+//! that drives it).
 //!
 //! # Layout
 //! What needs no Python (capture files, the monitor, sinks, cell splitting, usage, stdio) is
@@ -7,15 +12,15 @@
 //! - [`interpreter`]: starts embedded CPython with the right stdlib and venv.
 //! - [`key_diff`]: diffs namespace and `sys.modules` keys with one ordered walk (what a cell
 //!   added and removed; "snapshot" names only checkpoints).
-//! - [`checkpoint`]: checkpoints of the namespace (when, and the bridge to the Python package in its folder).
-//! - `sys`: the OS and sync helpers of `flowrepl-os` (signal masks, poll, locks), shared with
-//!   the kernel.
+//! - [`checkpoint`]: checkpoints of the namespace (when, and the bridge to the Python package
+//!   in its folder).
 //! - [`approval`]: `flow.request_approval`: asking a person while the cell waits.
 //! - [`events`]: `flow`: events cells report, timestamped and placed in their output.
 //! - [`python`]: [`PYTHON`], this build as the kernel reaches it (the only way it does).
 //! - [`executor`]: [`Executor`], which ties these together for one cell at a time.
-//! - [`serve`]: the `flowrepl-worker` process: frames in, cells run, frames out (its command line is
-//!   `flowrepl_exec::worker_args`; `channel.rs`: the pipe to the kernel, and approvals over it).
+//! - [`worker`]: the `flowrepl-worker` process: frames in, cells run, frames out (its command
+//!   line is `flowrepl_exec::worker_args`; `channel.rs`: the pipe to the kernel, and approvals
+//!   over it).
 //!
 //! # Threads
 //! The thread that calls [`Executor::start`] becomes Python's main thread and must run every
@@ -33,8 +38,8 @@ pub mod flow;
 pub mod interpreter;
 pub mod key_diff;
 pub mod python;
-pub mod serve;
 pub mod support;
+pub mod worker;
 
 pub use executor::Executor;
 pub use python::PYTHON;

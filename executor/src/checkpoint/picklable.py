@@ -7,7 +7,7 @@ another name is saved as a reference to that name ("persistent id"), so `b = a` 
 holding another name's dict come back shared, and big values are not saved twice. Functions
 and classes defined in the session are saved by value with flowrepl's own pinned cloudpickle
 (`cloudpickle` below), and restored functions see the live namespace, not a copy of it.
-Unit tests: worker/tests/python/test_checkpoint_picklable.py.
+Unit tests: executor/tests/python/test_checkpoint_picklable.py.
 """
 
 import io

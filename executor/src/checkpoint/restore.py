@@ -1,14 +1,14 @@
 """Loading a checkpoint into a namespace: the module `_flowrepl_checkpoint_restore` (part of
 the checkpoint package, see store.py). Every name that cannot come back is named with the
 reason; the rest come back, shared as they were. Unit tests:
-worker/tests/python/test_checkpoint_restore.py.
+executor/tests/python/test_checkpoint_restore.py.
 """
 
 import builtins
 import importlib
 import os
 
-# Set by the loader once this module has run (worker/src/support.rs, `CHECKPOINT`); used only
+# Set by the loader once this module has run (executor/src/support.rs, `CHECKPOINT`); used only
 # inside functions.
 files = graph = picklable = None
 
