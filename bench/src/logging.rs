@@ -50,8 +50,8 @@ pub fn run(args: &Args, logs: &Path) {
 
 /// Measures and prints what automatic checkpoints cost `x = 1`, in both modes: on-success
 /// against off, then every-cell against on-success.
-pub fn snapshots(args: &Args, logs: &Path) {
-    println!("\ncheckpoints' cost per cell (x = 1 round trip, µs, FLOWREPL_SNAPSHOT=on-success against off, interleaved)");
+pub fn checkpoints(args: &Args, logs: &Path) {
+    println!("\ncheckpoints' cost per cell (x = 1 round trip, µs, FLOWREPL_CHECKPOINTS=on-success against off, interleaved)");
     let ratios = policy_ab(args, logs, "on-success", "off");
     for (mode, r) in ratios {
         target(
@@ -65,7 +65,7 @@ pub fn snapshots(args: &Args, logs: &Path) {
     policy_ab(args, logs, "every-cell", "on-success");
 }
 
-/// One interleaved A/B of `x = 1` per mode between snapshot policies `a` and `b`: prints a
+/// One interleaved A/B of `x = 1` per mode between checkpoint policies `a` and `b`: prints a
 /// table, returns the p50 ratios by mode.
 fn policy_ab(args: &Args, logs: &Path, a: &str, b: &str) -> Vec<(&'static str, f64)> {
     println!(
@@ -80,9 +80,9 @@ fn policy_ab(args: &Args, logs: &Path, a: &str, b: &str) -> Vec<(&'static str, f
     let mut ratios = Vec::new();
     for (mode, worker) in [("in-process", false), ("worker", true)] {
         let mut first = kernel_cmd(&args.kernel, logs, worker);
-        first.env("FLOWREPL_SNAPSHOT", a);
+        first.env("FLOWREPL_CHECKPOINTS", a);
         let mut second = kernel_cmd(&args.kernel, logs, worker);
-        second.env("FLOWREPL_SNAPSHOT", b);
+        second.env("FLOWREPL_CHECKPOINTS", b);
         let (x, y, _, _) = interleaved(args, first, second);
         println!(
             "{mode:<12} {:>12.1} {:>12.1} {:>12.1} {:>12.1} {:>7.2}x",

@@ -58,7 +58,7 @@ pub struct Args {
     pub logging: bool,
     /// Only the automatic checkpoints' cost per cell.
     #[arg(long)]
-    pub snapshots: bool,
+    pub checkpoints: bool,
     /// Only the sandbox's cost (a worker with and without `--sandbox`).
     #[arg(long)]
     pub sandbox: bool,
@@ -102,7 +102,7 @@ fn main() {
         Some(old) => ab::run(&args, old, &logs),
         None if args.versions => versions::run(&args, &logs),
         None if args.logging => logging::run(&args, &logs),
-        None if args.snapshots => logging::snapshots(&args, &logs),
+        None if args.checkpoints => logging::checkpoints(&args, &logs),
         None if args.sandbox => sandbox::run(&args, &logs),
         None => {
             let python = peer::real_python();
@@ -110,7 +110,7 @@ fn main() {
             worker::run(&args, &python, &logs, &anchors);
             flow::run(&args, &logs);
             logging::run(&args, &logs);
-            logging::snapshots(&args, &logs);
+            logging::checkpoints(&args, &logs);
             versions::run(&args, &logs);
             sandbox::run(&args, &logs);
         }

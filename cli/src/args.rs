@@ -137,17 +137,17 @@ pub struct Cli {
     #[arg(
         global = true,
         long,
-        env = env::SNAPSHOT,
+        env = env::CHECKPOINTS,
         default_value = "on-success",
         value_name = "POLICY"
     )]
-    pub snapshot: flowrepl_protocol::SnapshotPolicy,
+    pub checkpoints: flowrepl_protocol::CheckpointPolicy,
 
     /// Variables whose pickle is larger than this many MB are not checkpointed (they are
     /// listed as unsaved).
-    #[arg(global = true, long, env = "FLOWREPL_SNAPSHOT_MAX_MB", default_value_t = flowrepl_protocol::limits::DEFAULT_SNAPSHOT_MAX_MB,
+    #[arg(global = true, long, env = env::CHECKPOINT_MAX_MB, default_value_t = flowrepl_protocol::limits::DEFAULT_CHECKPOINT_MAX_MB,
           value_parser = clap::value_parser!(u64).range(1..))]
-    pub snapshot_max_mb: u64,
+    pub checkpoint_max_mb: u64,
 
     /// Start from the task's automatic checkpoint, if it has one (also FLOWREPL_RESUME=1).
     #[arg(global = true, long, env = env::RESUME, action = clap::ArgAction::SetTrue,
@@ -256,8 +256,14 @@ impl Cli {
     /// (drop-in mode, see [`crate::dropin`]). Exits 2 with a message when it is neither.
     /// `tools` names the MCP servers' tools for `--help` (asked only then).
     pub fn from_args(tools: &ToolNames) -> Cli {
-        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        for line in renamed_variables() {
+            eprintln!("flowrepl: {line}");
+        }
         if !crate::dropin::looks_like_python(&args[1..]) {
+            for line in renamed_flags(&mut args[1..]) {
+                eprintln!("flowrepl: {line}");
+            }
             return Cli::parse_with_help(&args, tools);
         }
         match crate::dropin::parse(&args[1..]) {
@@ -274,6 +280,62 @@ impl Cli {
             }
         }
     }
+}
+
+/// Flags renamed (old, new): the old spelling keeps working, with a deprecation line.
+pub const RENAMED_FLAGS: &[(&str, &str)] = &[
+    ("snapshot", "checkpoints"),
+    ("snapshot-max-mb", "checkpoint-max-mb"),
+];
+
+/// Environment variables renamed (old, new): the old one keeps working, with a deprecation
+/// line.
+pub const RENAMED_VARIABLES: &[(&str, &str)] = &[
+    ("FLOWREPL_SNAPSHOT", env::CHECKPOINTS),
+    ("FLOWREPL_SNAPSHOT_MAX_MB", env::CHECKPOINT_MAX_MB),
+];
+
+/// Rewrites the old spellings of [`RENAMED_FLAGS`] in `args` (`--old`, `--old=v`) to the new
+/// ones; a deprecation line for each.
+pub fn renamed_flags(args: &mut [std::ffi::OsString]) -> Vec<String> {
+    let mut said = Vec::new();
+    for arg in args.iter_mut() {
+        let Some(text) = arg.to_str() else { continue };
+        for (old, new) in RENAMED_FLAGS {
+            let rest = match text.strip_prefix("--").and_then(|t| t.strip_prefix(old)) {
+                Some(rest) if rest.is_empty() || rest.starts_with('=') => rest.to_owned(),
+                _ => continue,
+            };
+            said.push(format!(
+                "--{old} is deprecated and will be removed; use --{new}"
+            ));
+            *arg = format!("--{new}{rest}").into();
+            break;
+        }
+    }
+    said
+}
+
+/// Moves the old [`RENAMED_VARIABLES`] to their new names (the new one wins when both are
+/// set) and removes the old, so that the kernel and every process it starts see only the new
+/// names; a deprecation line for each. Called at start, before any thread.
+pub fn renamed_variables() -> Vec<String> {
+    let mut said = Vec::new();
+    for (old, new) in RENAMED_VARIABLES {
+        let Some(value) = std::env::var_os(old) else {
+            continue;
+        };
+        if std::env::var_os(new).is_some() {
+            said.push(format!("{old} is deprecated and ignored: {new} is set"));
+        } else {
+            said.push(format!(
+                "{old} is deprecated and will be removed; use {new}"
+            ));
+            std::env::set_var(new, value);
+        }
+        std::env::remove_var(old);
+    }
+    said
 }
 
 /// Alternative fronts.

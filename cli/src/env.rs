@@ -7,8 +7,10 @@ pub const PYTHON: &str = "FLOWREPL_PYTHON";
 pub const NO_LOG: &str = "FLOWREPL_NO_LOG";
 /// `--resume`.
 pub const RESUME: &str = "FLOWREPL_RESUME";
-/// `--snapshot`.
-pub const SNAPSHOT: &str = "FLOWREPL_SNAPSHOT";
+/// `--checkpoints`.
+pub const CHECKPOINTS: &str = "FLOWREPL_CHECKPOINTS";
+/// `--checkpoint-max-mb`.
+pub const CHECKPOINT_MAX_MB: &str = "FLOWREPL_CHECKPOINT_MAX_MB";
 /// `--sandbox`.
 pub const SANDBOX: &str = "FLOWREPL_SANDBOX";
 /// Sandbox layers to leave out, comma-separated (diagnostics and tests; a skipped layer

@@ -3,8 +3,10 @@
 //! linking pyo3.
 
 use crate::sink::OutputSink;
-use flowrepl_protocol::{ApprovalAnswer, ApprovalRequest, CellReport, Image, Mode, SnapshotPolicy};
-use flowrepl_task_logger::snapshot::SnapshotError;
+use flowrepl_protocol::{
+    ApprovalAnswer, ApprovalRequest, CellReport, CheckpointPolicy, Image, Mode,
+};
+use flowrepl_task_logger::checkpoint::FolderError;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,7 +32,7 @@ pub struct ExecutorConfig {
     /// Worker mode: the capture files (stdout, stderr) the kernel made and keeps.
     pub capture: Option<[Arc<OwnedFd>; 2]>,
     /// Where and when checkpoints of the namespace are written; `None`: never.
-    pub snapshots: Option<SnapshotConfig>,
+    pub checkpoints: Option<CheckpointConfig>,
     /// This process's id as the kernel knows it (`usage.pid`): its own, except in the
     /// sandbox's PID namespace.
     pub pid: u32,
@@ -73,7 +75,7 @@ impl std::fmt::Debug for ExecutorConfig {
             .field("sink", &self.sink.is_some())
             .field("images", &self.images)
             .field("setup", &self.setup)
-            .field("snapshots", &self.snapshots)
+            .field("checkpoints", &self.checkpoints)
             .finish()
     }
 }
@@ -149,26 +151,26 @@ pub struct FlowSetup {
 
 /// Where and when checkpoints are written.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotConfig {
-    /// The task's snapshot folder (`<log_dir>/<plan>/<task>.snapshot`).
+pub struct CheckpointConfig {
+    /// The task's checkpoint folder (`<log_dir>/<plan>/<task>.checkpoints`).
     pub root: PathBuf,
     /// When the automatic checkpoint is written.
-    pub policy: SnapshotPolicy,
+    pub policy: CheckpointPolicy,
     /// Names whose pickle is larger are not saved (and listed).
     pub max_bytes: u64,
     /// Restores are refused: the checkpoints were written by a sandboxed session and this
-    /// one is not sandboxed ([`flowrepl_task_logger::snapshot::sandboxed_mark`]). Nor is the
+    /// one is not sandboxed ([`flowrepl_task_logger::checkpoint::sandboxed_mark`]). Nor is the
     /// automatic checkpoint written: this session's first write would replace the sandboxed
     /// session's saved names, which a sandboxed or trusting kernel can still restore.
     pub untrusted: bool,
 }
 
-impl SnapshotConfig {
+impl CheckpointConfig {
     /// Whether cells make the automatic checkpoint pending (and a thread writes it).
     pub fn tracks_cells(&self) -> bool {
         matches!(
             self.policy,
-            SnapshotPolicy::OnSuccess | SnapshotPolicy::EveryCell
+            CheckpointPolicy::OnSuccess | CheckpointPolicy::EveryCell
         ) && !self.untrusted
     }
 }
@@ -177,12 +179,12 @@ impl SnapshotConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
-    /// `FLOWREPL_SNAPSHOT=off`, or no task log folder.
-    #[error("checkpoints are off (FLOWREPL_SNAPSHOT=off)")]
+    /// `FLOWREPL_CHECKPOINTS=off`, or no task log folder.
+    #[error("checkpoints are off (FLOWREPL_CHECKPOINTS=off)")]
     Off,
     /// The checkpoint folder or journal.
     #[error(transparent)]
-    Snapshot(#[from] SnapshotError),
+    Folder(#[from] FolderError),
     /// The Python side raised.
     #[error(transparent)]
     Python(#[from] CallError),

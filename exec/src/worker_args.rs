@@ -1,14 +1,14 @@
 //! The worker's command line: what the kernel passes, and its defaults.
 
-use crate::setup::{ImageLimits, SessionSetup, SnapshotConfig};
+use crate::setup::{CheckpointConfig, ImageLimits, SessionSetup};
 use flowrepl_protocol::sandbox::{SandboxPolicy, SandboxReport};
-use flowrepl_protocol::SnapshotPolicy;
+use flowrepl_protocol::CheckpointPolicy;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use flowrepl_protocol::limits::{
-    DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_SNAPSHOT_MAX_MB,
+    DEFAULT_CHECKPOINT_MAX_MB, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_OUTPUT_BYTES,
 };
 
 /// Command line of `flowrepl-worker` (set by the kernel; not meant for people).
@@ -51,15 +51,15 @@ pub struct WorkerArgs {
     /// that it can read what this worker had not sent when it dies).
     #[arg(long)]
     pub capture_fds: bool,
-    /// The task's snapshot folder; without it, no checkpoints.
+    /// The task's checkpoint folder; without it, no checkpoints.
     #[arg(long, value_name = "DIR")]
-    pub snapshot_dir: Option<PathBuf>,
+    pub checkpoint_dir: Option<PathBuf>,
     /// When the automatic checkpoint is written: on-success, manual, off.
     #[arg(long, default_value = "on-success")]
-    pub snapshot: SnapshotPolicy,
+    pub checkpoints: CheckpointPolicy,
     /// Names whose pickle is larger are not checkpointed, in MB.
-    #[arg(long, default_value_t = DEFAULT_SNAPSHOT_MAX_MB)]
-    pub snapshot_max_mb: u64,
+    #[arg(long, default_value_t = DEFAULT_CHECKPOINT_MAX_MB)]
+    pub checkpoint_max_mb: u64,
     /// Refuse every restore (the checkpoints were written by a sandboxed session, and this
     /// worker is not sandboxed).
     #[arg(long)]
@@ -111,7 +111,7 @@ fn parse_setup(s: &str) -> Result<SessionSetup, String> {
 
 impl WorkerArgs {
     /// The command line for a worker of these settings (the inverse of [`WorkerArgs::images`]
-    /// and [`WorkerArgs::snapshots`]); `restore` needs `snapshots`.
+    /// and [`WorkerArgs::checkpoint_config`]); `restore` needs `checkpoints`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         python: PathBuf,
@@ -120,7 +120,7 @@ impl WorkerArgs {
         cpu_seconds: Option<u64>,
         images: Option<ImageLimits>,
         setup: SessionSetup,
-        snapshots: Option<&SnapshotConfig>,
+        checkpoints: Option<&CheckpointConfig>,
         restore: Option<&str>,
         capture_fds: bool,
         sandbox: Option<SandboxPolicy>,
@@ -139,12 +139,12 @@ impl WorkerArgs {
             context_fd: setup.flow.context.is_some(),
             setup: (setup != SessionSetup::default()).then_some(setup),
             capture_fds,
-            snapshot_dir: snapshots.map(|s| s.root.clone()),
-            untrusted_checkpoints: snapshots.is_some_and(|s| s.untrusted),
-            snapshot: snapshots.map_or(SnapshotPolicy::Off, |s| s.policy),
-            snapshot_max_mb: snapshots
-                .map_or(DEFAULT_SNAPSHOT_MAX_MB, |s| (s.max_bytes >> 20).max(1)),
-            restore: snapshots.and(restore).map(str::to_owned),
+            checkpoint_dir: checkpoints.map(|s| s.root.clone()),
+            untrusted_checkpoints: checkpoints.is_some_and(|s| s.untrusted),
+            checkpoints: checkpoints.map_or(CheckpointPolicy::Off, |s| s.policy),
+            checkpoint_max_mb: checkpoints
+                .map_or(DEFAULT_CHECKPOINT_MAX_MB, |s| (s.max_bytes >> 20).max(1)),
+            restore: checkpoints.and(restore).map(str::to_owned),
             sandbox,
             sandboxed: None,
             pid: None,
@@ -163,10 +163,10 @@ impl WorkerArgs {
             self.max_images.to_string().into(),
             "--max-image-pixels".into(),
             self.max_image_pixels.to_string().into(),
-            "--snapshot".into(),
-            self.snapshot.as_str().into(),
-            "--snapshot-max-mb".into(),
-            self.snapshot_max_mb.to_string().into(),
+            "--checkpoints".into(),
+            self.checkpoints.as_str().into(),
+            "--checkpoint-max-mb".into(),
+            self.checkpoint_max_mb.to_string().into(),
         ];
         if let Some(lib) = &self.python_lib {
             a.extend(["--python-lib".into(), lib.clone().into()]);
@@ -184,8 +184,8 @@ impl WorkerArgs {
         if self.context_fd {
             a.push("--context-fd".into());
         }
-        if let Some(d) = &self.snapshot_dir {
-            a.extend(["--snapshot-dir".into(), d.clone().into()]);
+        if let Some(d) = &self.checkpoint_dir {
+            a.extend(["--checkpoint-dir".into(), d.clone().into()]);
         }
         if self.untrusted_checkpoints {
             a.push("--untrusted-checkpoints".into());
@@ -233,12 +233,12 @@ impl WorkerArgs {
     }
 
     /// Checkpoints, when on.
-    pub fn snapshots(&self) -> Option<SnapshotConfig> {
-        let root = self.snapshot_dir.clone()?;
-        (self.snapshot != SnapshotPolicy::Off).then(|| SnapshotConfig {
+    pub fn checkpoint_config(&self) -> Option<CheckpointConfig> {
+        let root = self.checkpoint_dir.clone()?;
+        (self.checkpoints != CheckpointPolicy::Off).then(|| CheckpointConfig {
             root,
-            policy: self.snapshot,
-            max_bytes: self.snapshot_max_mb.saturating_mul(1 << 20),
+            policy: self.checkpoints,
+            max_bytes: self.checkpoint_max_mb.saturating_mul(1 << 20),
             untrusted: self.untrusted_checkpoints,
         })
     }
@@ -260,9 +260,9 @@ mod tests {
     /// What the kernel passes is what the worker parses, whatever is set.
     #[test]
     fn worker_args_round_trip() {
-        let snapshots = SnapshotConfig {
-            root: "/tmp/t.snapshot".into(),
-            policy: SnapshotPolicy::EveryCell,
+        let checkpoints = CheckpointConfig {
+            root: "/tmp/t.checkpoints".into(),
+            policy: CheckpointPolicy::EveryCell,
             max_bytes: 5 << 20,
             untrusted: true,
         };
@@ -276,14 +276,14 @@ mod tests {
                 max_pixels: 99_999,
             }),
             SessionSetup::default(),
-            Some(&snapshots),
+            Some(&checkpoints),
             Some("auto"),
             true,
             Some(SandboxPolicy {
                 strict: true,
                 network: false,
                 workspace: "/work/space".into(),
-                writable: vec!["/tmp/t.snapshot".into()],
+                writable: vec!["/tmp/t.checkpoints".into()],
                 readable: vec!["/opt/python".into()],
                 hidden: vec!["/work/space/.flowrepl/logs".into()],
                 tmp: "/tmp/private".into(),
@@ -298,7 +298,7 @@ mod tests {
             None,
             SessionSetup::default(),
             None,
-            Some("ignored without snapshots"),
+            Some("ignored without checkpoints"),
             false,
             None,
         );
@@ -307,7 +307,7 @@ mod tests {
             argv.extend(args.to_args());
             assert_eq!(WorkerArgs::parse_from(argv), args);
         }
-        // The defaults on both sides agree (a worker without a snapshot folder has no
+        // The defaults on both sides agree (a worker without a checkpoint folder has no
         // checkpoints, whatever its policy says).
         let mut bare = WorkerArgs::new(
             "/usr/bin/python3".into(),
@@ -321,7 +321,7 @@ mod tests {
             false,
             None,
         );
-        bare.snapshot = SnapshotPolicy::OnSuccess;
+        bare.checkpoints = CheckpointPolicy::OnSuccess;
         assert_eq!(
             WorkerArgs::parse_from(["flowrepl-worker", "--python", "/usr/bin/python3"]),
             bare

@@ -11,7 +11,7 @@
 //! - [`support`]: the executor's Python support code, compiled once and cached.
 //! - [`interpreter`]: starts embedded CPython with the right stdlib and venv.
 //! - [`key_diff`]: diffs namespace and `sys.modules` keys with one ordered walk (what a cell
-//!   added and removed; "snapshot" names only checkpoints).
+//!   added and removed, against its snapshot of the last cell).
 //! - [`checkpoint`]: checkpoints of the namespace (when, and the bridge to the Python package
 //!   in its folder).
 //! - [`approval`]: `flow.request_approval`: asking a person while the cell waits.

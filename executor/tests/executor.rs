@@ -46,7 +46,7 @@ fn main() {
         setup: SessionSetup::default(),
         approver: None,
         capture: None,
-        snapshots: None,
+        checkpoints: None,
     })
     .expect("the executor starts");
     let long = Duration::from_secs(30);

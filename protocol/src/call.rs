@@ -17,10 +17,10 @@
 //! everything else is answered in order.
 
 pub use crate::approval::{ApproveParams, ApproveReply};
-use crate::jsonrpc::{ErrorCode, Request, RpcError};
-use crate::snapshot::{CheckpointParams, RestartParams, RestoreReport};
+use crate::checkpoint::{CheckpointParams, RestartParams, RestoreReport};
 #[cfg(doc)]
-use crate::snapshot::{CheckpointSummary, CheckpointsReply};
+use crate::checkpoint::{CheckpointSummary, CheckpointsReply};
+use crate::jsonrpc::{ErrorCode, Request, RpcError};
 use serde::{Deserialize, Serialize};
 
 /// A cell's timeout when neither the call nor the kernel's flags give one: 5 minutes.

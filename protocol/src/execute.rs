@@ -400,5 +400,5 @@ pub struct ExecuteResult {
     /// `checkpoint`, `checkpoint_execution_count`, `restored_vars`, `lost_vars`,
     /// `restore_ms`) appear at the top level; absent otherwise.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
-    pub restored: Option<crate::snapshot::RestoreReport>,
+    pub restored: Option<crate::checkpoint::RestoreReport>,
 }

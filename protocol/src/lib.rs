@@ -8,7 +8,7 @@
 //!   and their replies.
 //! - [`execute`]: the result of `execute_code` ([`execute::ExecuteResult`]).
 //! - [`fault`]: the `error.type`s of cells that failed outside Python ([`fault::Fault`]).
-//! - [`snapshot`]: checkpoints of the namespace: `checkpoint`, `restore`, `checkpoints`, and
+//! - [`checkpoint`]: checkpoints of the namespace: `checkpoint`, `restore`, `checkpoints`, and
 //!   how a restore is reported.
 //! - [`status`]: the answer to `status` and the params of the `ready` notification.
 //! - [`frame`]: the length-prefixed kernel ↔ worker pipe protocol (worker mode).
@@ -24,6 +24,7 @@
 
 pub mod approval;
 pub mod call;
+pub mod checkpoint;
 pub mod execute;
 pub mod fault;
 pub mod frame;
@@ -31,7 +32,6 @@ pub mod json;
 pub mod jsonrpc;
 pub mod limits;
 pub mod sandbox;
-pub mod snapshot;
 pub mod status;
 
 pub use approval::{ApprovalAnswer, ApprovalOutcome, ApprovalRequest};
@@ -39,14 +39,14 @@ pub use call::{
     ApproveParams, ApproveReply, Call, ExecuteMethod, ExecuteParams, InterruptReply, RestartReply,
     ShutdownReply, VariablesReply,
 };
+pub use checkpoint::{
+    CheckpointFailure, CheckpointHealth, CheckpointInfo, CheckpointParams, CheckpointPolicy,
+    CheckpointSummary, CheckpointsReply, RestartParams, RestoreReport, AUTO_CHECKPOINT,
+};
 pub use execute::{
     CellEvent, CellReport, DebugInfo, Event, EventData, ExecError, ExecuteResult, ExecutionKind,
     Image, ImageInfo, Mode, PhaseTimings, ResourceUsage, StoppedBy, VariableInfo,
 };
 pub use fault::Fault;
 pub use jsonrpc::{ErrorCode, Id, Request, RpcError};
-pub use snapshot::{
-    CheckpointFailure, CheckpointHealth, CheckpointInfo, CheckpointParams, CheckpointSummary,
-    CheckpointsReply, RestartParams, RestoreReport, SnapshotPolicy, AUTO_CHECKPOINT,
-};
 pub use status::{PythonInfo, StatusInfo, READY_MARKER};

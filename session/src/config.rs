@@ -77,10 +77,10 @@ pub struct Config {
     pub json_repl_client: bool,
     /// Environment variables that carry drop-in interpreter flags to Python.
     pub python_env: Vec<(&'static str, String)>,
-    /// Checkpoints of the namespace beside the task log; `None` with `FLOWREPL_SNAPSHOT=off`.
-    pub snapshots: Option<flowrepl_exec::setup::SnapshotConfig>,
-    /// The task's snapshot folder (`<log_dir>/<plan>/<task>.snapshot`).
-    pub snapshot_root: PathBuf,
+    /// Checkpoints of the namespace beside the task log; `None` with `FLOWREPL_CHECKPOINTS=off`.
+    pub checkpoints: Option<flowrepl_exec::setup::CheckpointConfig>,
+    /// The task's checkpoint folder (`<log_dir>/<plan>/<task>.checkpoints`).
+    pub checkpoint_root: PathBuf,
     /// `--resume`: start from the automatic checkpoint, if there is one.
     pub resume: bool,
 }
@@ -324,20 +324,33 @@ impl Config {
                 tracing::info!(ignored = ?d.ignored, "drop-in mode: interpreter options without effect on the session");
             }
         }
-        let snapshot_root = flowrepl_task_logger::snapshot::snapshot_root(&log_file);
-        let snapshots = (cli.snapshot != flowrepl_protocol::SnapshotPolicy::Off).then(|| {
-            flowrepl_exec::setup::SnapshotConfig {
-                root: snapshot_root.clone(),
-                policy: cli.snapshot,
-                max_bytes: cli.snapshot_max_mb.saturating_mul(1 << 20),
-                untrusted: !sandboxed
-                    && !cli.trust_sandboxed_checkpoints
-                    && flowrepl_task_logger::snapshot::sandboxed_mark(&snapshot_root).exists(),
-            }
-        });
+        let checkpoint_root = flowrepl_task_logger::checkpoint::checkpoint_root(&log_file);
+        match flowrepl_task_logger::checkpoint::adopt_legacy_root(&log_file) {
+            Ok(true) => tracing::info!(
+                folder = %checkpoint_root.display(),
+                "the task's checkpoint folder had its older name (.snapshot): renamed"
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                error = %e,
+                "the task's checkpoint folder of the older name (.snapshot) could not be renamed; its checkpoints are not used"
+            ),
+        }
+        let checkpoints =
+            (cli.checkpoints != flowrepl_protocol::CheckpointPolicy::Off).then(|| {
+                flowrepl_exec::setup::CheckpointConfig {
+                    root: checkpoint_root.clone(),
+                    policy: cli.checkpoints,
+                    max_bytes: cli.checkpoint_max_mb.saturating_mul(1 << 20),
+                    untrusted: !sandboxed
+                        && !cli.trust_sandboxed_checkpoints
+                        && flowrepl_task_logger::checkpoint::sandboxed_mark(&checkpoint_root)
+                            .exists(),
+                }
+            });
         Ok(Config {
-            snapshots,
-            snapshot_root,
+            checkpoints,
+            checkpoint_root,
             resume: cli.resume,
             setup,
             json_repl_client: dropin.is_some() || cli.compat.is_some(),

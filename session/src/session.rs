@@ -16,9 +16,9 @@ use crate::ledger::Ledger;
 use crate::records::{Flusher, RecordWriter};
 use chrono::{SecondsFormat, Utc};
 use flowrepl_protocol::{
-    ApproveReply, Call, CellReport, CheckpointSummary, CheckpointsReply, ErrorCode, ExecuteParams,
-    ExecuteResult, Fault, Image, InterruptReply, Mode, RestartReply, RestoreReport, RpcError,
-    ShutdownReply, SnapshotPolicy, StatusInfo, VariableInfo, VariablesReply,
+    ApproveReply, Call, CellReport, CheckpointPolicy, CheckpointSummary, CheckpointsReply,
+    ErrorCode, ExecuteParams, ExecuteResult, Fault, Image, InterruptReply, Mode, RestartReply,
+    RestoreReport, RpcError, ShutdownReply, StatusInfo, VariableInfo, VariablesReply,
 };
 use flowrepl_task_logger::{SessionLimits, SessionRecord, RECORD_TYPE_SESSION};
 use serde::Serialize;
@@ -192,9 +192,9 @@ pub struct Session {
     contexts: Vec<String>,
     /// The cells' approval requests.
     approvals: Arc<Approvals>,
-    /// The task's snapshot folder, and `FLOWREPL_SNAPSHOT`.
-    snapshot_root: std::path::PathBuf,
-    snapshot_policy: SnapshotPolicy,
+    /// The task's checkpoint folder, and `FLOWREPL_CHECKPOINTS`.
+    checkpoint_root: std::path::PathBuf,
+    checkpoint_policy: CheckpointPolicy,
     /// An automatic restore failed: said in the next cell's warnings.
     restore_failed: Option<String>,
     /// What each cell changed: what a restore from an older checkpoint cannot bring back.
@@ -265,15 +265,15 @@ impl Session {
             record_this: false,
             contexts: Vec::new(),
             approvals,
-            snapshot_root: config.snapshot_root.clone(),
+            checkpoint_root: config.checkpoint_root.clone(),
             restore_failed: None,
             ledger: Ledger::new(&config.identity.session_id),
             log_file: config.log_file.clone(),
             session_id: config.identity.session_id.clone(),
-            snapshot_policy: config
-                .snapshots
+            checkpoint_policy: config
+                .checkpoints
                 .as_ref()
-                .map_or(SnapshotPolicy::Off, |s| s.policy),
+                .map_or(CheckpointPolicy::Off, |s| s.policy),
         })
     }
 
@@ -339,11 +339,11 @@ impl Session {
                     tracing::info!(pid = r.pid, restored = r.restored.is_some(), "restarted");
                     to.answer(Answer::Restart(r))?
                 }
-                Err(e) => to.failed(snapshot_error("restart failed", &e))?,
+                Err(e) => to.failed(checkpoint_error("restart failed", &e))?,
             },
             Call::Checkpoint(p) => match self.engine.checkpoint(p.name()) {
                 Ok(s) => to.answer(Answer::Checkpoint(s))?,
-                Err(e) => to.failed(snapshot_error("checkpoint failed", &e))?,
+                Err(e) => to.failed(checkpoint_error("checkpoint failed", &e))?,
             },
             Call::Restore(p) => match self.engine.restore(p.name()) {
                 Ok(mut r) => {
@@ -351,13 +351,13 @@ impl Session {
                     tracing::info!(checkpoint = %r.checkpoint, restored = r.restored_vars.len(), lost = r.lost_vars.len(), "restored");
                     to.answer(Answer::Restore(r))?
                 }
-                Err(e) => to.failed(snapshot_error("restore failed", &e))?,
+                Err(e) => to.failed(checkpoint_error("restore failed", &e))?,
             },
             Call::Checkpoints => match self.list_checkpoints() {
                 Ok(checkpoints) => to.answer(Answer::Checkpoints(CheckpointsReply {
                     checkpoints,
-                    directory: self.snapshot_root.display().to_string(),
-                    policy: self.snapshot_policy.as_str().to_owned(),
+                    directory: self.checkpoint_root.display().to_string(),
+                    policy: self.checkpoint_policy.as_str().to_owned(),
                     health: self.board.control.checkpoint_health(),
                 }))?,
                 Err(e) => to.failed(RpcError::new(
@@ -458,10 +458,10 @@ impl Session {
     /// The task's checkpoints on disk, after asking the engine how the automatic one is doing.
     fn list_checkpoints(
         &mut self,
-    ) -> Result<Vec<flowrepl_protocol::CheckpointInfo>, flowrepl_task_logger::snapshot::SnapshotError>
+    ) -> Result<Vec<flowrepl_protocol::CheckpointInfo>, flowrepl_task_logger::checkpoint::FolderError>
     {
         self.engine.refresh_checkpoint_health();
-        flowrepl_task_logger::snapshot::list(&self.snapshot_root)
+        flowrepl_task_logger::checkpoint::list(&self.checkpoint_root)
     }
 
     /// `list_variables`: the namespace's names with type, short repr and size. Between cells.
@@ -491,12 +491,12 @@ impl Session {
 
 /// A failed `restart`, `checkpoint` or `restore`: a bad or unknown checkpoint name is the
 /// caller's (-32602), anything else the kernel's (-32603).
-fn snapshot_error(what: &str, e: &EngineError) -> RpcError {
+fn checkpoint_error(what: &str, e: &EngineError) -> RpcError {
     use flowrepl_exec::setup::CheckpointError;
-    use flowrepl_task_logger::snapshot::SnapshotError;
+    use flowrepl_task_logger::checkpoint::FolderError;
     match e {
-        EngineError::Checkpoint(CheckpointError::Snapshot(
-            SnapshotError::BadName(_) | SnapshotError::Missing(_),
+        EngineError::Checkpoint(CheckpointError::Folder(
+            FolderError::BadName(_) | FolderError::Missing(_),
         )) => RpcError::new(ErrorCode::InvalidParams, format!("{what}: {e}")),
         _ => internal(what, e),
     }

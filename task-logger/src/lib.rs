@@ -11,19 +11,19 @@
 //! - [`writer`]: [`TaskLog`], one `write(2)` of one whole line per record, O_APPEND, 0600;
 //!   failures are returned, never panicked on, and the file is reopened on the next record.
 //! - [`reader`]: reads a log, skipping lines that are torn or not records.
-//! - [`snapshot`]: namespace checkpoints beside the log (`<task>.snapshot/`), and the one
+//! - [`checkpoint`]: namespace checkpoints beside the log (`<task>.checkpoints/`), and the one
 //!   reader of their journal.
 //! - [`untrusted`]: opening files in folders a cell can write (no symlinks, regular files,
 //!   bounded reads).
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 mod name_watch;
 pub mod path;
 pub mod reader;
 pub mod record;
 #[cfg(feature = "schema")]
 pub mod schema;
-pub mod snapshot;
 pub mod untrusted;
 pub mod writer;
 

@@ -155,7 +155,7 @@ pub struct ExecutionRecord<'a> {
     #[serde(default, skip_serializing_if = "<[Event]>::is_empty")]
     pub events: Cow<'a, [Event]>,
     /// Only on the first cell after an automatic restore (a worker death, `--resume`): what
-    /// came back from the checkpoint (docs/snapshots.md). Absent otherwise.
+    /// came back from the checkpoint (docs/checkpoints.md). Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored: Option<flowrepl_protocol::RestoreReport>,
 }

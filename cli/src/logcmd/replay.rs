@@ -67,7 +67,7 @@ impl Replayer {
             .env(flowrepl_task_logger::TASK_ID_ENV, task)
             .env(env::NO_LOG, "1")
             .env_remove(env::RESUME)
-            .env_remove(env::SNAPSHOT)
+            .env_remove(env::CHECKPOINTS)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -7,8 +7,8 @@ after its segment, so a kill during a checkpoint leaves the lines before it whol
 line is ignored by the reader). A line says which names it saves (`put`, groups of names
 pickled together), which names are modules (`modules`, restored by importing), which could not
 be saved and why (`unsaved`) and which are gone (`drop`); a `full` line starts over. The Rust
-side (flowrepl-task-logger's `snapshot`) folds the lines into the checkpoint: one reader of the
-format. See docs/snapshots.md. Unit tests: executor/tests/python/test_checkpoint_files.py.
+side (flowrepl-task-logger's `checkpoint`) folds the lines into the checkpoint: one reader of the
+format. See docs/checkpoints.md. Unit tests: executor/tests/python/test_checkpoint_files.py.
 """
 
 import json
@@ -50,7 +50,7 @@ class Group:
 
 
 def journal_line(full, execution_count, pickler, session, groups, modules, unsaved, drop, context, ms=None):
-    """The one writer of a journal line (read by `task-logger/src/snapshot.rs`, `JournalLine`):
+    """The one writer of a journal line (read by `task-logger/src/checkpoint.rs`, `JournalLine`):
     its JSON text with the newline. `groups` are the pickle groups written (`Group`); `ms` the
     time it took, when known."""
     line = {

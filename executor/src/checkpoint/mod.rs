@@ -2,7 +2,7 @@
 //! that writes and restores them (the Python package in the same folder, `_flowrepl_checkpoint_*`).
 //!
 //! # When
-//! With [`SnapshotPolicy::OnSuccess`] a successful cell makes the automatic checkpoint
+//! With [`CheckpointPolicy::OnSuccess`] a successful cell makes the automatic checkpoint
 //! (`auto`) *pending*. A thread of the executor's own (`Checkpointer`) writes it once no
 //! cell has run for [`IDLE_BEFORE_CHECKPOINT`], while the kernel and its client handle the
 //! reply, so a client that sends its next cell at once does not wait for it and the request
@@ -29,7 +29,7 @@
 //!
 //! Failed cells do not trigger a write, but their code counts for the next one.
 //!
-//! With [`SnapshotPolicy::EveryCell`] every cell (failed ones too) makes it pending, the
+//! With [`CheckpointPolicy::EveryCell`] every cell (failed ones too) makes it pending, the
 //! writer does not wait for the session to be idle, and the next cell writes it first if the
 //! writer has not: no cell starts before the state after the previous one is on disk.
 //!
@@ -48,8 +48,8 @@ mod state;
 
 pub(crate) use state::Checkpoints;
 
-use flowrepl_exec::setup::SnapshotConfig;
-use flowrepl_protocol::{CheckpointHealth, SnapshotPolicy};
+use flowrepl_exec::setup::CheckpointConfig;
+use flowrepl_protocol::{CheckpointHealth, CheckpointPolicy};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -152,7 +152,7 @@ impl Checkpointer {
     /// thread.
     /// `session`: the session id written into the journal.
     pub(crate) fn start(
-        config: SnapshotConfig,
+        config: CheckpointConfig,
         globals: Py<PyDict>,
         session: Option<String>,
     ) -> std::io::Result<Self> {
@@ -217,7 +217,7 @@ impl Drop for Checkpointer {
 fn write_when_idle(s: &Shared) {
     flowrepl_os::block_sigint();
     // every-cell: at once, once the cell has let go of the state.
-    let every_cell = flowrepl_os::lock(&s.state).config.policy == SnapshotPolicy::EveryCell;
+    let every_cell = flowrepl_os::lock(&s.state).config.policy == CheckpointPolicy::EveryCell;
     let idle = if every_cell {
         0
     } else {

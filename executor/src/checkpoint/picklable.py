@@ -93,7 +93,7 @@ def why_not(value):
 
 def over(nbytes, limit):
     """The reason for a value over the per-name limit."""
-    return f"{nbytes / 1e6:.1f} MB, over the limit of {limit / 1e6:.0f} MB per name (FLOWREPL_SNAPSHOT_MAX_MB)"
+    return f"{nbytes / 1e6:.1f} MB, over the limit of {limit / 1e6:.0f} MB per name (FLOWREPL_CHECKPOINT_MAX_MB)"
 
 
 def dunder(name):

@@ -2,11 +2,11 @@
 //! restores checkpoints (the Python package in the same folder, `_flowrepl_checkpoint_*`).
 
 use crate::support::py_err;
-use flowrepl_exec::setup::{CallError, CheckpointError, SnapshotConfig};
+use flowrepl_exec::setup::{CallError, CheckpointConfig, CheckpointError};
 use flowrepl_protocol::{
-    CheckpointFailure, CheckpointHealth, CheckpointSummary, RestoreReport, SnapshotPolicy,
+    CheckpointFailure, CheckpointHealth, CheckpointPolicy, CheckpointSummary, RestoreReport,
 };
-use flowrepl_task_logger::snapshot::{self, Checkpoint};
+use flowrepl_task_logger::checkpoint::{self, Checkpoint};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::sync::{Arc, Mutex};
@@ -72,7 +72,7 @@ const UNTRUSTED_NO_AUTO: &str = "automatic checkpoints are off in this session: 
 
 /// The checkpoint state of one executor.
 pub(crate) struct Checkpoints {
-    pub(super) config: SnapshotConfig,
+    pub(super) config: CheckpointConfig,
     /// The session id written into journal lines.
     pub(super) session: Option<String>,
     /// How the automatic checkpoint is doing (read without the state lock).
@@ -98,7 +98,7 @@ pub(crate) struct Checkpoints {
 }
 
 impl Checkpoints {
-    pub(crate) fn new(config: SnapshotConfig) -> Checkpoints {
+    pub(crate) fn new(config: CheckpointConfig) -> Checkpoints {
         let warning = config.untrusted.then(|| UNTRUSTED_NO_AUTO.to_owned());
         Checkpoints {
             config,
@@ -123,7 +123,7 @@ impl Checkpoints {
 
     /// every-cell: the state after each cell is written before the next one starts.
     pub(crate) fn every_cell(&self) -> bool {
-        self.config.policy == SnapshotPolicy::EveryCell
+        self.config.policy == CheckpointPolicy::EveryCell
     }
 
     /// A failed automatic write not yet said: for the cell about to run's warnings.
@@ -202,7 +202,7 @@ impl Checkpoints {
         globals: &Bound<'py, PyDict>,
     ) -> Result<Bound<'py, PyAny>, CheckpointError> {
         // Every time: a folder deleted during the session is made again, private.
-        let root = snapshot::open_root(&self.config.root)?;
+        let root = checkpoint::open_root(&self.config.root)?;
         if let Some(s) = &self.store {
             return Ok(s.bind(py).clone());
         }
@@ -288,10 +288,10 @@ impl Checkpoints {
         globals: &Bound<'_, PyDict>,
         name: &str,
     ) -> Result<CheckpointSummary, CheckpointError> {
-        if self.config.policy == SnapshotPolicy::Off {
+        if self.config.policy == CheckpointPolicy::Off {
             return Err(CheckpointError::Off);
         }
-        snapshot::check_name(name)?;
+        checkpoint::check_name(name)?;
         if name == flowrepl_protocol::AUTO_CHECKPOINT && self.config.untrusted {
             return Err(CallError(UNTRUSTED_NO_AUTO.to_owned()).into());
         }
@@ -307,7 +307,7 @@ impl Checkpoints {
             }
             return written;
         }
-        let root = snapshot::open_root(&self.config.root)?;
+        let root = checkpoint::open_root(&self.config.root)?;
         let module = self.module(py)?;
         let ctx = module.call_method0("context").map_err(py_err)?;
         let json: String = module
@@ -331,18 +331,18 @@ impl Checkpoints {
     /// Reads checkpoint `name` (checking its name, its folder and that it exists), before
     /// anything of the session is dropped for it.
     pub(crate) fn load(&self, name: &str) -> Result<Checkpoint, CheckpointError> {
-        if self.config.policy == SnapshotPolicy::Off {
+        if self.config.policy == CheckpointPolicy::Off {
             return Err(CheckpointError::Off);
         }
         if self.config.untrusted {
             return Err(
-                snapshot::SnapshotError::SandboxedOrigin(snapshot::sandboxed_mark(
+                checkpoint::FolderError::SandboxedOrigin(checkpoint::sandboxed_mark(
                     &self.config.root,
                 ))
                 .into(),
             );
         }
-        Ok(snapshot::load(&self.config.root, name)?)
+        Ok(checkpoint::load(&self.config.root, name)?)
     }
 
     /// Loads checkpoint `cp` into `globals` (emptied by the caller).
@@ -399,7 +399,7 @@ impl Checkpoints {
 
 #[cfg(test)]
 mod tests {
-    use flowrepl_task_logger::snapshot::JournalLine;
+    use flowrepl_task_logger::checkpoint::JournalLine;
     use pyo3::prelude::*;
 
     /// `files.py` writes journal lines in one function; the Rust reader reads what it
@@ -441,7 +441,7 @@ mod tests {
                 .unwrap();
             assert!(text.ends_with('\n') && text.matches('\n').count() == 1);
             let line: JournalLine = serde_json::from_str(&text).unwrap();
-            assert_eq!(line.v, flowrepl_task_logger::snapshot::SNAPSHOT_FORMAT);
+            assert_eq!(line.v, flowrepl_task_logger::checkpoint::CHECKPOINT_FORMAT);
             assert!(!line.full);
             assert_eq!(line.execution_count, 7);
             assert_eq!(line.pickler, "cloudpickle 3.1 (flowrepl)");

@@ -40,7 +40,7 @@ WRITE_DIRECT = 16 << 20
 
 
 class Store:
-    """The automatic checkpoint of one session (`<task>.snapshot/auto`), kept in step with the
+    """The automatic checkpoint of one session (`<task>.checkpoints/auto`), kept in step with the
     namespace: which names are saved where, and the objects they held when saved (strong
     references, so that a rebinding is seen by identity; let go when rebound, deleted, or at
     the end of the session)."""

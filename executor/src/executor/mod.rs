@@ -199,7 +199,7 @@ impl Executor {
                 emitter,
                 _flow: flow,
                 own_imports: std::collections::HashSet::new(),
-                checkpoints: match &config.snapshots {
+                checkpoints: match &config.checkpoints {
                     Some(c) => Some(
                         Checkpointer::start(
                             c.clone(),

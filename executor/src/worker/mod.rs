@@ -105,7 +105,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         images: args.images(),
         setup: args.setup.clone().unwrap_or_default(),
         approver: Some(approver),
-        snapshots: args.snapshots(),
+        checkpoints: args.checkpoint_config(),
     };
     let mut executor = match Executor::start(&config) {
         Ok(e) => e,

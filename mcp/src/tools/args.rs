@@ -109,7 +109,7 @@ pub(super) fn parse_args<T: serde::de::DeserializeOwned>(args: JsonObject) -> Re
 pub(super) fn checkpoint_args(args: JsonObject) -> Result<CheckpointParams, ErrorData> {
     let p: CheckpointParams = parse_args(args)?;
     if let Some(name) = &p.name {
-        flowrepl_task_logger::snapshot::check_name(name)
+        flowrepl_task_logger::checkpoint::check_name(name)
             .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
     }
     Ok(p)

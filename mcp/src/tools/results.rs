@@ -57,7 +57,7 @@ pub fn answer_result(answer: Answer) -> CallToolResult {
                 );
             }
             if text.is_empty() {
-                text = format!("no checkpoints yet (FLOWREPL_SNAPSHOT={})", c.policy);
+                text = format!("no checkpoints yet (FLOWREPL_CHECKPOINTS={})", c.policy);
             }
             structured(text, &c, false)
         }

@@ -18,7 +18,7 @@
 //! shows the same table for people; a test keeps the two the same.
 //!
 //! Automatic checkpoints are not frames: the worker writes them itself between cells (see
-//! `docs/snapshots.md`), and a worker started with `--restore` reports in its Ready frame what
+//! `docs/checkpoints.md`), and a worker started with `--restore` reports in its Ready frame what
 //! it restored.
 //!
 //! A worker given the kernel's capture files (`--capture-fds`) sends no Output frames: its

@@ -44,7 +44,7 @@ impl InProcess {
             setup: config.setup.clone(),
             approver: Some(Arc::new(InProcessApprover(approvals))),
             capture: None,
-            snapshots: config.snapshots.clone(),
+            checkpoints: config.checkpoints.clone(),
         })?;
         let control = Arc::new(InProcessControl(
             executor.interrupter(),

@@ -181,8 +181,8 @@ pub fn resumes(config: &Config) -> bool {
 
 /// The automatic checkpoint's journal, when checkpoints are on.
 pub fn auto_journal(config: &Config) -> Option<std::path::PathBuf> {
-    config.snapshots.as_ref().map(|s| {
-        flowrepl_task_logger::snapshot::journal_path(&s.root, flowrepl_protocol::AUTO_CHECKPOINT)
+    config.checkpoints.as_ref().map(|s| {
+        flowrepl_task_logger::checkpoint::journal_path(&s.root, flowrepl_protocol::AUTO_CHECKPOINT)
     })
 }
 

@@ -12,9 +12,11 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 /// Worker mode with checkpoints off: these tests check what a death loses when nothing was
-/// saved (what a restore brings back is snapshots.rs's).
+/// saved (what a restore brings back is checkpoints.rs's).
 fn without_checkpoints() -> KernelOptions {
-    Kernel::options().worker().env("FLOWREPL_SNAPSHOT", "off")
+    Kernel::options()
+        .worker()
+        .env("FLOWREPL_CHECKPOINTS", "off")
 }
 
 fn worker_pid(k: &mut Kernel) -> u32 {

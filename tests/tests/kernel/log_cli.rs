@@ -634,7 +634,7 @@ fn replay_rebuilds_the_state_from_the_log() {
                 .log_dir(logs.path())
                 .env("FLOW_PLAN_ID", "plan-replay")
                 .env("FLOW_TASK_ID", "t")
-                .env("FLOWREPL_SNAPSHOT", "off")
+                .env("FLOWREPL_CHECKPOINTS", "off")
         };
         let mut k = opts().start();
         k.ok("import random\nx = 40\nprint('same')");
@@ -658,7 +658,7 @@ fn replay_rebuilds_the_state_from_the_log() {
             "{out}"
         );
         assert!(
-            !logs.path().join("plan-replay/t.snapshot").exists(),
+            !logs.path().join("plan-replay/t.checkpoints").exists(),
             "dry run ran nothing"
         );
         let mut run = vec!["replay"];
@@ -685,7 +685,7 @@ fn replay_rebuilds_the_state_from_the_log() {
             "replayed cells are not logged"
         );
         let mut k = opts()
-            .env("FLOWREPL_SNAPSHOT", "on-success")
+            .env("FLOWREPL_CHECKPOINTS", "on-success")
             .arg("--resume")
             .start();
         let r = k.ok("(x, random.__name__)");

@@ -2,6 +2,7 @@
 //! Each module covers one part of the core kernel issue.
 
 mod approvals;
+mod checkpoints;
 mod docs;
 mod dropin;
 mod exit;
@@ -17,7 +18,6 @@ mod python_env;
 mod results;
 mod sandbox;
 mod serve;
-mod snapshots;
 mod support_code;
 mod task_log;
 mod timeouts;

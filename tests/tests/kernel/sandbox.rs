@@ -653,7 +653,7 @@ fn files_planted_in_the_checkpoint_folder_neither_hang_nor_exhaust_the_kernel() 
     let mut k = sandboxed(ws.path(), &[], &[]);
     k.ok("x = 1");
     k.wait_checkpoint(1);
-    let root = flowrepl_task_logger::snapshot::snapshot_root(&k.log_file());
+    let root = flowrepl_task_logger::checkpoint::checkpoint_root(&k.log_file());
     let plant = format!(
         r#"import os
 root = {root:?}

@@ -44,7 +44,7 @@ fn two_tasks_at_once_stay_isolated_in_names_logs_workspaces_and_checkpoints() {
         assert!(server
             .logs()
             .join("local")
-            .join(format!("{task}.snapshot/auto"))
+            .join(format!("{task}.checkpoints/auto"))
             .is_dir());
         assert!(facts["results"][task]
             .as_str()
@@ -183,7 +183,7 @@ fn sigterm_lets_running_cells_finish_refuses_queued_calls_and_stops_every_kernel
         let journal = server
             .logs()
             .join("local")
-            .join(format!("{task}.snapshot/auto/journal.jsonl"));
+            .join(format!("{task}.checkpoints/auto/journal.jsonl"));
         assert!(journal.is_file(), "{task}: checkpointed");
     }
 }

@@ -140,7 +140,7 @@ fn an_unwritable_log_never_fails_the_cell_and_logging_resumes() {
     // cell, which the next cell would report (or not, by timing); the task log is the subject.
     let mut k = Kernel::options()
         .log_dir(&log_dir)
-        .env("FLOWREPL_SNAPSHOT", "off")
+        .env("FLOWREPL_CHECKPOINTS", "off")
         .start();
     let err = k.stderr_with("task log unavailable");
     assert!(err.contains("task log unavailable"), "{err}");

@@ -33,7 +33,7 @@ fn lost(r: &Value) -> Vec<String> {
 fn a_crash_names_what_was_bound_after_the_checkpoint() {
     let mut k = Kernel::options()
         .worker()
-        .env("FLOWREPL_SNAPSHOT", "manual")
+        .env("FLOWREPL_CHECKPOINTS", "manual")
         .start();
     k.ok("a = 1\nkeep = [1]");
     let c = k.call("checkpoint", Value::Null);
@@ -72,13 +72,13 @@ fn a_crash_names_what_was_bound_after_the_checkpoint() {
     assert_eq!(r["state_lost"], false, "{r:#}");
 }
 
-/// A kernel of task `task` logging into `logs`, with the snapshot policy `policy`: started
+/// A kernel of task `task` logging into `logs`, with the checkpoint policy `policy`: started
 /// again with the same options, it is the same task.
 fn task_kernel(mode: &str, logs: &Path, policy: &str, task: &str) -> KernelOptions {
     Kernel::options()
         .mode(mode)
         .log_dir(logs)
-        .env("FLOWREPL_SNAPSHOT", policy)
+        .env("FLOWREPL_CHECKPOINTS", policy)
         .env("FLOW_TASK_ID", task)
 }
 
@@ -123,7 +123,7 @@ fn restore_of_a_named_checkpoint_names_what_came_after_it() {
     for mode in MODES {
         let mut k = Kernel::options()
             .mode(mode)
-            .env("FLOWREPL_SNAPSHOT", "manual")
+            .env("FLOWREPL_CHECKPOINTS", "manual")
             .start();
         k.ok("a = 1\nkeep = [1]");
         let c = k.call("checkpoint", json!({"name": "before"}));
@@ -250,7 +250,7 @@ fn warnings(rs: &[Value]) -> String {
         .join("\n")
 }
 
-/// (2, 4) The log dir and the snapshot folder on a read-only filesystem: the kernel serves,
+/// (2, 4) The log dir and the checkpoint folder on a read-only filesystem: the kernel serves,
 /// each record and checkpoint it could not write is named in a warning, and once the
 /// filesystem is writable again (remounted from a cell) new records and checkpoints are
 /// written whole.
@@ -397,7 +397,9 @@ fn every_cell_a_pipelined_crash_loses_only_the_crashing_cell() {
 fn a_torn_record_stays_a_line_of_its_own() {
     for mode in MODES {
         let mnt = tempfile::tempdir().unwrap();
-        let opts = Kernel::options().mode(mode).env("FLOWREPL_SNAPSHOT", "off");
+        let opts = Kernel::options()
+            .mode(mode)
+            .env("FLOWREPL_CHECKPOINTS", "off");
         let mut k = on_small_fs(opts, mnt.path()).start();
         let filler = fill(&mut k, mnt.path(), 60_000);
         k.ok("print('y' * 300_000)");

@@ -60,7 +60,7 @@ fn both_modes_give_the_same_results() {
         // whichever mode the machine happened to leave idle long enough.
         let mut k = Kernel::options()
             .mode(mode)
-            .env("FLOWREPL_SNAPSHOT", "manual")
+            .env("FLOWREPL_CHECKPOINTS", "manual")
             .start();
         results.push(cells.iter().map(|c| k.execute(c)).collect());
     }

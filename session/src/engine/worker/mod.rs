@@ -79,7 +79,7 @@ pub struct SpawnConfig {
     /// What each worker's session starts from.
     pub setup: flowrepl_exec::setup::SessionSetup,
     /// Checkpoints, when on.
-    pub snapshots: Option<flowrepl_exec::setup::SnapshotConfig>,
+    pub checkpoints: Option<flowrepl_exec::setup::CheckpointConfig>,
     /// `--sandbox`: how the worker is confined.
     pub sandbox: Option<crate::config::SandboxConfig>,
 }
@@ -162,7 +162,7 @@ impl Worker {
                 limits: worker.limits,
                 images: config.image_limits(),
                 setup: config.setup.clone(),
-                snapshots: config.snapshots.clone(),
+                checkpoints: config.checkpoints.clone(),
                 sandbox: worker.sandbox.clone(),
             },
             diagnostics,
@@ -172,7 +172,7 @@ impl Worker {
             control: Arc::new(WorkerControl {
                 state: Mutex::new(ControlState {
                     checkpoint: config
-                        .snapshots
+                        .checkpoints
                         .as_ref()
                         .map(|_| flowrepl_protocol::CheckpointHealth::default()),
                     ..ControlState::default()
@@ -384,12 +384,12 @@ impl Engine for Worker {
     }
 
     fn restore(&mut self, name: &str) -> Result<RestoreReport, EngineError> {
-        let Some(snapshots) = &self.spawn.snapshots else {
+        let Some(checkpoints) = &self.spawn.checkpoints else {
             return Err(flowrepl_exec::setup::CheckpointError::Off.into());
         };
         // Read before the worker is replaced: a bad name, a missing checkpoint or a folder
         // that is not private keeps it.
-        flowrepl_task_logger::snapshot::load(&snapshots.root, name)
+        flowrepl_task_logger::checkpoint::load(&checkpoints.root, name)
             .map_err(flowrepl_exec::setup::CheckpointError::from)?;
         self.stop_worker();
         self.restored = None;

@@ -83,7 +83,7 @@ impl WorkerProcess {
                 config.limits.cpu_seconds,
                 config.images,
                 config.setup.clone(),
-                config.snapshots.as_ref(),
+                config.checkpoints.as_ref(),
                 restore,
                 true,
                 sandbox,

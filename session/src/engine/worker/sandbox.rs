@@ -142,14 +142,14 @@ pub fn prepare(
     // When it cannot be made (a full or read-only disk), the worker says so at its first
     // checkpoint, as without the sandbox.
     let checkpoints = spawn
-        .snapshots
+        .checkpoints
         .as_ref()
         .map(|s| s.root.as_path())
-        .filter(|root| flowrepl_task_logger::snapshot::open_root(root).is_ok());
+        .filter(|root| flowrepl_task_logger::checkpoint::open_root(root).is_ok());
     if let Some(root) = checkpoints {
         // From now on the task's checkpoints hold what sandboxed cells made: a kernel without
         // the sandbox does not restore them unless told to.
-        let mark = flowrepl_task_logger::snapshot::sandboxed_mark(root);
+        let mark = flowrepl_task_logger::checkpoint::sandboxed_mark(root);
         if !mark.exists() {
             if let Err(e) = std::fs::write(
                 &mark,

@@ -3,7 +3,7 @@
 //!
 //! A checkpoint saves each variable on its own (pickled), so one that cannot be saved costs
 //! only its name: such names are listed with the reason, never dropped silently. The format on
-//! disk is the task logger's (`flowrepl_task_logger::snapshot`); `docs/snapshots.md` says what
+//! disk is the task logger's (`flowrepl_task_logger::checkpoint`); `docs/checkpoints.md` says what
 //! is saved when, and what a checkpoint can miss.
 
 use serde::{Deserialize, Serialize};
@@ -133,9 +133,9 @@ pub struct CheckpointInfo {
 pub struct CheckpointsReply {
     /// The task's checkpoints, by name.
     pub checkpoints: Vec<CheckpointInfo>,
-    /// The folder they are in (`<log_dir>/<plan>/<task>.snapshot`).
+    /// The folder they are in (`<log_dir>/<plan>/<task>.checkpoints`).
     pub directory: String,
-    /// Whether a checkpoint is written after each successful cell (`FLOWREPL_SNAPSHOT`).
+    /// Whether a checkpoint is written after each successful cell (`FLOWREPL_CHECKPOINTS`).
     pub policy: String,
     /// How this session's automatic checkpoint is doing (as `status` says it); absent when
     /// checkpoints are off.
@@ -178,10 +178,10 @@ impl RestoreReport {
     }
 }
 
-/// When the automatic checkpoint is written (`FLOWREPL_SNAPSHOT`).
+/// When the automatic checkpoint is written (`FLOWREPL_CHECKPOINTS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum SnapshotPolicy {
+pub enum CheckpointPolicy {
     /// After each successful cell, once the session is idle (the default).
     OnSuccess,
     /// After every cell, before the next one starts (for clients that send cells back to
@@ -193,35 +193,35 @@ pub enum SnapshotPolicy {
     Off,
 }
 
-impl SnapshotPolicy {
-    /// The name in `FLOWREPL_SNAPSHOT` and on the worker's command line.
+impl CheckpointPolicy {
+    /// The name in `FLOWREPL_CHECKPOINTS` and on the worker's command line.
     pub fn as_str(self) -> &'static str {
         match self {
-            SnapshotPolicy::OnSuccess => "on-success",
-            SnapshotPolicy::EveryCell => "every-cell",
-            SnapshotPolicy::Manual => "manual",
-            SnapshotPolicy::Off => "off",
+            CheckpointPolicy::OnSuccess => "on-success",
+            CheckpointPolicy::EveryCell => "every-cell",
+            CheckpointPolicy::Manual => "manual",
+            CheckpointPolicy::Off => "off",
         }
     }
 }
 
-impl std::str::FromStr for SnapshotPolicy {
+impl std::str::FromStr for CheckpointPolicy {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "on-success" => Ok(SnapshotPolicy::OnSuccess),
-            "every-cell" => Ok(SnapshotPolicy::EveryCell),
-            "manual" => Ok(SnapshotPolicy::Manual),
-            "off" => Ok(SnapshotPolicy::Off),
+            "on-success" => Ok(CheckpointPolicy::OnSuccess),
+            "every-cell" => Ok(CheckpointPolicy::EveryCell),
+            "manual" => Ok(CheckpointPolicy::Manual),
+            "off" => Ok(CheckpointPolicy::Off),
             other => Err(format!(
-                "unknown snapshot policy {other:?} (want on-success, every-cell, manual or off)"
+                "unknown checkpoint policy {other:?} (want on-success, every-cell, manual or off)"
             )),
         }
     }
 }
 
-impl std::fmt::Display for SnapshotPolicy {
+impl std::fmt::Display for CheckpointPolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }

@@ -1,7 +1,7 @@
 //! Namespace checkpoints beside the task log, and the one reader of their format.
 //!
 //! # Layout
-//! `<log_dir>/<plan>/<task>.snapshot/` (mode 0700) holds one folder per checkpoint: `auto`
+//! `<log_dir>/<plan>/<task>.checkpoints/` (mode 0700) holds one folder per checkpoint: `auto`
 //! (written after successful cells) and any named ones. A checkpoint folder holds:
 //! - `s-NNNNNN.bin`: segments, pickles back to back. A segment is written once and never
 //!   changed; segments no line uses any more are removed.
@@ -15,7 +15,7 @@
 //! lines into a [`Checkpoint`], which the executor restores from and `checkpoints` lists.
 //!
 //! # Trust
-//! Restoring unpickles, which runs code. Only folders under the kernel's own snapshot folder
+//! Restoring unpickles, which runs code. Only folders under the kernel's own checkpoint folder
 //! are read, and [`open_root`] refuses one that is not a directory owned by this user with no
 //! group or other permissions.
 
@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 /// The journal's file name inside a checkpoint folder.
 pub const JOURNAL: &str = "journal.jsonl";
 /// The journal format this reader knows.
-pub const SNAPSHOT_FORMAT: u32 = 1;
+pub const CHECKPOINT_FORMAT: u32 = 1;
 /// The largest journal read (a checkpoint's journal is compacted long before: a bigger one
 /// was not written by the executor).
 pub const MAX_JOURNAL_BYTES: u64 = 64 << 20;
@@ -40,7 +40,7 @@ pub const MAX_NAME_LEN: usize = 64;
 /// Why a checkpoint cannot be used.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum SnapshotError {
+pub enum FolderError {
     /// The name is not 1–64 of `A-Z a-z 0-9 _ . -` or starts with `.`.
     #[error("bad checkpoint name {0:?}: use 1 to {MAX_NAME_LEN} of A-Z a-z 0-9 _ . - (not starting with '.')")]
     BadName(String),
@@ -54,7 +54,7 @@ pub enum SnapshotError {
     #[error("this task's checkpoints were written by a sandboxed session ({0} exists): restoring one without the sandbox would run whatever code a cell put in its pickles with this kernel's rights; start with --sandbox, or with --trust-sandboxed-checkpoints to take that risk")]
     SandboxedOrigin(PathBuf),
     /// A journal line of a newer format.
-    #[error("checkpoint {name:?} was written in format {found}; this flowrepl reads format {SNAPSHOT_FORMAT}")]
+    #[error("checkpoint {name:?} was written in format {found}; this flowrepl reads format {CHECKPOINT_FORMAT}")]
     NewerFormat {
         /// The checkpoint.
         name: String,
@@ -74,26 +74,47 @@ pub enum SnapshotError {
     },
 }
 
-fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> SnapshotError + 'a {
-    move |source| SnapshotError::Io {
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> FolderError + 'a {
+    move |source| FolderError::Io {
         what,
         path: path.to_owned(),
         source,
     }
 }
 
-/// `<log_dir>/<plan>/<task>.snapshot` for the task whose log is `log_file`.
-pub fn snapshot_root(log_file: &Path) -> PathBuf {
-    log_file.with_extension("snapshot")
+/// The extension of a task's checkpoint folder beside its log: `<task>.checkpoints`.
+pub const FOLDER_EXTENSION: &str = "checkpoints";
+
+/// What the folder was called before 2026-11 (`<task>.snapshot`): a kernel that finds only
+/// that one takes it over ([`adopt_legacy_root`]).
+pub const LEGACY_FOLDER_EXTENSION: &str = "snapshot";
+
+/// `<log_dir>/<plan>/<task>.checkpoints` for the task whose log is `log_file`.
+pub fn checkpoint_root(log_file: &Path) -> PathBuf {
+    log_file.with_extension(FOLDER_EXTENSION)
 }
 
-/// The journal of checkpoint `name` in the snapshot folder `root`: it exists once the
+/// Renames the task's checkpoint folder of the older name (`<task>.snapshot`) to the current
+/// one when only the older one exists (a real directory, not a symlink); whether it did.
+pub fn adopt_legacy_root(log_file: &Path) -> std::io::Result<bool> {
+    let old = log_file.with_extension(LEGACY_FOLDER_EXTENSION);
+    let new = checkpoint_root(log_file);
+    if !std::fs::symlink_metadata(&old).is_ok_and(|m| m.is_dir())
+        || std::fs::symlink_metadata(&new).is_ok()
+    {
+        return Ok(false);
+    }
+    std::fs::rename(&old, &new)?;
+    Ok(true)
+}
+
+/// The journal of checkpoint `name` in the checkpoint folder `root`: it exists once the
 /// checkpoint was written.
 pub fn journal_path(root: &Path, name: &str) -> PathBuf {
     root.join(name).join(JOURNAL)
 }
 
-/// The mark a sandboxed session leaves beside the task's snapshot folder (`<task>.sandboxed`,
+/// The mark a sandboxed session leaves beside the task's checkpoint folder (`<task>.sandboxed`,
 /// in the log folder, out of a cell's reach): its checkpoints hold pickles a sandboxed cell
 /// made, and unpickling runs code, so a kernel without the sandbox does not restore them
 /// unless told to (`--trust-sandboxed-checkpoints`).
@@ -101,8 +122,8 @@ pub fn sandboxed_mark(root: &Path) -> PathBuf {
     root.with_extension("sandboxed")
 }
 
-/// Checks a checkpoint name (see [`SnapshotError::BadName`]).
-pub fn check_name(name: &str) -> Result<(), SnapshotError> {
+/// Checks a checkpoint name (see [`FolderError::BadName`]).
+pub fn check_name(name: &str) -> Result<(), FolderError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && !name.starts_with('.')
@@ -114,13 +135,13 @@ pub fn check_name(name: &str) -> Result<(), SnapshotError> {
     if ok {
         Ok(())
     } else {
-        Err(SnapshotError::BadName(name.to_owned()))
+        Err(FolderError::BadName(name.to_owned()))
     }
 }
 
-/// The snapshot folder, made (0700) if missing, and checked to be this user's private
+/// The checkpoint folder, made (0700) if missing, and checked to be this user's private
 /// directory before anything in it is read.
-pub fn open_root(root: &Path) -> Result<PathBuf, SnapshotError> {
+pub fn open_root(root: &Path) -> Result<PathBuf, FolderError> {
     match fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -133,7 +154,7 @@ pub fn open_root(root: &Path) -> Result<PathBuf, SnapshotError> {
     let meta = fs::symlink_metadata(root).map_err(io_err("cannot inspect", root))?;
     let me = nix::unistd::geteuid().as_raw();
     if !meta.is_dir() || meta.uid() != me || meta.permissions().mode() & 0o077 != 0 {
-        return Err(SnapshotError::NotPrivate(root.to_owned()));
+        return Err(FolderError::NotPrivate(root.to_owned()));
     }
     Ok(root.to_owned())
 }
@@ -157,7 +178,7 @@ pub struct Group {
 /// One line of `journal.jsonl`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct JournalLine {
-    /// Format ([`SNAPSHOT_FORMAT`]).
+    /// Format ([`CHECKPOINT_FORMAT`]).
     pub v: u32,
     /// Starts over: names not in this line are gone.
     pub full: bool,
@@ -265,13 +286,13 @@ impl Checkpoint {
     }
 }
 
-/// Folds the journal of checkpoint `name` in the snapshot folder `root`. `Ok(None)`: no
+/// Folds the journal of checkpoint `name` in the checkpoint folder `root`. `Ok(None)`: no
 /// checkpoint there (no journal, or no whole line in it).
 ///
 /// The folder is writable from inside the sandbox, so the journal is opened as untrusted
 /// input ([`crate::untrusted`]): no symlink followed, a regular file only, at most
 /// [`MAX_JOURNAL_BYTES`] read.
-pub fn read(root: &Path, name: &str) -> Result<Option<Checkpoint>, SnapshotError> {
+pub fn read(root: &Path, name: &str) -> Result<Option<Checkpoint>, FolderError> {
     let path = journal_path(root, name);
     let file = match crate::untrusted::open_beneath(root, name, JOURNAL) {
         Ok(Some(f)) => f,
@@ -290,8 +311,8 @@ pub fn read(root: &Path, name: &str) -> Result<Option<Checkpoint>, SnapshotError
         let Ok(l) = serde_json::from_slice::<JournalLine>(line) else {
             continue;
         };
-        if l.v > SNAPSHOT_FORMAT {
-            return Err(SnapshotError::NewerFormat {
+        if l.v > CHECKPOINT_FORMAT {
+            return Err(FolderError::NewerFormat {
                 name: name.to_owned(),
                 found: l.v,
             });
@@ -352,16 +373,16 @@ pub fn read(root: &Path, name: &str) -> Result<Option<Checkpoint>, SnapshotError
     Ok(Some(cp))
 }
 
-/// The checkpoint `name` of the task whose snapshot folder is `root`.
-pub fn load(root: &Path, name: &str) -> Result<Checkpoint, SnapshotError> {
+/// The checkpoint `name` of the task whose checkpoint folder is `root`.
+pub fn load(root: &Path, name: &str) -> Result<Checkpoint, FolderError> {
     check_name(name)?;
     let root = open_root(root)?;
-    read(&root, name)?.ok_or_else(|| SnapshotError::Missing(name.to_owned()))
+    read(&root, name)?.ok_or_else(|| FolderError::Missing(name.to_owned()))
 }
 
-/// Every checkpoint of the task whose snapshot folder is `root`, by name; folders that hold
+/// Every checkpoint of the task whose checkpoint folder is `root`, by name; folders that hold
 /// none (or cannot be read) are left out.
-pub fn list(root: &Path) -> Result<Vec<CheckpointInfo>, SnapshotError> {
+pub fn list(root: &Path) -> Result<Vec<CheckpointInfo>, FolderError> {
     if !root.exists() {
         return Ok(Vec::new());
     }
@@ -476,7 +497,7 @@ mod tests {
             check_name(good).unwrap();
         }
         let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("t.snapshot");
+        let root = dir.path().join("t.checkpoints");
         open_root(&root).unwrap();
         assert_eq!(
             fs::metadata(&root).unwrap().permissions().mode() & 0o777,
@@ -485,13 +506,10 @@ mod tests {
         fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
         assert!(matches!(
             load(&root, "auto"),
-            Err(SnapshotError::NotPrivate(_))
+            Err(FolderError::NotPrivate(_))
         ));
         fs::set_permissions(&root, fs::Permissions::from_mode(0o700)).unwrap();
-        assert!(matches!(
-            load(&root, "auto"),
-            Err(SnapshotError::Missing(_))
-        ));
+        assert!(matches!(load(&root, "auto"), Err(FolderError::Missing(_))));
         assert_eq!(list(&root).unwrap(), vec![]);
     }
 }

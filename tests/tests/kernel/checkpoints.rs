@@ -271,7 +271,7 @@ fn tasks_do_not_share_checkpoints() {
     assert_eq!(list["checkpoints"], json!([]), "{list:#}");
     let e = b.call("restore", Value::Null);
     assert_eq!(e["error"]["code"], -32602, "{e}");
-    let root = logs.path().join("plan-snap").join("task-a.snapshot");
+    let root = logs.path().join("plan-snap").join("task-a.checkpoints");
     let mode =
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&root).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o700);
@@ -284,7 +284,7 @@ fn a_kill_during_a_checkpoint_leaves_the_previous_one() {
     let mut k = rich("worker", logs.path(), "torn").start();
     k.ok("a = 1");
     k.wait_checkpoint(1);
-    let dir = logs.path().join("plan-snap/torn.snapshot/auto");
+    let dir = logs.path().join("plan-snap/torn.checkpoints/auto");
     let journal = std::fs::read_to_string(dir.join("journal.jsonl")).unwrap();
     let pid = k.call("status", Value::Null)["result"]["worker_pid"]
         .as_u64()
@@ -314,12 +314,12 @@ fn a_kill_during_a_checkpoint_leaves_the_previous_one() {
     }
 }
 
-/// Names over FLOWREPL_SNAPSHOT_MAX_MB are listed, not saved; `off` turns checkpoints off.
+/// Names over FLOWREPL_CHECKPOINT_MAX_MB are listed, not saved; `off` turns checkpoints off.
 #[test]
 fn limits_and_off() {
     let logs = tempfile::tempdir().unwrap();
     let mut k = rich("in_process", logs.path(), "limits")
-        .env("FLOWREPL_SNAPSHOT_MAX_MB", "1")
+        .env("FLOWREPL_CHECKPOINT_MAX_MB", "1")
         .start();
     k.ok("small = 1\nlarge = bytes(3 << 20)");
     let c = k.call("checkpoint", Value::Null)["result"].clone();
@@ -327,13 +327,13 @@ fn limits_and_off() {
         c["unsaved"]["large"]
             .as_str()
             .unwrap()
-            .contains("FLOWREPL_SNAPSHOT_MAX_MB"),
+            .contains("FLOWREPL_CHECKPOINT_MAX_MB"),
         "{c:#}"
     );
     assert_eq!(c["saved"], json!(["small"]));
     drop(k);
     let mut k = rich("worker", logs.path(), "off")
-        .env("FLOWREPL_SNAPSHOT", "off")
+        .env("FLOWREPL_CHECKPOINTS", "off")
         .start();
     k.ok("x = 1");
     let e = k.call("checkpoint", Value::Null);
@@ -343,10 +343,10 @@ fn limits_and_off() {
     );
     let list = k.call("checkpoints", Value::Null)["result"].clone();
     assert_eq!(list["policy"], "off");
-    assert!(!logs.path().join("plan-snap/off.snapshot").exists());
+    assert!(!logs.path().join("plan-snap/off.checkpoints").exists());
 }
 
-/// A snapshot folder that is not the kernel's own (group or other permissions) is never
+/// A checkpoint folder that is not the kernel's own (group or other permissions) is never
 /// loaded.
 #[test]
 fn a_folder_others_can_write_is_refused() {
@@ -355,7 +355,7 @@ fn a_folder_others_can_write_is_refused() {
     let mut k = rich("in_process", logs.path(), "perm").start();
     k.ok("x = 1");
     k.wait_checkpoint(1);
-    let root = logs.path().join("plan-snap/perm.snapshot");
+    let root = logs.path().join("plan-snap/perm.checkpoints");
     std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
     let e = k.call("restore", Value::Null);
     assert!(
@@ -408,7 +408,7 @@ fn incremental_checkpoints_follow_mutations_and_compact() {
     assert_eq!(auto["last_write_names"], 1, "one name saved: {auto:#}");
     assert_eq!(auto["last_write_full"], false);
     assert!(auto["last_write_ms"].as_f64().is_some());
-    let dir = logs.path().join("plan-snap/incremental.snapshot/auto");
+    let dir = logs.path().join("plan-snap/incremental.checkpoints/auto");
     let segments = std::fs::read_dir(&dir)
         .unwrap()
         .flatten()
@@ -427,4 +427,109 @@ fn incremental_checkpoints_follow_mutations_and_compact() {
     assert_eq!(r["result"], "([2], {'k': 1}, True, 79)", "{r:#}");
     assert_eq!(r["restored"], true);
     assert_eq!(r["state_lost"], false, "nothing was lost: {r:#}");
+}
+
+/// The flags and variables named "snapshot" before keep working, each with a deprecation
+/// line, and the new names say none; the new name wins when both are set.
+#[test]
+fn the_old_names_still_work_and_say_they_are_deprecated() {
+    /// A task, the variable and flag it is started with, the deprecation line expected.
+    type Case<'a> = (
+        &'a str,
+        Option<(&'a str, &'a str)>,
+        Option<&'a str>,
+        Option<&'a str>,
+    );
+    let logs = tempfile::tempdir().unwrap();
+    let cases: [Case; 5] = [
+        ("new-env", Some(("FLOWREPL_CHECKPOINTS", "off")), None, None),
+        ("new-flag", None, Some("--checkpoints=off"), None),
+        (
+            "old-env",
+            Some(("FLOWREPL_SNAPSHOT", "off")),
+            None,
+            Some("FLOWREPL_SNAPSHOT is deprecated and will be removed; use FLOWREPL_CHECKPOINTS"),
+        ),
+        (
+            "old-flag",
+            None,
+            Some("--snapshot=off"),
+            Some("--snapshot is deprecated and will be removed; use --checkpoints"),
+        ),
+        (
+            "old-max",
+            Some(("FLOWREPL_SNAPSHOT_MAX_MB", "1")),
+            Some("--checkpoints=off"),
+            Some("FLOWREPL_SNAPSHOT_MAX_MB is deprecated and will be removed; use FLOWREPL_CHECKPOINT_MAX_MB"),
+        ),
+    ];
+    for (task, var, flag, said) in cases {
+        let mut opts = Kernel::options()
+            .mode("in_process")
+            .log_dir(logs.path())
+            .env("FLOW_PLAN_ID", "plan-names")
+            .env("FLOW_TASK_ID", task);
+        if let Some((k, v)) = var {
+            opts = opts.env(k, v);
+        }
+        if let Some(f) = flag {
+            opts = opts.arg(f);
+        }
+        let mut k = opts.start();
+        k.ok("x = 1");
+        let list = k.call("checkpoints", Value::Null)["result"].clone();
+        assert_eq!(list["policy"], "off", "{task}: {list}");
+        assert!(!logs
+            .path()
+            .join(format!("plan-names/{task}.checkpoints"))
+            .exists());
+        match said {
+            Some(line) => assert!(k.stderr_with(line).contains(line), "{task}"),
+            None => assert!(!k.stderr().contains("deprecated"), "{task}: {}", k.stderr()),
+        }
+    }
+    // Both set: the new one wins, and the old one is said to be ignored.
+    let mut k = Kernel::options()
+        .mode("in_process")
+        .log_dir(logs.path())
+        .env("FLOW_PLAN_ID", "plan-names")
+        .env("FLOW_TASK_ID", "both")
+        .env("FLOWREPL_SNAPSHOT", "manual")
+        .env("FLOWREPL_CHECKPOINTS", "off")
+        .start();
+    let list = k.call("checkpoints", Value::Null)["result"].clone();
+    assert_eq!(list["policy"], "off", "{list}");
+    k.stderr_with("FLOWREPL_SNAPSHOT is deprecated and ignored: FLOWREPL_CHECKPOINTS is set");
+}
+
+/// A task whose checkpoints are in a folder of the older name (`<task>.snapshot`, before the
+/// rename) resumes from them: the kernel takes the folder over under the new name. A
+/// symlink of the older name is not followed (it would let a cell's files pass for the
+/// kernel's checkpoints).
+#[test]
+fn a_checkpoint_folder_of_the_older_name_is_taken_over() {
+    let logs = tempfile::tempdir().unwrap();
+    let mut k = rich("in_process", logs.path(), "legacy").start();
+    k.ok("kept = [1, 2, 3]");
+    assert!(k.close().success());
+    let new = logs.path().join("plan-snap/legacy.checkpoints");
+    let old = logs.path().join("plan-snap/legacy.snapshot");
+    std::fs::rename(&new, &old).unwrap();
+    let mut k = rich("in_process", logs.path(), "legacy")
+        .arg("--resume")
+        .start();
+    let r = k.execute("kept");
+    assert_eq!(r["result"], "[1, 2, 3]", "{r:#}");
+    assert_eq!(r["restored"], true);
+    assert!(new.is_dir() && !old.exists());
+    assert!(k.close().success());
+    // A symlink of the older name, and no folder of the new one: not taken over.
+    std::fs::rename(&new, logs.path().join("elsewhere")).unwrap();
+    std::os::unix::fs::symlink(logs.path().join("elsewhere"), &old).unwrap();
+    let mut k = rich("in_process", logs.path(), "legacy")
+        .arg("--resume")
+        .start();
+    let r = k.execute("kept");
+    assert_eq!(r["error"]["type"], "NameError", "{r:#}");
+    assert!(old.is_symlink());
 }

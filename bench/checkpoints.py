@@ -9,7 +9,7 @@
 4. Restoring against re-running: a task of 20 cells that compute (numpy, ~25 ms each) rebuilt
    by `restart {restore}` and by `flowrepl log replay`.
 
-Usage: bench/snapshots.py --flowrepl target/release/flowrepl [--quick]
+Usage: bench/checkpoints.py --flowrepl target/release/flowrepl [--quick]
 Runs under target/mcp-venv's python (numpy, cloudpickle), which the kernels use too.
 """
 
@@ -32,7 +32,7 @@ def target(name, value, limit, unit=""):
 class Kernel:
     def __init__(self, flowrepl, logs, task, worker=False, extra=()):
         env = dict(os.environ, FLOW_PLAN_ID="bench-snap", FLOW_TASK_ID=task, FLOWREPL_LOG="warn")
-        for k in ("FLOWREPL_SNAPSHOT", "FLOWREPL_RESUME", "USE_SUBPROCESS_WORKER"):
+        for k in ("FLOWREPL_CHECKPOINTS", "FLOWREPL_RESUME", "USE_SUBPROCESS_WORKER"):
             env.pop(k, None)
         if worker:
             env["USE_SUBPROCESS_WORKER"] = "1"
@@ -103,7 +103,7 @@ def every_cell(args, logs):
         rows = {}
         for policy in ("on-success", "every-cell"):
             k = Kernel(args.flowrepl, logs, f"every-{mode}-{policy}", worker,
-                       extra=("--snapshot", policy))
+                       extra=("--checkpoints", policy))
             k.ok("for _i in range(10_000):\n    globals()[f'v{_i}'] = _i")
             k.auto(1)
             for cell in ("x = 1", "v5 = v5 + 1"):
@@ -163,7 +163,7 @@ def big_array(args, logs):
         os.unlink(path)
     dump_ms, load_ms = min(dumps), min(loads)
     del arr
-    k = Kernel(args.flowrepl, logs, "big", extra=("--snapshot", "manual"))
+    k = Kernel(args.flowrepl, logs, "big", extra=("--checkpoints", "manual"))
     k.ok("import numpy as np\narr = np.random.default_rng(1).random(25_000_000)")
     saves, restores = [], []
     for _ in range(3):
