@@ -81,7 +81,7 @@ impl<'py> Loaded<'py> {
     /// `name` from the first module that has it.
     pub fn get(&self, name: &str) -> PyResult<Bound<'py, PyAny>> {
         for (_, m) in &self.0 {
-            if let Ok(v) = m.getattr(name) {
+            if let Some(v) = m.dict().get_item(name)? {
                 return Ok(v);
             }
         }

@@ -174,11 +174,6 @@ impl Exit {
     }
 }
 
-/// The usual name of a signal number (`SIGSEGV`), or `signal` for one nix does not know.
-pub fn signal_name(sig: i32) -> &'static str {
-    Signal::try_from(sig).map_or("signal", Signal::as_str)
-}
-
 /// A child as its supervisor reaped it: how it ended and what it used.
 #[derive(Debug, Clone, Copy)]
 pub struct Reaped {
@@ -209,13 +204,8 @@ impl Supervisor {
     /// Takes over `child` (started with a [`Supervision`]): the standard library's handle is
     /// dropped without waiting, the child is reaped here. Take its pipes out first.
     pub fn of(child: std::process::Child) -> Supervisor {
-        Supervisor::of_pid(child.id() as i32)
-    }
-
-    /// Takes over the child `pid` (this process's own, leading a group of its own).
-    pub fn of_pid(pid: i32) -> Supervisor {
         Supervisor {
-            pid: Pid::from_raw(pid),
+            pid: Pid::from_raw(child.id() as i32),
             reaped: None,
         }
     }
@@ -417,6 +407,23 @@ mod tests {
         let stopped = s.stop(Some(Signal::SIGTERM), Duration::from_secs(10));
         assert!(!stopped.killed);
         assert_eq!(stopped.reaped.exit, Some(Exit::Code(7)));
+    }
+
+    /// The same child and grandchild, stopped the way a supervisor that signals only its
+    /// child's pid would: the grandchild lives on (what the group kill above prevents).
+    #[test]
+    fn without_the_group_kill_the_grandchild_outlives_its_parent() {
+        let mut c = sh("trap '' TERM; sleep 30 & echo $! >&2; wait");
+        c.process_group(0);
+        let mut child = c.spawn().unwrap();
+        let pid = Pid::from_raw(child.id() as i32);
+        std::thread::sleep(Duration::from_millis(200));
+        child.kill().unwrap(); // SIGKILL to the pid alone
+        child.wait().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let left = killpg(pid, None);
+        let _ = killpg(pid, Signal::SIGKILL);
+        assert_eq!(left, Ok(()), "the grandchild should still be in the group");
     }
 
     #[test]

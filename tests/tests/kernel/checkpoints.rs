@@ -463,12 +463,15 @@ fn the_old_names_still_work_and_say_they_are_deprecated() {
             Some("FLOWREPL_SNAPSHOT_MAX_MB is deprecated and will be removed; use FLOWREPL_CHECKPOINT_MAX_MB"),
         ),
     ];
-    for (task, var, flag, said) in cases {
-        let mut opts = Kernel::options()
+    let kernel = |task: &str| {
+        Kernel::options()
             .mode("in_process")
             .log_dir(logs.path())
             .env("FLOW_PLAN_ID", "plan-names")
-            .env("FLOW_TASK_ID", task);
+            .env("FLOW_TASK_ID", task)
+    };
+    for (task, var, flag, said) in cases {
+        let mut opts = kernel(task);
         if let Some((k, v)) = var {
             opts = opts.env(k, v);
         }
@@ -489,11 +492,7 @@ fn the_old_names_still_work_and_say_they_are_deprecated() {
         }
     }
     // Both set: the new one wins, and the old one is said to be ignored.
-    let mut k = Kernel::options()
-        .mode("in_process")
-        .log_dir(logs.path())
-        .env("FLOW_PLAN_ID", "plan-names")
-        .env("FLOW_TASK_ID", "both")
+    let mut k = kernel("both")
         .env("FLOWREPL_SNAPSHOT", "manual")
         .env("FLOWREPL_CHECKPOINTS", "off")
         .start();

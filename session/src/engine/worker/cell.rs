@@ -9,13 +9,11 @@ use crate::engine::CellRun;
 use flowrepl_exec::capture::{append_traceback, decode_output};
 use flowrepl_exec::setup::CellOutcome;
 use flowrepl_exec::tail::OutputTail;
-use flowrepl_os::lock;
 use flowrepl_os::process::Exit;
 use flowrepl_protocol::frame::{self, DoneReport, Frame, OutputStream};
 use flowrepl_protocol::{CellReport, ExecutionKind, Fault, Mode, ResourceUsage, StoppedBy};
 use nix::sys::signal::Signal;
 use std::borrow::Cow;
-use std::io::Write;
 use std::time::{Duration, Instant};
 
 /// What one cell's frames added up to.
@@ -58,15 +56,10 @@ impl Worker {
             Ok(lost) => lost,
             Err(run) => return *run,
         };
-        let id = self
-            .state
-            .pipe()
-            .expect("ready_for_cell left a worker")
-            .next_id();
-        let mut c = Collecting::new(id);
         let started = Instant::now();
         let mut ladder = Ladder::new(started, timeout, self.grace);
-        let sent = self.send_cell(&c, timeout, execution_count, code);
+        let (id, sent) = self.send_cell(timeout, execution_count, code);
+        let mut c = Collecting::new(id);
         self.wait_for_done(&mut c, &mut ladder, sent);
         let interrupted = self.cell_ended(&mut c);
         let elapsed = started.elapsed();
@@ -124,14 +117,8 @@ impl Worker {
     }
 
     /// Marks the cell running for [`WorkerControl`](super::WorkerControl) and writes its
-    /// Execute frame; false if the worker's pipe is gone.
-    fn send_cell(
-        &mut self,
-        c: &Collecting,
-        timeout: Duration,
-        execution_count: u64,
-        code: &str,
-    ) -> bool {
+    /// Execute frame: the cell's id, and false if the worker's pipe is gone.
+    fn send_cell(&mut self, timeout: Duration, execution_count: u64, code: &str) -> (u64, bool) {
         let proc = self
             .state
             .process_mut()
@@ -144,19 +131,13 @@ impl Worker {
             st.cell_starts = proc.capture.next;
         }
         // Worker mode caps request lines at frame::MAX_CELL_BYTES (config.rs): the frame fits.
-        let sent = proc.pipe.send(|id| Frame::Execute {
+        let (id, sent) = proc.pipe.send(|id| Frame::Execute {
             id,
             timeout_ms: timeout.as_millis() as u64,
             execution_count,
             code,
         });
-        match sent {
-            Ok(id) => {
-                debug_assert_eq!(id, c.id, "the cell's id is the pipe's next");
-                true
-            }
-            Err(_) => false,
-        }
+        (id, sent.is_ok())
     }
 
     /// Reads the cell's frames until its Done frame or the worker's end, stepping the stop
@@ -245,16 +226,10 @@ impl Worker {
                     self.approvals.open(
                         &request,
                         Box::new(move |answer| {
-                            let mut buf = Vec::new();
-                            if let Err(e) = (Frame::ApprovalAnswer {
+                            let answer = Frame::ApprovalAnswer {
                                 answer: Cow::Owned(answer),
-                            })
-                            .encode(&mut buf)
-                            {
-                                tracing::warn!(error = %e, "an approval answer too large for a frame was dropped");
-                                return;
-                            }
-                            if let Err(e) = lock(&to_worker).write_all(&buf) {
+                            };
+                            if let Err(e) = to_worker.send(&answer) {
                                 tracing::warn!(error = %e, "the approval answer could not reach the worker");
                             }
                         }),
@@ -340,7 +315,7 @@ impl Worker {
         stderr: String,
         mut warnings: Vec<String>,
     ) -> CellRun {
-        let dead_pid = self.state.process().map_or(0, |p| p.pid as u32);
+        let dead_pid = self.state.process().map_or(0, |p| p.pid() as u32);
         let ended = self.drop_worker();
         let killed = ladder.killed();
         let (fault, message) = self.death(dead_pid, ended.as_ref(), killed, timeout, elapsed);

@@ -69,10 +69,10 @@ impl Worker {
                     source,
                 }
             })?;
-        tracing::info!(pid = p.pid, "worker started");
+        tracing::info!(pid = p.pid(), "worker started");
         {
             let mut st = self.control.lock();
-            st.pid = Some(p.pid);
+            st.pid = Some(p.pid());
             st.capture = match (
                 p.capture.files[0].try_clone(),
                 p.capture.files[1].try_clone(),

@@ -208,7 +208,8 @@ impl Worker {
             .state
             .process_mut()
             .expect("ensure_ready left a worker");
-        let id = proc.pipe.send(request).map_err(WorkerError::Io)?;
+        let (id, sent) = proc.pipe.send(request);
+        sent.map_err(WorkerError::Io)?;
         let until = std::time::Instant::now() + timeout;
         loop {
             let proc = self

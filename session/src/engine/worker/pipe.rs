@@ -17,6 +17,24 @@ pub(super) enum Wait {
     Timeout,
 }
 
+/// Encodes `frame` into `buf` and writes it whole to `to` (one `write_all` under the lock,
+/// so frames from several threads never interleave).
+fn write_frame(to: &Mutex<File>, frame: &Frame<'_>, buf: &mut Vec<u8>) -> io::Result<()> {
+    buf.clear();
+    frame.encode(buf).map_err(io::Error::other)?;
+    lock(to).write_all(buf)
+}
+
+/// The pipe's writing end, shared with a thread that answers the worker later.
+pub(super) struct FrameWriter(Arc<Mutex<File>>);
+
+impl FrameWriter {
+    /// Writes one frame (a frame too large to encode is an error and nothing is written).
+    pub(super) fn send(&self, frame: &Frame<'_>) -> io::Result<()> {
+        write_frame(&self.0, frame, &mut Vec::new())
+    }
+}
+
 /// One worker's frame pipe.
 #[derive(Debug)]
 pub(super) struct Pipe {
@@ -41,38 +59,30 @@ impl Pipe {
         }
     }
 
-    /// The id the next request gets.
-    pub(super) fn next_id(&self) -> u64 {
-        self.last_id + 1
-    }
-
-    /// Writes the request `frame` makes of a fresh id; its id. A frame too large to encode is
-    /// an error and nothing is written.
-    pub(super) fn send<'f>(&mut self, frame: impl FnOnce(u64) -> Frame<'f>) -> io::Result<u64> {
-        let id = self.next_id();
-        self.send_buf.clear();
-        frame(id)
-            .encode(&mut self.send_buf)
-            .map_err(io::Error::other)?;
-        self.last_id = id;
-        let sent = lock(&self.to_worker).write_all(&self.send_buf);
+    /// Writes the request `frame` makes of a fresh id: the id (taken even when the write
+    /// fails: the request counts as sent), and whether the write went through. A frame too
+    /// large to encode is an error and nothing is written.
+    pub(super) fn send<'f>(
+        &mut self,
+        frame: impl FnOnce(u64) -> Frame<'f>,
+    ) -> (u64, io::Result<()>) {
+        self.last_id += 1;
+        let sent = write_frame(&self.to_worker, &frame(self.last_id), &mut self.send_buf);
         if self.send_buf.capacity() > (1 << 20) {
             // A big cell's buffer is not kept for the small ones after it.
             self.send_buf = Vec::with_capacity(4096);
         }
-        sent.map(|()| id)
+        (self.last_id, sent)
     }
 
     /// Writes a frame that is no request (Shutdown).
     pub(super) fn send_plain(&mut self, frame: &Frame<'_>) -> io::Result<()> {
-        self.send_buf.clear();
-        frame.encode(&mut self.send_buf).map_err(io::Error::other)?;
-        lock(&self.to_worker).write_all(&self.send_buf)
+        write_frame(&self.to_worker, frame, &mut self.send_buf)
     }
 
     /// The writing end, for a thread that answers the worker later (an approval).
-    pub(super) fn writer(&self) -> Arc<Mutex<File>> {
-        Arc::clone(&self.to_worker)
+    pub(super) fn writer(&self) -> FrameWriter {
+        FrameWriter(Arc::clone(&self.to_worker))
     }
 
     /// The reading end's descriptor, to wait on.

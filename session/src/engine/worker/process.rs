@@ -3,8 +3,8 @@
 //! A worker is started directly from the `flowrepl-worker` executable (no shell), supervised
 //! as every child of flowrepl is (`flowrepl_os::process`): its own process group (so that one
 //! `kill(-pgid, SIGKILL)` also ends every process a cell started), SIGKILL when the kernel
-//! dies, reaped with what it used; plus rlimits from the configuration, core dumps off. Its stdin and stdout are the frame pipes; its stderr is the kernel's
-//! diagnostics stream.
+//! dies, reaped with what it used; plus rlimits from the configuration, core dumps off. Its
+//! stdin and stdout are the frame pipes; its stderr is the kernel's diagnostics stream.
 //!
 //! The death signal only reaches the worker itself. So that the processes a cell started die
 //! too when the kernel is killed with SIGKILL, each worker gets a **guard**: a tiny forked
@@ -30,8 +30,6 @@ use std::process::{Command, Stdio};
 /// A running worker.
 #[derive(Debug)]
 pub struct WorkerProcess {
-    /// Its pid, also its process group id.
-    pub pid: libc::pid_t,
     /// Its frame pipe.
     pub(super) pipe: Pipe,
     /// Its capture files (stdout, stderr).
@@ -193,7 +191,6 @@ impl WorkerProcess {
         let supervisor = Supervisor::of(child);
         let guard = spawn_guard(pid, kernel.as_raw());
         Ok(WorkerProcess {
-            pid,
             pipe,
             capture: Capture::new(capture, config.max_output_bytes),
             supervisor,
@@ -216,6 +213,11 @@ impl WorkerProcess {
         );
         self.kill_group();
         true
+    }
+
+    /// Its pid, also its process group id.
+    pub fn pid(&self) -> libc::pid_t {
+        self.supervisor.pid()
     }
 
     /// SIGKILL to the worker's whole process group (the worker, its guard, what cells
