@@ -162,6 +162,19 @@ pub struct Cli {
           value_parser = clap::builder::BoolishValueParser::new())]
     pub trust_sandboxed_checkpoints: bool,
 
+    /// Keep the task's log, checkpoints and lease in object storage, so that the task can
+    /// resume on any machine: `s3://bucket/prefix` (configured by the standard AWS_*
+    /// variables) or `file:///path` (one machine). Without it, everything stays on this disk
+    /// (also FLOWREPL_STORE). See docs/store.md.
+    #[arg(global = true, long, env = env::STORE, value_name = "URL")]
+    pub store: Option<String>,
+
+    /// With --store: how long the task's lease lasts without a renewal (renewed every third
+    /// of it); a kernel that dies holds its task this long (also FLOWREPL_LEASE_S).
+    #[arg(global = true, long, env = "FLOWREPL_LEASE_S", default_value_t = 15,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub lease_s: u64,
+
     /// `serve`: the global flags and `mcp` settings given on its command line, as flags again,
     /// for the kernels it starts (which also inherit its environment).
     #[arg(skip)]

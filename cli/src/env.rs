@@ -16,3 +16,5 @@ pub const SANDBOX: &str = "FLOWREPL_SANDBOX";
 /// Sandbox layers to leave out, comma-separated (diagnostics and tests; a skipped layer
 /// is reported as not enforced).
 pub const SANDBOX_SKIP: &str = "FLOWREPL_SANDBOX_SKIP";
+/// `--store`.
+pub const STORE: &str = "FLOWREPL_STORE";

@@ -20,7 +20,7 @@ use flowrepl_cli::args::{Cli, Command};
 use flowrepl_cli::choice::Build;
 use flowrepl_cli::logcmd;
 use flowrepl_jsonrpc as jsonrpc;
-use flowrepl_session::{approvals, config, engine, session, terminate};
+use flowrepl_session::{approvals, config, engine, session, stored, terminate};
 use std::process::ExitCode;
 
 /// What this build knows about Python, for choosing the executor and for the flags: the
@@ -38,8 +38,13 @@ pub const BUILD: Build = Build {
     },
 };
 
+/// The exit code of a kernel whose task another kernel holds in the store (`--store`), and
+/// keeps renewing: EX_TEMPFAIL, try again later.
+pub const EXIT_HELD: u8 = flowrepl_session::stored::EXIT_HELD;
+
 /// Runs the kernel until `shutdown` or EOF. Exit codes: 0 after shutdown/EOF, 1 when Python
-/// or the protocol channel fails, 2 for a configuration error.
+/// or the protocol channel fails, 2 for a configuration error (a store that cannot be used
+/// among them), [`EXIT_HELD`] when another kernel holds the task.
 pub fn run(cli: Cli) -> ExitCode {
     // Before any thread starts: a parent that ignores or blocks SIGINT must not take away
     // the interrupts and timeouts of in-process cells, nor SIGTERM's records.
@@ -74,13 +79,24 @@ pub fn run(cli: Cli) -> ExitCode {
         }
     };
     flowrepl_os::logging::init(stdio.diagnostics);
-    let config = match config::Config::resolve(&cli, choice) {
+    let mut config = match config::Config::resolve(&cli, choice) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("{e}");
             return ExitCode::from(2);
         }
     };
+    // With --store: the task taken and its state brought here before anything reads it.
+    let attached = match stored::attach(&config) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!("{}", flowrepl_os::chain(&e));
+            return ExitCode::from(if e.is_held() { EXIT_HELD } else { 2 });
+        }
+    };
+    if attached.is_some() {
+        config.read_task_files();
+    }
     for (k, v) in &config.python_env {
         // Drop-in interpreter flags, read by Python when it starts (here or in the worker).
         // Set before Python or the worker starts, while no other thread reads the environment.
@@ -99,16 +115,26 @@ pub fn run(cli: Cli) -> ExitCode {
     }
     let engine = match engine::start(&config, diagnostics, std::sync::Arc::clone(&approvals)) {
         Ok(e) => e,
-        Err(engine::StartError::Worker(engine::worker::WorkerError::SandboxRefused)) => {
-            // The worker's one line on stderr says which layer is missing.
-            return ExitCode::from(2);
-        }
         Err(e) => {
+            if let Some(a) = attached {
+                a.release();
+            }
+            if let engine::StartError::Worker(engine::worker::WorkerError::SandboxRefused) = e {
+                // The worker's one line on stderr says which layer is missing.
+                return ExitCode::from(2);
+            }
             tracing::error!(error = %flowrepl_os::chain(&e), "cannot start Python");
             return ExitCode::from(1);
         }
     };
-    let mut session = match session::Session::new(engine, &config, approvals) {
+    let store = match attached.map(|a| a.start(&config)).transpose() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the store's uploader");
+            return ExitCode::from(1);
+        }
+    };
+    let mut session = match session::Session::new(engine, &config, approvals, store) {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the record writer");

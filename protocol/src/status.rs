@@ -67,4 +67,30 @@ pub struct StatusInfo {
     /// Worker mode with `--sandbox`: what the worker's sandbox enforces, layer by layer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<crate::sandbox::SandboxReport>,
+    /// With `--store`: how the task's uploads to the object store are doing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<StoreStatus>,
+}
+
+/// The object store's side of `status` (`--store`; docs/store.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct StoreStatus {
+    /// The store's URL.
+    pub url: String,
+    /// This kernel's epoch: the how-manyth holder of the task it is.
+    pub epoch: u64,
+    /// Bytes of the task log in the store.
+    pub log_bytes: u64,
+    /// Bytes of the task log written here and not yet in the store.
+    pub pending_log_bytes: u64,
+    /// The last upload failed: the store's error (uploads are retried with a backoff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing: Option<String>,
+    /// Since when the uploads fail: UTC, ISO 8601.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<String>,
+    /// Another kernel took the task over: why this one stopped writing (and stops).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<String>,
 }

@@ -41,6 +41,15 @@ impl Identity {
     }
 }
 
+/// `--store` and `--lease-s`.
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    /// The store's URL.
+    pub url: String,
+    /// The task's lease.
+    pub lease: std::time::Duration,
+}
+
 /// The resolved configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -83,6 +92,11 @@ pub struct Config {
     pub checkpoint_root: PathBuf,
     /// `--resume`: start from the automatic checkpoint, if there is one.
     pub resume: bool,
+    /// `--store`: where the task's state is kept besides this disk.
+    pub store: Option<StoreSettings>,
+    /// Checkpoints a sandboxed session wrote may be restored: this session is sandboxed too,
+    /// or `--trust-sandboxed-checkpoints`.
+    pub trust_sandboxed_checkpoints: bool,
 }
 
 impl Config {
@@ -310,13 +324,7 @@ impl Config {
                 task_id: Some(identity.task_id.clone()),
                 task_name: identity.task_name.clone(),
                 session_id: Some(identity.session_id.clone()),
-                context: match flowrepl_task_logger::load_context(&log_file) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the task's context could not be read; starting from {{}}");
-                        None
-                    }
-                },
+                context: task_context(&log_file),
             },
         };
         if let Some(d) = dropin {
@@ -342,16 +350,18 @@ impl Config {
                     root: checkpoint_root.clone(),
                     policy: cli.checkpoints,
                     max_bytes: cli.checkpoint_max_mb.saturating_mul(1 << 20),
-                    untrusted: !sandboxed
-                        && !cli.trust_sandboxed_checkpoints
-                        && flowrepl_task_logger::checkpoint::sandboxed_mark(&checkpoint_root)
-                            .exists(),
+                    untrusted: false,
                 }
             });
-        Ok(Config {
+        let mut config = Config {
             checkpoints,
             checkpoint_root,
             resume: cli.resume,
+            trust_sandboxed_checkpoints: sandboxed || cli.trust_sandboxed_checkpoints,
+            store: cli.store.clone().map(|url| StoreSettings {
+                url,
+                lease: std::time::Duration::from_secs(cli.lease_s),
+            }),
             setup,
             json_repl_client: dropin.is_some() || cli.compat.is_some(),
             python_env: dropin.map(|d| d.env.clone()).unwrap_or_default(),
@@ -374,6 +384,29 @@ impl Config {
                 flowrepl_cli::args::Command::Mcp(m) => Some(m.clone()),
                 flowrepl_cli::args::Command::Log(_) | flowrepl_cli::args::Command::Serve(_) => None,
             }),
-        })
+        };
+        config.read_task_files();
+        Ok(config)
+    }
+
+    /// Reads what the configuration takes from the task's files (again, once a store brought
+    /// them here): its context, and whether its checkpoints came from a sandboxed session.
+    pub fn read_task_files(&mut self) {
+        self.setup.flow.context = task_context(&self.log_file);
+        if let Some(c) = &mut self.checkpoints {
+            c.untrusted = !self.trust_sandboxed_checkpoints
+                && flowrepl_task_logger::checkpoint::sandboxed_mark(&self.checkpoint_root).exists();
+        }
+    }
+}
+
+/// The task's context as its log has it last (`None`: none, or unreadable, which is said).
+fn task_context(log_file: &std::path::Path) -> Option<String> {
+    match flowrepl_task_logger::load_context(log_file) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "the task's context could not be read; starting from {{}}");
+            None
+        }
     }
 }

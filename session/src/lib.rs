@@ -11,6 +11,8 @@
 //! - [`session`]: engine + task log + counters, and the one dispatcher every front uses.
 //! - [`records`]: the task-log record writer thread.
 //! - [`ledger`]: what each cell changed, so that restores name what they could not bring back.
+//! - [`stored`]: `--store`: the task taken from the object store before the kernel starts,
+//!   uploaded while it runs, let go when it stops.
 //! - [`terminate`]: SIGTERM/SIGHUP write every record before the kernel ends.
 //!
 //! Dependencies point one way: fronts (`flowrepl-jsonrpc`, `flowrepl-mcp`, and
@@ -26,4 +28,5 @@ pub mod events;
 pub mod ledger;
 pub mod records;
 pub mod session;
+pub mod stored;
 pub mod terminate;

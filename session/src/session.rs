@@ -97,6 +97,8 @@ pub struct StatusBoard {
     settled: AtomicU64,
     control: Arc<dyn Control>,
     flusher: Flusher,
+    /// `--store`: the task's uploader.
+    store: Option<Arc<flowrepl_store::mirror::Mirror>>,
 }
 
 impl StatusBoard {
@@ -109,7 +111,13 @@ impl StatusBoard {
         s.busy = busy;
         s.worker_pid = self.control.worker_pid();
         s.checkpoint = self.control.checkpoint_health();
+        s.store = self.store.as_ref().map(|m| m.health().status());
         s
+    }
+
+    /// Why this kernel must stop: another kernel took its task in the store.
+    pub fn fenced(&self) -> Option<String> {
+        self.store.as_ref().and_then(|m| m.health().fenced())
     }
 
     /// `execute_code` calls started so far (the session's one counter).
@@ -176,6 +184,10 @@ impl StatusBoard {
         }
         self.flusher
             .write_session(&self.session_record("end", Some(reason)));
+        if let Some(store) = &self.store {
+            // The end record too: a clean stop loses nothing that was answered.
+            store.finish();
+        }
     }
 }
 
@@ -210,6 +222,7 @@ impl Session {
         engine: Box<dyn Engine>,
         config: &Config,
         approvals: Arc<Approvals>,
+        store: Option<Arc<flowrepl_store::mirror::Mirror>>,
     ) -> io::Result<Session> {
         let mode = engine.mode();
         let records = RecordWriter::start(
@@ -241,6 +254,7 @@ impl Session {
                 default_timeout_ms: config.default_timeout_ms,
                 checkpoint: None,
                 sandbox: engine.sandbox(),
+                store: None,
             },
             executions: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -252,6 +266,7 @@ impl Session {
             settled: AtomicU64::new(0),
             control: engine.control(),
             flusher: records.flusher(),
+            store,
         });
         board
             .flusher
@@ -300,6 +315,11 @@ impl Session {
     /// Runs `call` and answers it through `to`; a cell's record is queued after its answer.
     /// Fails only when the front cannot answer.
     pub fn dispatch(&mut self, call: Call, to: &mut impl Responder) -> io::Result<Flow> {
+        if let Some(why) = self.board.fenced() {
+            // Nothing this kernel does would reach the store, and the task is another's now.
+            to.failed(RpcError::new(ErrorCode::InternalError, why))?;
+            return Ok(Flow::Shutdown);
+        }
         match call {
             Call::Execute(params, _) => {
                 to.cell_starts();
@@ -432,6 +452,14 @@ impl Session {
             result.report.warnings.push(format!(
                 "the session was to start from the last checkpoint, but it could not be restored: {e}"
             ));
+        }
+        if let Some(w) = self
+            .board
+            .store
+            .as_ref()
+            .and_then(|m| m.health().take_warning())
+        {
+            result.report.warnings.push(w);
         }
         self.ledger.note(execution_count, &result.report);
         self.record_this = self.records.check(&mut result.report.warnings);

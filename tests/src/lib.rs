@@ -6,6 +6,7 @@
 
 pub mod mcp;
 pub mod pty;
+pub mod s3;
 pub mod schema;
 pub mod serve;
 

@@ -18,6 +18,7 @@ mod python_env;
 mod results;
 mod sandbox;
 mod serve;
+mod store;
 mod support_code;
 mod task_log;
 mod timeouts;

@@ -1,0 +1,229 @@
+//! Bringing a task's state from the store onto this machine's disk, before its kernel starts:
+//! the log (the segments the head counts, in order) and the checkpoint folder (from the newest
+//! manifest). The local copies are what the kernel works with, as without a store; the store
+//! is the truth when they differ.
+
+use crate::head::{Head, TaskKeys};
+use crate::objects::{Store, StoreError};
+use crate::state::{self, Manifest, StateError};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Why the task's state could not be brought here.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FetchError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The checkpoints could not be read or written, or were refused.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// A local file could not be written.
+    #[error("{what} {path}: {source}")]
+    Local {
+        /// What.
+        what: &'static str,
+        /// Where.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn local<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> FetchError + 'a {
+    move |source| FetchError::Local {
+        what,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn private_dir(dir: &Path) -> Result<(), FetchError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(local("cannot create", dir))
+}
+
+/// What the log fetch found.
+#[derive(Debug, Clone, Copy)]
+pub struct LogFetched {
+    /// The local log's length afterwards: the uploader starts there.
+    pub bytes: u64,
+    /// Whether the local log was written from the store (it differed).
+    pub rewritten: bool,
+    /// Segments the head counts that the store does not have (lost with a dead holder).
+    pub missing: u64,
+}
+
+/// Makes `log_file` the task's log as the store has it, unless it already is as long.
+pub async fn log(
+    store: &Store,
+    keys: &TaskKeys,
+    head: &Head,
+    log_file: &Path,
+) -> Result<LogFetched, FetchError> {
+    let want = head.log_bytes();
+    let have = std::fs::metadata(log_file).map_or(0, |m| m.len());
+    if have == want {
+        return Ok(LogFetched {
+            bytes: have,
+            rewritten: false,
+            missing: 0,
+        });
+    }
+    let dir = log_file.parent().unwrap_or(Path::new("."));
+    private_dir(dir)?;
+    let tmp = log_file.with_extension(format!("jsonl.fetch-{}", uuid::Uuid::new_v4()));
+    let result = async {
+        let mut out = std::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(local("cannot create", &tmp))?;
+        let mut bytes = 0u64;
+        let mut missing = 0u64;
+        for run in &head.log {
+            for seq in 1..=run.segments {
+                match store
+                    .get(&store.key(&keys.log_segment(run.epoch, seq)))
+                    .await?
+                {
+                    Some((data, _)) => {
+                        out.write_all(&data).map_err(local("cannot write", &tmp))?;
+                        bytes += data.len() as u64;
+                    }
+                    None => missing += 1,
+                }
+            }
+        }
+        std::fs::rename(&tmp, log_file).map_err(local("cannot replace", log_file))?;
+        Ok(LogFetched {
+            bytes,
+            rewritten: true,
+            missing,
+        })
+    }
+    .await;
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// What the checkpoint fetch found.
+#[derive(Debug, Clone, Default)]
+pub struct StateFetched {
+    /// The checkpoints the store has, by name.
+    pub checkpoints: Vec<String>,
+    /// Whether the local folder was written from the store (it differed).
+    pub rewritten: bool,
+}
+
+/// Makes the checkpoint folder `root` hold the checkpoints of the head's newest manifest
+/// (and the sandboxed mark when they came from a sandboxed session).
+pub async fn checkpoints(
+    store: &Store,
+    keys: &TaskKeys,
+    head: &Head,
+    root: &Path,
+    mark: &Path,
+) -> Result<StateFetched, FetchError> {
+    let Some(key) = &head.state else {
+        return Ok(StateFetched::default());
+    };
+    let Some((bytes, _)) = store.get(&store.key(key)).await? else {
+        return Err(StateError::Refused(format!("the head names {key}, which is missing")).into());
+    };
+    let manifest: Manifest =
+        serde_json::from_slice(&bytes).map_err(|e| StateError::Refused(format!("{key}: {e}")))?;
+    state::check(&manifest)?;
+    let names = manifest.checkpoints.keys().cloned().collect();
+    if manifest.sandboxed {
+        // Before the folder: a crash in between must not leave sandboxed pickles unmarked.
+        if let Some(dir) = mark.parent() {
+            private_dir(dir)?;
+        }
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(mark)
+            .map_err(local("cannot create", mark))?;
+    }
+    let mut hashed = state::Hashed::new();
+    if let Ok((here, _)) = state::read(root, manifest.sandboxed, &mut hashed) {
+        if here.checkpoints == manifest.checkpoints {
+            return Ok(StateFetched {
+                checkpoints: names,
+                rewritten: false,
+            });
+        }
+    }
+    let parent = root.parent().unwrap_or(Path::new("."));
+    private_dir(parent)?;
+    let tmp = root.with_extension(format!("fetch-{}", uuid::Uuid::new_v4()));
+    let result = async {
+        private_dir(&tmp)?;
+        for (name, cp) in &manifest.checkpoints {
+            let folder = tmp.join(name);
+            private_dir(&folder)?;
+            for (seg, s) in &cp.segments {
+                let Some((data, _)) = store.get(&store.key(&keys.blob(&s.sha256))).await? else {
+                    return Err(StateError::Refused(format!(
+                        "checkpoint {name:?}: blob {} of {seg} is missing",
+                        s.sha256
+                    ))
+                    .into());
+                };
+                if state::sha256(&data) != s.sha256 {
+                    return Err(StateError::Refused(format!(
+                        "checkpoint {name:?}: blob {} of {seg} does not have that hash",
+                        s.sha256
+                    ))
+                    .into());
+                }
+                write_new(&folder.join(seg), &data)?;
+            }
+            write_new(
+                &folder.join(flowrepl_task_logger::checkpoint::JOURNAL),
+                cp.journal.as_bytes(),
+            )?;
+        }
+        // The old folder aside, the new one in its place, the old one gone.
+        let old = root.with_extension(format!("old-{}", uuid::Uuid::new_v4()));
+        let had = std::fs::symlink_metadata(root).is_ok();
+        if had {
+            std::fs::rename(root, &old).map_err(local("cannot move aside", root))?;
+        }
+        std::fs::rename(&tmp, root).map_err(local("cannot replace", root))?;
+        if had {
+            let _ = std::fs::remove_dir_all(&old);
+        }
+        Ok(StateFetched {
+            checkpoints: names,
+            rewritten: true,
+        })
+    }
+    .await;
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
+}
+
+fn write_new(path: &Path, data: &[u8]) -> Result<(), FetchError> {
+    let mut f = std::fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(local("cannot create", path))?;
+    f.write_all(data).map_err(local("cannot write", path))
+}

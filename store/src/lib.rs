@@ -1,0 +1,22 @@
+//! A task's state in object storage (`--store URL`): one holder per task enforced by the
+//! store, the task log as segments, the checkpoints as blobs and manifests, and the way back
+//! onto any machine's disk.
+//!
+//! - [`objects`]: the store (`s3://` or `file://`) and its four operations.
+//! - [`head`]: the layout of a task's objects and its head, which names its holder and state.
+//! - [`lease`]: taking, renewing, committing through and releasing the head.
+//! - [`state`]: the checkpoint folder as a manifest of blobs.
+//! - [`fetch`]: the log and checkpoints brought onto this disk before a kernel starts.
+//! - [`mirror`]: the uploader thread, off the request path.
+//!
+//! `docs/store.md` is the user's side: the layout, the lease, what a machine's death loses.
+#![warn(missing_docs)]
+
+pub mod fetch;
+pub mod head;
+pub mod lease;
+pub mod mirror;
+pub mod objects;
+pub mod state;
+
+pub use objects::{Store, StoreError};

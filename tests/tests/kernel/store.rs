@@ -1,0 +1,336 @@
+//! `--store`: a task's state in a real S3-compatible server (moto's, started by each test on
+//! loopback): resumed on another disk after its kernel is killed, one holder at a time, a
+//! stale holder fenced by the store, an outage survived, a store that cannot be used refused
+//! at start.
+
+use flowrepl_tests::mcp::mcp_venv;
+use flowrepl_tests::s3::{CutProxy, S3Server};
+use flowrepl_tests::{flowrepl_bin, kill, wait_for, Kernel, KernelOptions, MODES};
+use serde_json::{json, Value};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PLAN: &str = "plan-store";
+
+/// A kernel on the test venv (pandas) for `task`, storing in `s3` through `port`.
+fn stored(
+    mode: &str,
+    s3: &S3Server,
+    port: u16,
+    prefix: &str,
+    task: &str,
+    lease_s: u64,
+) -> KernelOptions {
+    let mut o = Kernel::options()
+        .mode(mode)
+        .arg("--python")
+        .arg(mcp_venv().join("bin/python").display().to_string())
+        .arg("--store")
+        .arg(s3.url(prefix))
+        .arg("--lease-s")
+        .arg(lease_s.to_string())
+        .env("FLOW_PLAN_ID", PLAN)
+        .env("FLOW_TASK_ID", task);
+    for (k, v) in s3.env_via(port) {
+        o = o.env(&k, v);
+    }
+    o
+}
+
+fn head(s3: &S3Server, prefix: &str, task: &str) -> Value {
+    let key = format!("{prefix}/tasks/{PLAN}/{task}/head.json");
+    serde_json::from_str(&s3.get(&key).unwrap_or_else(|| panic!("no {key}"))).unwrap()
+}
+
+/// Waits (bounded) until the store holds the checkpoint after cell `count` and every log
+/// record the kernel wrote.
+fn wait_stored(k: &mut Kernel, s3: &S3Server, prefix: &str, task: &str, count: u64) {
+    k.wait_checkpoint(count);
+    let ok = wait_for(Duration::from_secs(15), || {
+        let status = k.call("status", Value::Null)["result"]["store"].clone();
+        if status["pending_log_bytes"] != 0 || status["log_bytes"] == 0 {
+            return false;
+        }
+        let head = head(s3, prefix, task);
+        let Some(state) = head["state"].as_str() else {
+            return false;
+        };
+        let Some(manifest) = s3.get(&format!("{prefix}/{state}")) else {
+            return false;
+        };
+        let manifest: Value = serde_json::from_str(&manifest).unwrap();
+        let journal = manifest["checkpoints"]["auto"]["journal"]
+            .as_str()
+            .unwrap_or("");
+        journal
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|l| l["execution_count"] == count)
+    });
+    assert!(
+        ok,
+        "the store did not get cell {count}'s state: {}",
+        k.stderr()
+    );
+}
+
+const SESSION: &str = r#"
+import pandas as pd
+n = 42
+class Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+    def norm2(self):
+        return self.x ** 2 + self.y ** 2
+pt = Point(3, 4)
+def double(v):
+    return v * 2
+df = pd.DataFrame({"k": ["a", "b"], "v": [1.5, 2.5]})
+"#;
+
+const CHECK: &str = r#"
+assert n == 43 and pt.norm2() == 25 and double(4) == 8
+assert list(df["v"]) == [1.5, 2.5] and pd.__name__ == "pandas"
+"#;
+
+/// The execution records of a log, as (session, execution_count, code).
+fn cells(log: &std::path::Path) -> Vec<(String, u64, String)> {
+    flowrepl_tests::read_log(log)
+        .into_iter()
+        .map(|r| {
+            (
+                r.session_id.to_string(),
+                r.execution_count,
+                r.code.to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_task_resumes_on_an_empty_disk_after_its_kernel_is_killed() {
+    let s3 = S3Server::start();
+    for mode in MODES {
+        let task = format!("resume-{mode}");
+        let mut a = stored(mode, &s3, s3.port, "r", &task, 2).start();
+        a.ok(SESSION);
+        a.ok("n = n + 1");
+        wait_stored(&mut a, &s3, "r", &task, 2);
+        let before = cells(&a.log_file());
+        assert_eq!(before.len(), 2);
+        kill(a.pid(), libc::SIGKILL);
+        a.wait();
+        // Another folder, nothing on its disk: the kernel waits out the dead holder's lease.
+        let started = Instant::now();
+        let mut b = stored(mode, &s3, s3.port, "r", &task, 2)
+            .arg("--resume")
+            .start();
+        let took = started.elapsed();
+        assert!(
+            !b.log_file().starts_with(a.dir.path()),
+            "the second kernel has a disk of its own"
+        );
+        let r = b.ok(CHECK);
+        assert_eq!(r["restored"], true, "{r}");
+        let restored: Vec<&str> = r["restored_vars"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        for name in ["n", "Point", "pt", "double", "df", "pd"] {
+            assert!(restored.contains(&name), "{name} not restored: {r}");
+        }
+        // The log, whole and in order: the first kernel's cells, then the second's.
+        b.sync();
+        let after = cells(&b.log_file());
+        assert_eq!(after[..2], before[..], "{after:?}");
+        assert_eq!(after.len(), 3);
+        assert_ne!(after[2].0, before[0].0);
+        eprintln!("{mode}: resumed on another disk {took:?} after the kill (lease 2 s)");
+        assert!(took < Duration::from_secs(2 + 8), "{took:?}");
+        b.close();
+        let h = head(&s3, "r", &task);
+        assert_eq!(h["epoch"], 2, "{h}");
+        assert_eq!(h["released"], true, "{h}");
+    }
+}
+
+/// Runs a kernel that is expected not to start; its exit code, stderr and how long it took.
+fn refused(
+    s3: &S3Server,
+    env: &[(String, String)],
+    url: &str,
+    task: &str,
+) -> (i32, String, Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let out = Command::new(flowrepl_bin())
+        .args(["--store", url, "--lease-s", "3"])
+        .env("FLOW_PLAN_ID", PLAN)
+        .env("FLOW_TASK_ID", task)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _ = s3;
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        started.elapsed(),
+    )
+}
+
+#[test]
+fn a_held_task_is_refused_promptly_and_a_released_one_taken_at_once() {
+    let s3 = S3Server::start();
+    let mut a = stored("in_process", &s3, s3.port, "h", "t", 3).start();
+    a.ok("x = 1");
+    let (code, err, took) = refused(&s3, &s3.env(), &s3.url("h"), "t");
+    assert_eq!(code, 75, "{err}");
+    assert!(
+        err.contains("is held by") && err.contains(&format!("pid {}", a.pid())),
+        "{err}"
+    );
+    // The holder renews every second (a third of 3 s): seen well before its lease is out.
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    eprintln!("a held task refused in {took:?}");
+    a.close();
+    let started = Instant::now();
+    let mut c = stored("in_process", &s3, s3.port, "h", "t", 3).start();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "a released task is taken at once: {took:?}"
+    );
+    let status = c.call("status", Value::Null)["result"]["store"].clone();
+    assert_eq!(status["epoch"], 2, "{status}");
+}
+
+/// The stale holder's attempt: SIGSTOPped past its lease, another kernel takes the task, and
+/// the first is let go on. With the store's conditional writes it is refused and stops;
+/// `unfenced` leaves them out (plain overwrites), and then its write lands over the new
+/// holder's head.
+fn stale_holder(unfenced: bool) -> (Value, Vec<String>, Vec<String>, Value) {
+    let s3 = S3Server::start();
+    let prefix = "f";
+    let mut opts = stored("in_process", &s3, s3.port, prefix, "t", 2);
+    if unfenced {
+        opts = opts.env("FLOWREPL_TEST_UNFENCED_STORE", "1");
+    }
+    let mut a = opts.clone().start();
+    a.ok("x = 1");
+    wait_stored(&mut a, &s3, prefix, "t", 1);
+    kill(a.pid(), libc::SIGSTOP);
+    let mut b = opts.arg("--resume").start();
+    b.ok("y = x + 1");
+    wait_stored(&mut b, &s3, prefix, "t", 1);
+    let epoch1 = |s3: &S3Server| -> Vec<String> {
+        s3.keys(&format!("{prefix}/tasks/{PLAN}/t/"))
+            .into_iter()
+            .filter(|k| k.contains("/0000000001-"))
+            .collect()
+    };
+    let before = epoch1(&s3);
+    // The new holder dies too (no release): nothing but the stale holder writes from here.
+    kill(b.pid(), libc::SIGKILL);
+    b.wait();
+    kill(a.pid(), libc::SIGCONT);
+    // Its uploader renews (or uploads) at once: it has been silent for longer than a third.
+    std::thread::sleep(Duration::from_secs(2));
+    let reply = a.call("execute", json!({"code": "z = 3"}));
+    let after = epoch1(&s3);
+    let h = head(&s3, prefix, "t");
+    (reply, before, after, h)
+}
+
+#[test]
+fn a_stale_holder_is_refused_by_the_store_and_stops_without_writing() {
+    let (reply, before, after, head) = stale_holder(false);
+    let msg = reply["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("taken over") && msg.contains("epoch 2"),
+        "{reply}"
+    );
+    assert_eq!(
+        before, after,
+        "the stale holder wrote objects after it lost the task"
+    );
+    assert_eq!(head["epoch"], 2, "{head}");
+
+    // Without the conditional writes, the same holder writes over the new holder's head.
+    let (reply, _, _, head) = stale_holder(true);
+    assert!(reply.get("result").is_some(), "{reply}");
+    assert_eq!(
+        head["epoch"], 1,
+        "the stale holder's head replaced the new one: {head}"
+    );
+}
+
+#[test]
+fn an_unreachable_store_is_said_and_everything_arrives_afterwards() {
+    let s3 = S3Server::start();
+    let proxy = CutProxy::start(s3.port);
+    let mut a = stored("in_process", &s3, proxy.port, "o", "t", 30).start();
+    a.ok("x = 1");
+    wait_stored(&mut a, &s3, "o", "t", 1);
+    let cut_at = Instant::now();
+    proxy.cut();
+    a.ok("y = 2");
+    let failing = wait_for(Duration::from_secs(10), || {
+        !a.call("status", Value::Null)["result"]["store"]["failing"].is_null()
+    });
+    assert!(failing, "the outage is not in status");
+    let r = a.ok("z = 3");
+    let warnings = r["warnings"].to_string();
+    assert!(
+        warnings.contains("the store") && warnings.contains("is failing"),
+        "{r}"
+    );
+    // Cells run as ever while the store is away.
+    for i in 0..5 {
+        a.ok(&format!("w{i} = {i}"));
+    }
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(cut_at.elapsed()));
+    proxy.mend();
+    wait_stored(&mut a, &s3, "o", "t", 8);
+    let status = a.call("status", Value::Null)["result"]["store"].clone();
+    assert!(status["failing"].is_null(), "{status}");
+    a.sync();
+    let here = cells(&a.log_file());
+    a.close();
+    // Everything is in the store, in order: a kernel on another disk reads it.
+    let b = stored("in_process", &s3, s3.port, "o", "t", 30).start();
+    let there = cells(&b.log_file());
+    assert_eq!(there, here);
+    assert_eq!(there.len(), 8);
+}
+
+#[test]
+fn a_store_that_cannot_be_used_ends_the_start_with_one_line() {
+    let s3 = S3Server::start();
+    let (code, err, took) = refused(&s3, &s3.env(), "s3://no-such-bucket/p", "t");
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("NoSuchBucket"), "{err}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let (code, err, _) = refused(&s3, &s3.env(), "ftp://x", "t");
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("use s3://bucket/prefix or file:///path"),
+        "{err}"
+    );
+
+    // Bad credentials: moto checks them once its first unauthenticated action (the bucket)
+    // is done.
+    let auth = S3Server::start_with("flowrepl", &[("INITIAL_NO_AUTH_ACTION_COUNT", "1")]);
+    let (code, err, took) = refused(&auth, &auth.env(), &auth.url("p"), "t");
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("403") || err.contains("InvalidAccessKeyId"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
