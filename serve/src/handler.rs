@@ -104,8 +104,13 @@ impl Serve {
         }
     }
 
-    /// The task `args` name (removing `task` and `plan` from them), else the defaults.
-    fn task_of(&self, args: &mut JsonObject) -> Result<TaskKey, ErrorData> {
+    /// The task `args` name (removing `task` and `plan` from them), else the one the request's
+    /// path names (`bound`), else the defaults; naming another than the path's is -32602.
+    fn task_of(
+        &self,
+        args: &mut JsonObject,
+        bound: Option<&TaskKey>,
+    ) -> Result<TaskKey, ErrorData> {
         let max = flowrepl_task_logger::path::MAX_ID_BYTES;
         let mut take = |k: &str| match args.remove(k) {
             None | Some(Value::Null) => Ok(None),
@@ -125,6 +130,9 @@ impl Serve {
         };
         let task = take("task")?;
         let plan = take("plan")?;
+        if let Some(bound) = bound {
+            return super::route::check(bound, task.as_deref(), plan.as_deref());
+        }
         Ok(TaskKey {
             plan: plan.unwrap_or_else(|| self.defaults.plan.clone()),
             task: task.unwrap_or_else(|| self.defaults.task.clone()),
@@ -309,7 +317,7 @@ impl ServerHandler for Serve {
         if name == LIST_KERNELS {
             return Ok(self.list_kernels().into());
         }
-        let key = self.task_of(&mut args)?;
+        let key = self.task_of(&mut args, super::route::bound(&context).as_ref())?;
         if name == STOP_KERNEL {
             let said = self.pool.stop_kept_unless_saved(&key).await;
             let stopped = Stopped {

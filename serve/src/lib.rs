@@ -7,6 +7,7 @@
 //!   (checkpointed first), started again from the checkpoint.
 //! - [`relay`]: calls parked while their client answers an approval, and the
 //!   `requestState` that continues each (unguessable, bound to its task and tool).
+//! - [`route`]: a task's own URL, `/mcp/<plan>/<task>`, for load balancers that route by path.
 //! - [`sessions`]: the cap on MCP sessions, and their memory given back when they end.
 //! - [`handler`]: the MCP server: the kernels' tools with `task`/`plan`, `list_kernels`,
 //!   `stop_kernel`.
@@ -27,6 +28,7 @@ pub mod handler;
 pub mod listen;
 pub mod pool;
 pub mod relay;
+pub mod route;
 pub mod sessions;
 
 use flowrepl_cli::args::{Cli, SandboxLevel, ServeArgs};
@@ -216,8 +218,12 @@ async fn serve(
         config.with_cancellation_token(stop.child_token()),
     );
     let (max_sessions, expiry) = (args.max_sessions as usize, args.session_expiry);
+    let per_task = axum::Router::new()
+        .route_service(route::TASK_ROUTE, service.clone())
+        .route_layer(axum::middleware::from_fn(route::bind));
     let app = axum::Router::new()
-        .nest_service("/mcp", service)
+        .route_service("/mcp", service)
+        .merge(per_task)
         .layer(axum::middleware::from_fn(http_statuses))
         .layer(axum::middleware::from_fn(move |req, next| {
             sessions::at_most(Arc::clone(&sessions), max_sessions, expiry, req, next)

@@ -637,6 +637,31 @@ async def shutdown(opts):
     return {"answers": answers}
 
 
+@scenario
+async def calls(opts):
+    """`execute_code` with each --code in order on one connection (at --url, which may be a
+    task's own URL: no `task` then unless --task is given), then, with --other-task, one
+    call naming another task, which a task's own URL refuses (-32602). Prints each result."""
+    results = []
+    async with Client(opts) as s:
+        for code in opts.code:
+            args = {"code": code}
+            if opts.task:
+                args["task"] = opts.task
+            r = await s.call_tool("execute_code", args)
+            sc = r.structured_content or {}
+            results.append({"is_error": bool(r.is_error), "text": text_of(r),
+                            "restored": sc.get("restored"),
+                            "restored_vars": sc.get("restored_vars")})
+        refused = None
+        if opts.other_task:
+            try:
+                await s.call_tool("execute_code", {"code": "1", "task": opts.other_task})
+            except MCPError as e:
+                refused = {"code": e.error.code, "message": e.error.message}
+    return {"results": results, "refused": refused}
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", choices=sorted(SCENARIOS))
@@ -647,6 +672,9 @@ async def main():
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--tasks", type=int, default=10)
     ap.add_argument("--token-file", default="")
+    ap.add_argument("--code", action="append", default=[])
+    ap.add_argument("--task", default="")
+    ap.add_argument("--other-task", default="")
     opts = ap.parse_args()
     with anyio.fail_after(SCENARIO_SECONDS):
         facts = await SCENARIOS[opts.scenario](opts)

@@ -5,6 +5,7 @@
 //! Size: the one harness every integration test drives kernels with.
 
 pub mod mcp;
+pub mod nginx;
 pub mod pty;
 pub mod s3;
 pub mod schema;

@@ -27,10 +27,15 @@ impl Server {
     /// Starts `flowrepl serve` with `args` (besides the listen address, the folders and the
     /// token) and waits for its address line. Its kernels use the MCP venv's Python.
     pub fn start(args: &[&str]) -> Server {
+        Server::start_with("127.0.0.1:0", args, &[])
+    }
+
+    /// [`Server::start`] listening on `listen`, with `env` set for it (and its kernels).
+    pub fn start_with(listen: &str, args: &[&str], env: &[(String, String)]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(flowrepl_bin())
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", listen])
             .arg("--log-dir")
             .arg(dir.path().join("logs"))
             .arg("--workspace-root")
@@ -44,6 +49,7 @@ impl Server {
             .env("FLOWREPL_LOG", "info")
             .env_remove("FLOW_PLAN_ID")
             .env_remove("FLOW_TASK_ID")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -102,12 +108,17 @@ impl Server {
     /// Runs `tests/mcp/serve_client.py SCENARIO` against this server, with `extra` flags;
     /// panics with the client's output unless it passes; returns the facts it printed.
     pub fn run(&self, scenario: &str, extra: &[&str]) -> Value {
+        self.run_at(&self.url, scenario, extra)
+    }
+
+    /// [`Server::run`] against `url` (a task's own URL, or a proxy in front).
+    pub fn run_at(&self, url: &str, scenario: &str, extra: &[&str]) -> Value {
         let out = Command::new("timeout")
             .args(["-k", "10", "400"])
             .arg(mcp_venv().join("bin/python"))
             .arg(workspace_root().join("tests/mcp/serve_client.py"))
             .arg(scenario)
-            .args(["--url", &self.url, "--token", TOKEN])
+            .args(["--url", url, "--token", TOKEN])
             .args(["--serve-pid", &self.pid().to_string()])
             .args(extra)
             .output()

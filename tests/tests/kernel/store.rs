@@ -4,7 +4,9 @@
 //! at start.
 
 use flowrepl_tests::mcp::mcp_venv;
+use flowrepl_tests::nginx::Nginx;
 use flowrepl_tests::s3::{CutProxy, S3Server};
+use flowrepl_tests::serve::{processes_naming, Server};
 use flowrepl_tests::{flowrepl_bin, kill, wait_for, Kernel, KernelOptions, MODES};
 use serde_json::{json, Value};
 use std::process::{Command, Stdio};
@@ -38,7 +40,11 @@ fn stored(
 }
 
 fn head(s3: &S3Server, prefix: &str, task: &str) -> Value {
-    let key = format!("{prefix}/tasks/{PLAN}/{task}/head.json");
+    head_of(s3, prefix, PLAN, task)
+}
+
+fn head_of(s3: &S3Server, prefix: &str, plan: &str, task: &str) -> Value {
+    let key = format!("{prefix}/tasks/{plan}/{task}/head.json");
     serde_json::from_str(&s3.get(&key).unwrap_or_else(|| panic!("no {key}"))).unwrap()
 }
 
@@ -48,30 +54,34 @@ fn wait_stored(k: &mut Kernel, s3: &S3Server, prefix: &str, task: &str, count: u
     k.wait_checkpoint(count);
     let ok = wait_for(Duration::from_secs(15), || {
         let status = k.call("status", Value::Null)["result"]["store"].clone();
-        if status["pending_log_bytes"] != 0 || status["log_bytes"] == 0 {
-            return false;
-        }
-        let head = head(s3, prefix, task);
-        let Some(state) = head["state"].as_str() else {
-            return false;
-        };
-        let Some(manifest) = s3.get(&format!("{prefix}/{state}")) else {
-            return false;
-        };
-        let manifest: Value = serde_json::from_str(&manifest).unwrap();
-        let journal = manifest["checkpoints"]["auto"]["journal"]
-            .as_str()
-            .unwrap_or("");
-        journal
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .any(|l| l["execution_count"] == count)
+        status["pending_log_bytes"] == 0
+            && status["log_bytes"] != 0
+            && has_state_after(s3, prefix, PLAN, task, count)
     });
     assert!(
         ok,
         "the store did not get cell {count}'s state: {}",
         k.stderr()
     );
+}
+
+/// Whether the task's newest state in the store holds the checkpoint after cell `count`.
+fn has_state_after(s3: &S3Server, prefix: &str, plan: &str, task: &str, count: u64) -> bool {
+    let head = head_of(s3, prefix, plan, task);
+    let Some(state) = head["state"].as_str() else {
+        return false;
+    };
+    let Some(manifest) = s3.get(&format!("{prefix}/{state}")) else {
+        return false;
+    };
+    let manifest: Value = serde_json::from_str(&manifest).unwrap();
+    let journal = manifest["checkpoints"]["auto"]["journal"]
+        .as_str()
+        .unwrap_or("");
+    journal
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .any(|l| l["execution_count"] == count)
 }
 
 const SESSION: &str = r#"
@@ -333,4 +343,132 @@ fn a_store_that_cannot_be_used_ends_the_start_with_one_line() {
         "{err}"
     );
     assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve_on(port: u16, s3: &S3Server, url: &str) -> Server {
+    Server::start_with(
+        &format!("127.0.0.1:{port}"),
+        &["--store", url, "--lease-s", "2"],
+        &s3.env(),
+    )
+}
+
+/// The `calls` scenario's results.
+fn results(facts: &Value) -> &Vec<Value> {
+    facts["results"].as_array().unwrap()
+}
+
+#[test]
+fn tasks_move_between_two_servers_behind_nginx_through_the_store() {
+    let s3 = S3Server::start();
+    let url = s3.url("n");
+    let ports = [free_port(), free_port()];
+    let mut servers: Vec<Option<Server>> = ports
+        .iter()
+        .map(|p| Some(serve_on(*p, &s3, &url)))
+        .collect();
+    let nginx = Nginx::start(&ports);
+    let task_url = nginx.task_url("local", "moving");
+    let via = |s: &Option<Server>, codes: &[&str], extra: &[&str]| -> Value {
+        let mut args: Vec<&str> = Vec::new();
+        for c in codes {
+            args.extend(["--code", c]);
+        }
+        args.extend(extra);
+        s.as_ref().unwrap().run_at(&task_url, "calls", &args)
+    };
+    let first = via(
+        &servers[0],
+        &["x = 41\ndef f(): return x + 1"],
+        &["--other-task", "elsewhere"],
+    );
+    assert_eq!(results(&first)[0]["is_error"], false, "{first}");
+    // A task's own URL serves that task only.
+    assert_eq!(first["refused"]["code"], -32602, "{first}");
+    let holder = servers
+        .iter()
+        .position(|s| s.as_ref().unwrap().log_of("moving").exists())
+        .expect("one server ran the task");
+    let other = 1 - holder;
+    assert!(!servers[other].as_ref().unwrap().log_of("moving").exists());
+    assert!(
+        wait_for(Duration::from_secs(15), || has_state_after(
+            &s3, "n", "local", "moving", 1
+        )),
+        "the state did not reach the store"
+    );
+
+    // The other server, asked directly while the holder is alive, refuses at once.
+    let started = Instant::now();
+    let direct = format!("http://127.0.0.1:{}/mcp/local/moving", ports[other]);
+    let refused = servers[other]
+        .as_ref()
+        .unwrap()
+        .run_at(&direct, "calls", &["--code", "1"]);
+    let said = &results(&refused)[0];
+    assert_eq!(said["is_error"], true, "{refused}");
+    assert!(
+        said["text"].as_str().unwrap().contains("is held by"),
+        "{refused}"
+    );
+    let took = started.elapsed();
+    eprintln!("a task held by a live server refused by the other in {took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+
+    // The holder's machine dies: its server and kernels are killed at once.
+    let dead = servers[holder].take().unwrap();
+    for (pid, _) in processes_naming(dead.dir.path()) {
+        kill(pid, libc::SIGKILL);
+    }
+    kill(dead.pid(), libc::SIGKILL);
+    drop(dead);
+    let started = Instant::now();
+    let second = via(&servers[other], &["f()", "y = f() + 1"], &[]);
+    let took = started.elapsed();
+    let r = &results(&second)[0];
+    assert_eq!(r["is_error"], false, "{second}");
+    assert!(r["text"].as_str().unwrap().contains("42"), "{second}");
+    assert_eq!(r["restored"], true, "{second}");
+    eprintln!(
+        "after the holder's death, the next call through nginx answered in {took:?} (lease 2 s)"
+    );
+    assert!(took < Duration::from_secs(2 + 15), "{took:?}");
+
+    // A new server where the dead one was; then the live one is stopped cleanly (SIGTERM):
+    // its task moves with nothing lost, at once (its lease released).
+    servers[holder] = Some(serve_on(ports[holder], &s3, &url));
+    std::thread::sleep(Duration::from_millis(2500)); // nginx's fail_timeout for that port
+    let mut stopping = servers[other].take().unwrap();
+    kill(stopping.pid(), libc::SIGTERM);
+    assert!(stopping.wait(Duration::from_secs(30)).is_some());
+    let started = Instant::now();
+    let third = via(&servers[holder], &["(x, y)"], &[]);
+    let took = started.elapsed();
+    let r = &results(&third)[0];
+    assert_eq!(r["is_error"], false, "{third}");
+    assert!(r["text"].as_str().unwrap().contains("(41, 43)"), "{third}");
+    eprintln!("after a clean stop, the next call on the other server answered in {took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    // The log, whole and in order, on the disk of the server that has the task now.
+    let log = servers[holder].as_ref().unwrap().log_of("moving");
+    let codes: Vec<String> = cells(&log).into_iter().map(|c| c.2).collect();
+    assert_eq!(
+        codes,
+        [
+            "x = 41\ndef f(): return x + 1",
+            "f()",
+            "y = f() + 1",
+            "(x, y)"
+        ],
+        "{}",
+        nginx.error_log()
+    );
 }
