@@ -198,6 +198,7 @@ impl Cli {
             log_dir: self.log_dir.clone(),
             python: self.python.clone(),
             worker: self.worker,
+            store: self.store.clone(),
         }
     }
 

@@ -116,6 +116,90 @@ pub async fn log(
     result
 }
 
+/// Appends to `file` the log segments of `head` not in `done` (each `(epoch, seq)` appended
+/// is added to it), in order; a segment the store does not have yet is left for the next
+/// call. For readers that follow a task (`flowrepl log tail -f --store`).
+pub async fn append_log(
+    store: &Store,
+    keys: &TaskKeys,
+    head: &Head,
+    file: &Path,
+    done: &mut std::collections::BTreeSet<(u64, u64)>,
+) -> Result<u64, FetchError> {
+    let mut appended = 0u64;
+    let mut out: Option<std::fs::File> = None;
+    for run in &head.log {
+        for seq in 1..=run.segments {
+            if done.contains(&(run.epoch, seq)) {
+                continue;
+            }
+            let Some((data, _)) = store
+                .get(&store.key(&keys.log_segment(run.epoch, seq)))
+                .await?
+            else {
+                return Ok(appended);
+            };
+            if out.is_none() {
+                if let Some(dir) = file.parent() {
+                    private_dir(dir)?;
+                }
+                out = Some(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .mode(0o600)
+                        .open(file)
+                        .map_err(local("cannot open", file))?,
+                );
+            }
+            if let Some(f) = out.as_mut() {
+                f.write_all(&data).map_err(local("cannot write", file))?;
+            }
+            appended += data.len() as u64;
+            done.insert((run.epoch, seq));
+        }
+    }
+    Ok(appended)
+}
+
+/// The heads of the store's tasks: every task of `plan` (every plan when `None`), or the one
+/// task named. Heads that do not parse are skipped (and said).
+pub async fn heads(
+    store: &Store,
+    plan: Option<&str>,
+    task: Option<&str>,
+) -> Result<Vec<(TaskKeys, Head)>, StoreError> {
+    use flowrepl_task_logger::path::safe_component;
+    let plans = match plan {
+        Some(p) => vec![safe_component(p)],
+        None => store.children(crate::head::TASKS).await?,
+    };
+    let mut out = Vec::new();
+    for p in plans {
+        let tasks = match task {
+            Some(t) => vec![safe_component(t)],
+            None => {
+                store
+                    .children(&format!("{}/{p}", crate::head::TASKS))
+                    .await?
+            }
+        };
+        for t in tasks {
+            let keys = TaskKeys::of_folder(&p, &t);
+            let Some((bytes, _)) = store.get(&store.key(&keys.head())).await? else {
+                continue;
+            };
+            match serde_json::from_slice::<Head>(&bytes) {
+                Ok(head) => out.push((keys, head)),
+                Err(e) => {
+                    tracing::warn!(key = %keys.head(), error = %e, "a task's head does not parse; skipped")
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// What the checkpoint fetch found.
 #[derive(Debug, Clone, Default)]
 pub struct StateFetched {

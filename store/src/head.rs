@@ -119,6 +119,9 @@ pub struct TaskKeys {
     base: String,
 }
 
+/// Where every task's folder is: `tasks/<plan>/<task>/`.
+pub const TASKS: &str = "tasks";
+
 fn numbered(epoch: u64, seq: u64) -> String {
     format!("{epoch:010}-{seq:010}")
 }
@@ -127,12 +130,13 @@ impl TaskKeys {
     /// The task `task_id` of plan `plan_id`.
     pub fn new(plan_id: &str, task_id: &str) -> TaskKeys {
         use flowrepl_task_logger::path::safe_component;
+        TaskKeys::of_folder(&safe_component(plan_id), &safe_component(task_id))
+    }
+
+    /// The task whose folder is `tasks/<plan>/<task>` (names as the store lists them).
+    pub fn of_folder(plan: &str, task: &str) -> TaskKeys {
         TaskKeys {
-            base: format!(
-                "tasks/{}/{}",
-                safe_component(plan_id),
-                safe_component(task_id)
-            ),
+            base: format!("{TASKS}/{plan}/{task}"),
         }
     }
 

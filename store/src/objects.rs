@@ -288,6 +288,17 @@ impl Store {
         }
     }
 
+    /// The names one level under `prefix` (a folder's sub-folders, as the store lists them).
+    pub async fn children(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let prefix = self.key(prefix);
+        let listed = self.objects.list_with_delimiter(Some(&prefix)).await?;
+        Ok(listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_owned))
+            .collect())
+    }
+
     /// Whether the store answers and lets this process read and write under its prefix: a
     /// probe object written and removed (a missing bucket or bad credentials fail here, at
     /// start, rather than on the first upload).

@@ -23,6 +23,7 @@ mod ls;
 mod replay;
 mod show;
 mod stats;
+mod stored;
 mod table;
 mod tail;
 
@@ -123,6 +124,24 @@ pub enum LogCommand {
     },
 }
 
+impl LogCommand {
+    /// Which tasks it reads.
+    fn scope(&self) -> &Scope {
+        match self {
+            LogCommand::Ls(scope) | LogCommand::Stats(scope) | LogCommand::Context(scope) => scope,
+            LogCommand::Show { scope, .. }
+            | LogCommand::Tail { scope, .. }
+            | LogCommand::Export { scope, .. }
+            | LogCommand::Replay { scope, .. } => scope,
+        }
+    }
+
+    /// Whether it keeps reading (`tail -f`).
+    fn follows(&self) -> bool {
+        matches!(self, LogCommand::Tail { follow: true, .. })
+    }
+}
+
 /// What `flowrepl log` takes from flowrepl's global flags.
 #[derive(Debug, Clone)]
 pub struct Globals {
@@ -132,11 +151,26 @@ pub struct Globals {
     pub python: Option<std::path::PathBuf>,
     /// `--worker`, for `replay`.
     pub worker: bool,
+    /// `--store`: read the logs from the object store instead of `log_dir`.
+    pub store: Option<String>,
 }
 
-/// Runs `flowrepl log ...` on the logs under `--log-dir`.
+/// Runs `flowrepl log ...` on the logs under `--log-dir` (with `--store`, on those in the
+/// store).
 pub fn run(globals: &Globals, args: &LogArgs) -> ExitCode {
-    let log_dir = globals.log_dir.as_path();
+    let stored = match &globals.store {
+        Some(url) => match stored::fetch(url, args.command.scope(), args.command.follows()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("flowrepl log: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        None => None,
+    };
+    let log_dir = stored
+        .as_ref()
+        .map_or(globals.log_dir.as_path(), |s| s.log_dir());
     let out = match &args.command {
         LogCommand::Ls(scope) => ls::run(log_dir, scope),
         LogCommand::Show {
@@ -177,6 +211,7 @@ pub fn run(globals: &Globals, args: &LogArgs) -> ExitCode {
                 session: session.as_deref(),
                 python: globals.python.clone(),
                 worker: globals.worker,
+                store: globals.store.clone(),
             },
         ),
     };

@@ -30,6 +30,8 @@ pub struct Options<'a> {
     pub python: Option<PathBuf>,
     /// Run in a worker subprocess.
     pub worker: bool,
+    /// `--store`: the kernel keeps the task there.
+    pub store: Option<String>,
 }
 
 /// The successful cells to replay, in order.
@@ -79,6 +81,10 @@ impl Replayer {
         }
         if opts.worker {
             cmd.arg("--worker");
+        }
+        if let Some(url) = &opts.store {
+            // The kernel takes the task in the store; the checkpoint it leaves lands there.
+            cmd.env(env::STORE, url);
         }
         Supervision {
             group: Group::Own,

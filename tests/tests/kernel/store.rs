@@ -472,3 +472,88 @@ fn tasks_move_between_two_servers_behind_nginx_through_the_store() {
         nginx.error_log()
     );
 }
+
+/// `flowrepl log SUBCOMMAND --store URL` in an empty folder, with the store's environment.
+fn log_command(s3: &S3Server, url: &str, args: &[&str]) -> std::process::Child {
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(flowrepl_bin())
+        .arg("log")
+        .args(args)
+        .args(["--store", url, "--log-dir"])
+        .arg(dir.path().join("nothing-here"))
+        .envs(s3.env())
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The folder may go: the command reads the store, not it.
+    drop(dir);
+    child
+}
+
+#[test]
+fn the_log_command_reads_a_task_from_the_store() {
+    let s3 = S3Server::start();
+    let url = s3.url("l");
+    let mut k = stored("in_process", &s3, s3.port, "l", "t", 30).start();
+    k.ok("a = 1");
+    k.ok("b = a + 1");
+    wait_stored(&mut k, &s3, "l", "t", 2);
+    let scope = ["--plan", PLAN, "--task", "t", "--json"];
+    let out = log_command(&s3, &url, &[&["show"][..], &scope].concat())
+        .wait_with_output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = shown.to_string();
+    assert!(
+        text.contains("a = 1") && text.contains("b = a + 1"),
+        "{text}"
+    );
+    let out = log_command(&s3, &url, &["ls", "--json"])
+        .wait_with_output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(PLAN));
+
+    // tail -f follows the store: a cell run now shows up.
+    let mut tail = log_command(&s3, &url, &[&["tail", "-f"][..], &scope].concat());
+    let stdout = tail.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    k.ok("c = 'followed'");
+    let started = Instant::now();
+    let mut seen = false;
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(10)) {
+        if line.contains("followed") {
+            seen = true;
+            break;
+        }
+    }
+    eprintln!(
+        "tail -f --store showed the new cell {:?} after it ran",
+        started.elapsed()
+    );
+    let _ = tail.kill();
+    let _ = tail.wait();
+    assert!(seen, "tail -f --store did not show the new cell");
+}
