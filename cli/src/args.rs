@@ -175,6 +175,18 @@ pub struct Cli {
           value_parser = clap::value_parser!(u64).range(1..=600))]
     pub lease_s: u64,
 
+    /// With --store: the workspace's files kept with each checkpoint, at most this many MB in
+    /// all (files over it are skipped and named in `status`); 0 keeps none (also
+    /// FLOWREPL_STORE_WORKSPACE_MB). The workspace is the sandbox's --workspace; unsandboxed,
+    /// --workspace if given, else the current directory.
+    #[arg(
+        global = true,
+        long,
+        env = "FLOWREPL_STORE_WORKSPACE_MB",
+        default_value_t = 1024
+    )]
+    pub store_workspace_mb: u64,
+
     /// `serve`: the global flags and `mcp` settings given on its command line, as flags again,
     /// for the kernels it starts (which also inherit its environment).
     #[arg(skip)]

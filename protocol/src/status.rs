@@ -93,4 +93,11 @@ pub struct StoreStatus {
     /// Another kernel took the task over: why this one stopped writing (and stops).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fenced: Option<String>,
+    /// Workspace files kept with the last state uploaded.
+    #[serde(default)]
+    pub workspace_files: u64,
+    /// Workspace files not kept, with the reason (a link, a FIFO, over the cap; the first 20
+    /// by path).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub workspace_skipped: std::collections::BTreeMap<String, String>,
 }

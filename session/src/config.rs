@@ -48,6 +48,10 @@ pub struct StoreSettings {
     pub url: String,
     /// The task's lease.
     pub lease: std::time::Duration,
+    /// The workspace whose files are kept with each state.
+    pub workspace: PathBuf,
+    /// At most this many bytes of them (0: none are kept).
+    pub workspace_max_bytes: u64,
 }
 
 /// The resolved configuration.
@@ -156,6 +160,9 @@ pub enum ConfigError {
     /// The log directory cannot be made absolute (no working directory).
     #[error("cannot resolve the log directory")]
     LogDir(#[source] std::io::Error),
+    /// The workspace kept in the store cannot be resolved.
+    #[error("cannot resolve the workspace kept in the store (--store)")]
+    StoreWorkspace(#[source] std::io::Error),
     /// `--workspace` is not a folder.
     #[error("--workspace {0}: not a folder")]
     Workspace(String),
@@ -353,15 +360,32 @@ impl Config {
                     untrusted: false,
                 }
             });
+        let worker_sandbox_workspace = worker
+            .as_ref()
+            .and_then(|w| w.sandbox.as_ref())
+            .map(|s| s.workspace.clone());
         let mut config = Config {
             checkpoints,
             checkpoint_root,
             resume: cli.resume,
             trust_sandboxed_checkpoints: sandboxed || cli.trust_sandboxed_checkpoints,
-            store: cli.store.clone().map(|url| StoreSettings {
-                url,
-                lease: std::time::Duration::from_secs(cli.lease_s),
-            }),
+            store: match &cli.store {
+                None => None,
+                Some(url) => Some(StoreSettings {
+                    url: url.clone(),
+                    lease: std::time::Duration::from_secs(cli.lease_s),
+                    workspace: match (&worker_sandbox_workspace, &cli.workspace) {
+                        (Some(w), _) => w.clone(),
+                        (None, Some(w)) => {
+                            std::path::absolute(w).map_err(ConfigError::StoreWorkspace)?
+                        }
+                        (None, None) => {
+                            std::env::current_dir().map_err(ConfigError::StoreWorkspace)?
+                        }
+                    },
+                    workspace_max_bytes: cli.store_workspace_mb.saturating_mul(1 << 20),
+                }),
+            },
             setup,
             json_repl_client: dropin.is_some() || cli.compat.is_some(),
             python_env: dropin.map(|d| d.env.clone()).unwrap_or_default(),

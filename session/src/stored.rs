@@ -94,9 +94,20 @@ pub fn attach(config: &Config) -> Result<Option<Attached>, AttachError> {
         let mark = flowrepl_task_logger::checkpoint::sandboxed_mark(&config.checkpoint_root);
         let state =
             fetch::checkpoints(&store, lease.keys(), &head, &config.checkpoint_root, &mark).await?;
+        let files = match (&state.workspace, settings.workspace_max_bytes) {
+            (Some(w), max) if max > 0 => {
+                let done = fetch::workspace(&store, lease.keys(), w, &settings.workspace).await?;
+                for e in &done.not_written {
+                    tracing::warn!("workspace file not written back: {e}");
+                }
+                done.written
+            }
+            _ => 0,
+        };
         tracing::info!(
             store = %settings.url,
             epoch = head.epoch,
+            workspace_files_written = files,
             log_bytes = log.bytes,
             log_from_store = log.rewritten,
             log_segments_missing = log.missing,
@@ -121,6 +132,20 @@ impl Attached {
                 log_offset: self.log_offset,
                 checkpoint_root: config.checkpoint_root.clone(),
                 sandboxed: config.worker.as_ref().is_some_and(|w| w.sandbox.is_some()),
+                workspace: config.store.as_ref().and_then(|s| {
+                    (s.workspace_max_bytes > 0).then(|| flowrepl_store::workspace::Limits {
+                        root: s.workspace.clone(),
+                        // The task's log folder (and its checkpoints) when it is inside.
+                        exclude: config
+                            .log_file
+                            .parent()
+                            .and_then(std::path::Path::parent)
+                            .map(std::path::Path::to_path_buf)
+                            .into_iter()
+                            .collect(),
+                        max_bytes: s.workspace_max_bytes,
+                    })
+                }),
             },
         )
     }

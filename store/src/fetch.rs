@@ -207,6 +207,8 @@ pub struct StateFetched {
     pub checkpoints: Vec<String>,
     /// Whether the local folder was written from the store (it differed).
     pub rewritten: bool,
+    /// The workspace files of the same state, if it has them.
+    pub workspace: Option<crate::workspace::Workspace>,
 }
 
 /// Makes the checkpoint folder `root` hold the checkpoints of the head's newest manifest
@@ -228,6 +230,7 @@ pub async fn checkpoints(
         serde_json::from_slice(&bytes).map_err(|e| StateError::Refused(format!("{key}: {e}")))?;
     state::check(&manifest)?;
     let names = manifest.checkpoints.keys().cloned().collect();
+    let workspace = manifest.workspace.clone();
     if manifest.sandboxed {
         // Before the folder: a crash in between must not leave sandboxed pickles unmarked.
         if let Some(dir) = mark.parent() {
@@ -247,6 +250,7 @@ pub async fn checkpoints(
             return Ok(StateFetched {
                 checkpoints: names,
                 rewritten: false,
+                workspace,
             });
         }
     }
@@ -293,6 +297,7 @@ pub async fn checkpoints(
         Ok(StateFetched {
             checkpoints: names,
             rewritten: true,
+            workspace,
         })
     }
     .await;
@@ -300,6 +305,52 @@ pub async fn checkpoints(
         let _ = std::fs::remove_dir_all(&tmp);
     }
     result
+}
+
+/// What the workspace fetch did.
+#[derive(Debug, Default)]
+pub struct WorkspaceFetched {
+    /// Files written (their content was not there).
+    pub written: u64,
+    /// Files already there.
+    pub kept: u64,
+    /// Files not written, and why (a symbolic link in the way, a missing blob).
+    pub not_written: Vec<String>,
+}
+
+/// Writes the files of `workspace` beneath `root` (see [`crate::workspace`]).
+pub async fn workspace(
+    store: &Store,
+    keys: &TaskKeys,
+    workspace: &crate::workspace::Workspace,
+    root: &Path,
+) -> Result<WorkspaceFetched, FetchError> {
+    let mut done = WorkspaceFetched::default();
+    for (path, entry) in &workspace.files {
+        let target = root.join(path);
+        if std::fs::symlink_metadata(&target).is_ok_and(|m| m.len() == entry.bytes)
+            && crate::workspace::read(root, path).is_ok_and(|(_, e)| e.sha256 == entry.sha256)
+        {
+            done.kept += 1;
+            continue;
+        }
+        let Some((data, _)) = store.get(&store.key(&keys.blob(&entry.sha256))).await? else {
+            done.not_written
+                .push(format!("{path}: its blob {} is missing", entry.sha256));
+            continue;
+        };
+        if state::sha256(&data) != entry.sha256 {
+            done.not_written
+                .push(format!("{path}: its blob does not have that hash"));
+            continue;
+        }
+        match crate::workspace::write_back(root, path, entry, &data) {
+            Ok(true) => done.written += 1,
+            Ok(false) => done.kept += 1,
+            Err(e) => done.not_written.push(e.to_string()),
+        }
+    }
+    Ok(done)
 }
 
 fn write_new(path: &Path, data: &[u8]) -> Result<(), FetchError> {

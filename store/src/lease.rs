@@ -302,3 +302,75 @@ fn held(head: &Head) -> TakeError {
 fn poll(lease: Duration) -> Duration {
     (lease / 10).clamp(Duration::from_millis(100), Duration::from_millis(500))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(id: &str) -> Holder {
+        Holder {
+            id: id.into(),
+            host: "here".into(),
+            pid: 1,
+        }
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn one_holder_at_a_time_in_a_file_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("file://{}", dir.path().display())).unwrap();
+        let lease = Duration::from_millis(1000);
+        rt().block_on(async {
+            let mut a = Lease::take(&store, "p", "t", holder("a"), lease, Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(a.head().epoch, 1);
+            // A holder that keeps renewing: the taker gives up as soon as it sees a renewal.
+            let taker = Lease::take(&store, "p", "t", holder("b"), lease, Duration::from_secs(5));
+            let renew = async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                a.commit(|_| {}).await.unwrap();
+            };
+            let (taken, ()) = tokio::join!(taker, renew);
+            assert!(
+                matches!(taken, Err(TakeError::Held { epoch: 1, .. })),
+                "{taken:?}"
+            );
+            // A holder that stops renewing: taken once its lease has passed unchanged.
+            let started = Instant::now();
+            let mut b = Lease::take(&store, "p", "t", holder("b"), lease, Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert!(started.elapsed() >= lease, "{:?}", started.elapsed());
+            assert_eq!(b.head().epoch, 2);
+            // The old holder's next commit is refused, and names the new one.
+            match a.commit(|h| h.state = Some("mine".into())).await {
+                Err(CommitError::Fenced {
+                    epoch: 2,
+                    mine: 1,
+                    holder,
+                    ..
+                }) => {
+                    assert_eq!(holder.id, "b")
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(b.head().state, None);
+            // A release lets the next taker in at once.
+            b.release().await.unwrap();
+            let started = Instant::now();
+            let c = Lease::take(&store, "p", "t", holder("c"), lease, Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert!(started.elapsed() < lease);
+            assert_eq!(c.head().epoch, 3);
+        });
+    }
+}

@@ -6,6 +6,8 @@
 //! - [`head`]: the layout of a task's objects and its head, which names its holder and state.
 //! - [`lease`]: taking, renewing, committing through and releasing the head.
 //! - [`state`]: the checkpoint folder as a manifest of blobs.
+//! - [`workspace`]: the workspace's files by hash, taken without following links and written
+//!   back beneath the workspace.
 //! - [`fetch`]: the log and checkpoints brought onto this disk before a kernel starts.
 //! - [`mirror`]: the uploader thread, off the request path.
 //!
@@ -18,5 +20,6 @@ pub mod lease;
 pub mod mirror;
 pub mod objects;
 pub mod state;
+pub mod workspace;
 
 pub use objects::{Store, StoreError};

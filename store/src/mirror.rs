@@ -35,6 +35,8 @@ pub const INTERVAL: Duration = Duration::from_secs(1);
 /// How long a clean stop tries to upload what is left before it gives up.
 pub const FINISH_WITHIN: Duration = Duration::from_secs(10);
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(10));
+/// Workspace files not kept that `status` names (the first, by path).
+const SKIPPED_SHOWN: usize = 20;
 /// The largest log segment (bigger backlogs go up in several).
 const MAX_SEGMENT_BYTES: u64 = 64 << 20;
 
@@ -49,6 +51,8 @@ pub struct Files {
     pub checkpoint_root: PathBuf,
     /// Whether this session's checkpoints are a sandboxed session's.
     pub sandboxed: bool,
+    /// The workspace files to keep with each state (`None`: not kept).
+    pub workspace: Option<crate::workspace::Limits>,
 }
 
 pub use flowrepl_protocol::StoreStatus;
@@ -112,6 +116,22 @@ impl Health {
         s.status.pending_log_bytes = pending;
     }
 
+    fn workspace(&self, files: u64, skipped: &std::collections::BTreeMap<String, String>) {
+        let mut s = self.lock();
+        s.status.workspace_files = files;
+        let shown: std::collections::BTreeMap<String, String> = skipped
+            .iter()
+            .take(SKIPPED_SHOWN)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if shown != s.status.workspace_skipped {
+            if !skipped.is_empty() {
+                tracing::warn!(skipped = skipped.len(), first = ?shown.iter().next(), "workspace files not kept in the store");
+            }
+            s.status.workspace_skipped = shown;
+        }
+    }
+
     fn fence(&self, why: String) {
         self.lock().status.fenced = Some(why);
         self.fenced.store(true, Ordering::Relaxed);
@@ -160,6 +180,7 @@ impl Mirror {
             last_state: None,
             state_sig: Signature::new(),
             state_seq: 0,
+            known: crate::workspace::Known::new(),
         };
         std::thread::Builder::new()
             .name("flowrepl-store".into())
@@ -210,6 +231,8 @@ struct Uploader {
     /// The checkpoint folder as last uploaded.
     state_sig: Signature,
     state_seq: u64,
+    /// Workspace files read before.
+    known: crate::workspace::Known,
 }
 
 enum Failure {
@@ -405,7 +428,7 @@ impl Uploader {
         {
             return Ok(());
         }
-        let (manifest, files) = match state::read(
+        let (mut manifest, files) = match state::read(
             &self.files.checkpoint_root,
             self.files.sandboxed,
             &mut self.hashed,
@@ -431,6 +454,9 @@ impl Uploader {
             self.lease.store().put_new(&key, Bytes::from(data)).await?;
             self.uploaded.insert(segment.sha256);
         }
+        if let Some(limits) = self.files.workspace.clone() {
+            manifest.workspace = Some(self.workspace(&limits).await?);
+        }
         self.state_seq += 1;
         let epoch = self.lease.head().epoch;
         let name = self.lease.keys().state(epoch, self.state_seq);
@@ -450,5 +476,43 @@ impl Uploader {
         self.state_sig = sig;
         self.last_state = Some(Instant::now());
         Ok(())
+    }
+
+    /// The workspace's files, those changed since they were last read uploaded first.
+    async fn workspace(
+        &mut self,
+        limits: &crate::workspace::Limits,
+    ) -> Result<crate::workspace::Workspace, Failure> {
+        use crate::workspace;
+        let (found, mut skipped) = workspace::walk(limits);
+        let mut files = std::collections::BTreeMap::new();
+        for f in found {
+            if let Some((id, entry)) = self.known.get(&f.path) {
+                if *id == f.id {
+                    files.insert(f.path, entry.clone());
+                    continue;
+                }
+            }
+            match workspace::read(&limits.root, &f.path) {
+                Ok((data, entry)) => {
+                    if !self.uploaded.contains(&entry.sha256) {
+                        let key = self
+                            .lease
+                            .store()
+                            .key(&self.lease.keys().blob(&entry.sha256));
+                        self.lease.store().put_new(&key, Bytes::from(data)).await?;
+                        self.uploaded.insert(entry.sha256.clone());
+                    }
+                    self.known.insert(f.path.clone(), (f.id, entry.clone()));
+                    files.insert(f.path, entry);
+                }
+                Err(why) => {
+                    skipped.insert(f.path, why);
+                }
+            }
+        }
+        self.known.retain(|p, _| files.contains_key(p));
+        self.health.workspace(files.len() as u64, &skipped);
+        Ok(workspace::Workspace { files, skipped })
     }
 }

@@ -51,6 +51,9 @@ pub struct Manifest {
     pub sandboxed: bool,
     /// Checkpoint name → checkpoint.
     pub checkpoints: BTreeMap<String, StoredCheckpoint>,
+    /// The workspace's files, when they are kept (absent in manifests without them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<crate::workspace::Workspace>,
 }
 
 /// What a local folder looks like to the uploader: each journal's identity, so that an
@@ -127,6 +130,7 @@ pub fn read(
         v: MANIFEST_FORMAT,
         sandboxed,
         checkpoints: BTreeMap::new(),
+        workspace: None,
     };
     let mut files = Vec::new();
     let Ok(dir) = std::fs::read_dir(root) else {
@@ -239,10 +243,19 @@ pub fn check(manifest: &Manifest) -> Result<(), StateError> {
             if !is_segment_name(seg) {
                 return Err(StateError::Refused(format!("segment name {seg:?}")));
             }
-            if s.sha256.len() != 64 || !s.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(StateError::Refused(format!("blob name {:?}", s.sha256)));
-            }
+            check_hash(&s.sha256)?;
         }
+    }
+    for (path, f) in manifest.workspace.iter().flat_map(|w| &w.files) {
+        crate::workspace::check_path(path)?;
+        check_hash(&f.sha256)?;
+    }
+    Ok(())
+}
+
+fn check_hash(sha: &str) -> Result<(), StateError> {
+    if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(StateError::Refused(format!("blob name {sha:?}")));
     }
     Ok(())
 }

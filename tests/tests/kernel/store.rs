@@ -96,11 +96,28 @@ pt = Point(3, 4)
 def double(v):
     return v * 2
 df = pd.DataFrame({"k": ["a", "b"], "v": [1.5, 2.5]})
+import os
+df.to_csv("table.csv", index=False)
+os.makedirs("sub", exist_ok=True)
+with open("sub/note.txt", "w") as f:
+    f.write("hi")
+os.chmod("sub/note.txt", 0o640)
+# Neither is taken: a link could lead anywhere on the host, a FIFO would hang a reader.
+try:
+    os.symlink("/etc/hostname", "leak")
+    os.mkfifo("pipe")
+except OSError:
+    pass
 "#;
 
 const CHECK: &str = r#"
 assert n == 43 and pt.norm2() == 25 and double(4) == 8
 assert list(df["v"]) == [1.5, 2.5] and pd.__name__ == "pandas"
+import os, stat
+assert pd.read_csv("table.csv")["v"].tolist() == [1.5, 2.5]
+assert open("sub/note.txt").read() == "hi"
+assert stat.S_IMODE(os.stat("sub/note.txt").st_mode) == 0o640
+assert not os.path.lexists("leak") and not os.path.lexists("pipe")
 "#;
 
 /// The execution records of a log, as (session, execution_count, code).
@@ -126,6 +143,13 @@ fn a_task_resumes_on_an_empty_disk_after_its_kernel_is_killed() {
         a.ok(SESSION);
         a.ok("n = n + 1");
         wait_stored(&mut a, &s3, "r", &task, 2);
+        let status = a.call("status", Value::Null)["result"]["store"].clone();
+        assert_eq!(status["workspace_files"], 2, "{status}");
+        let skipped = status["workspace_skipped"].to_string();
+        assert!(
+            skipped.contains("symbolic link") || !a.dir.path().join("leak").exists(),
+            "{status}"
+        );
         let before = cells(&a.log_file());
         assert_eq!(before.len(), 2);
         kill(a.pid(), libc::SIGKILL);

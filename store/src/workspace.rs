@@ -1,0 +1,367 @@
+//! A task's workspace files as objects: the files a cell wrote, uploaded by content hash with
+//! each state, and written back beneath the workspace of a kernel that resumes the task.
+//!
+//! # What is taken
+//! Regular files under the workspace, found without following symbolic links, up to
+//! [`Limits::max_bytes`] in all and [`MAX_FILES`] files; the task's log folder and anything
+//! named `.flowrepl` are left out. What is not taken is named with the reason
+//! ([`Workspace::skipped`]): a symbolic link (not followed: it could lead anywhere on the
+//! host), a FIFO, socket or device (reading one could hang or read a device), a name that is
+//! not UTF-8, a file over the caps. A file is opened with `O_NOFOLLOW | O_NONBLOCK` and checked
+//! to be a regular file after opening, so a cell swapping it for a link or a FIFO between the
+//! walk and the read gains nothing; its hash is of the bytes read.
+//!
+//! # Writing back
+//! Every path from the store is checked (relative, no `.`, `..` or empty components), and
+//! written beneath the workspace one component at a time with `openat(O_NOFOLLOW)`, so a
+//! symbolic link already in the workspace cannot send a write outside it; each file goes to a
+//! temporary name and is renamed into place. A file whose content is already there is left
+//! alone; files the store does not name are never removed.
+
+use crate::state::{sha256, StateError};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// The most files a workspace's state holds.
+pub const MAX_FILES: usize = 100_000;
+/// How deep the walk goes.
+const MAX_DEPTH: usize = 64;
+/// Names never taken (flowrepl's own folders).
+const OWN: &str = ".flowrepl";
+
+/// One file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceFile {
+    /// Its content's SHA-256: the blob it is.
+    pub sha256: String,
+    /// Its size.
+    pub bytes: u64,
+    /// Its permission bits (`0o777` at most).
+    pub mode: u32,
+}
+
+/// The workspace in a state manifest.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Workspace {
+    /// Path (relative, `/`-separated) → file.
+    pub files: BTreeMap<String, WorkspaceFile>,
+    /// Paths not taken, with the reason.
+    pub skipped: BTreeMap<String, String>,
+}
+
+/// What is taken.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// The workspace folder.
+    pub root: PathBuf,
+    /// Folders under it never taken (the task's log folder).
+    pub exclude: Vec<PathBuf>,
+    /// Bytes in all.
+    pub max_bytes: u64,
+}
+
+/// A file seen by the walk, to read.
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// Relative path.
+    pub path: String,
+    /// (inode, size, mtime s, mtime ns) at the walk.
+    pub id: (u64, u64, i64, i64),
+}
+
+/// Walks the workspace: the regular files to take, and what is not taken.
+pub fn walk(limits: &Limits) -> (Vec<Found>, BTreeMap<String, String>) {
+    let mut found = Vec::new();
+    let mut skipped = BTreeMap::new();
+    let mut total = 0u64;
+    let mut stack = vec![(limits.root.clone(), String::new(), 0usize)];
+    while let Some((dir, rel, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut entries: Vec<_> = entries.flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else {
+                skipped.insert(
+                    format!("{rel}{}", name.to_string_lossy()),
+                    "its name is not UTF-8".into(),
+                );
+                continue;
+            };
+            let path = format!("{rel}{name}");
+            let full = entry.path();
+            if name == OWN || limits.exclude.iter().any(|x| full.starts_with(x)) {
+                continue;
+            }
+            let Ok(meta) = std::fs::symlink_metadata(&full) else {
+                continue;
+            };
+            let kind = meta.file_type();
+            if kind.is_dir() {
+                if depth + 1 >= MAX_DEPTH {
+                    skipped.insert(path, format!("deeper than {MAX_DEPTH} folders"));
+                } else {
+                    stack.push((full, format!("{path}/"), depth + 1));
+                }
+            } else if kind.is_symlink() {
+                skipped.insert(path, "a symbolic link: not followed".into());
+            } else if !kind.is_file() {
+                skipped.insert(path, "not a regular file (a FIFO, socket or device)".into());
+            } else if found.len() >= MAX_FILES {
+                skipped.insert(path, format!("more than {MAX_FILES} files"));
+            } else if total + meta.size() > limits.max_bytes {
+                skipped.insert(
+                    path,
+                    format!(
+                        "over the workspace cap of {} MB (--store-workspace-mb)",
+                        limits.max_bytes >> 20
+                    ),
+                );
+            } else {
+                total += meta.size();
+                found.push(Found {
+                    path,
+                    id: (meta.ino(), meta.size(), meta.mtime(), meta.mtime_nsec()),
+                });
+            }
+        }
+    }
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    (found, skipped)
+}
+
+/// Reads a file the walk found, refusing anything but a regular file at open time; its
+/// content and entry.
+pub fn read(root: &Path, path: &str) -> Result<(Vec<u8>, WorkspaceFile), String> {
+    let full = root.join(path);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&full)
+        .map_err(|e| format!("cannot be opened: {e}"))?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.file_type().is_file() {
+        return Err("not a regular file (a FIFO, socket or device)".into());
+    }
+    let mut data = Vec::with_capacity(meta.len() as usize);
+    file.read_to_end(&mut data)
+        .map_err(|e| format!("cannot be read: {e}"))?;
+    let entry = WorkspaceFile {
+        sha256: sha256(&data),
+        bytes: data.len() as u64,
+        mode: meta.mode() & 0o777,
+    };
+    Ok((data, entry))
+}
+
+/// Entries of files read before, by path, with the identity they had: a file whose identity
+/// is unchanged is not read again.
+pub type Known = HashMap<String, ((u64, u64, i64, i64), WorkspaceFile)>;
+
+/// Checks a path from the store: relative, `/`-separated, no empty, `.` or `..` component,
+/// no NUL.
+pub fn check_path(path: &str) -> Result<Vec<&str>, StateError> {
+    let parts: Vec<&str> = path.split('/').collect();
+    if path.is_empty()
+        || path.contains('\0')
+        || parts
+            .iter()
+            .any(|p| p.is_empty() || *p == "." || *p == "..")
+    {
+        return Err(StateError::Refused(format!("workspace path {path:?}")));
+    }
+    Ok(parts)
+}
+
+/// Why a file was not written back.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {why}")]
+pub struct NotWritten {
+    /// The file.
+    pub path: String,
+    /// Why.
+    pub why: String,
+}
+
+fn dir_fd(root: &Path) -> nix::Result<OwnedFd> {
+    use nix::fcntl::OFlag;
+    nix::fcntl::open(
+        root,
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+}
+
+/// Opens (making it when missing) the folder `parts` beneath `root`'s descriptor, never
+/// following a symbolic link.
+fn folder_beneath(root: &OwnedFd, parts: &[&str]) -> nix::Result<OwnedFd> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::Mode;
+    let mut dir = root.try_clone().map_err(|_| nix::errno::Errno::EBADF)?;
+    for part in parts {
+        let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+        let next = match nix::fcntl::openat(dir.as_fd(), *part, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::ENOENT) => {
+                nix::sys::stat::mkdirat(dir.as_fd(), *part, Mode::from_bits_truncate(0o700))?;
+                nix::fcntl::openat(dir.as_fd(), *part, flags, Mode::empty())?
+            }
+            Err(e) => return Err(e),
+        };
+        dir = next;
+    }
+    Ok(dir)
+}
+
+/// Whether `path` beneath `root` already holds `entry`'s content (read without following a
+/// link).
+fn already_there(root: &Path, path: &str, entry: &WorkspaceFile) -> bool {
+    match std::fs::symlink_metadata(root.join(path)) {
+        Ok(m) if m.file_type().is_file() && m.size() == entry.bytes => {
+            read(root, path).is_ok_and(|(_, e)| e.sha256 == entry.sha256)
+        }
+        _ => false,
+    }
+}
+
+/// Writes `data` (the content of `entry`) at `path` beneath `root`, unless it is there.
+pub fn write_back(
+    root: &Path,
+    path: &str,
+    entry: &WorkspaceFile,
+    data: &[u8],
+) -> Result<bool, NotWritten> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::Mode;
+    use std::io::Write;
+    let not = |why: String| NotWritten {
+        path: path.to_owned(),
+        why,
+    };
+    let parts = check_path(path).map_err(|e| not(e.to_string()))?;
+    if already_there(root, path, entry) {
+        return Ok(false);
+    }
+    let (name, folders) = parts.split_last().expect("at least one part");
+    let root_fd = dir_fd(root).map_err(|e| not(format!("the workspace: {e}")))?;
+    let dir = folder_beneath(&root_fd, folders).map_err(|e| {
+        not(format!(
+            "its folder cannot be made beneath the workspace ({e})"
+        ))
+    })?;
+    let tmp = format!(".{name}.flowrepl-{}", uuid::Uuid::new_v4().simple());
+    let fd = nix::fcntl::openat(
+        dir.as_fd(),
+        tmp.as_str(),
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(entry.mode & 0o777),
+    )
+    .map_err(|e| not(e.to_string()))?;
+    let mut file = std::fs::File::from(fd);
+    // The mode again: openat's was cut by the umask.
+    let written = file.write_all(data).and_then(|()| {
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
+            entry.mode & 0o777,
+        ))
+    });
+    let renamed = written.map_err(|e| e.to_string()).and_then(|()| {
+        nix::fcntl::renameat(dir.as_fd(), tmp.as_str(), dir.as_fd(), *name)
+            .map_err(|e| e.to_string())
+    });
+    if let Err(e) = renamed {
+        let _ = nix::unistd::unlinkat(
+            dir.as_fd(),
+            tmp.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+        return Err(not(e));
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(data: &[u8]) -> WorkspaceFile {
+        WorkspaceFile {
+            sha256: sha256(data),
+            bytes: data.len() as u64,
+            mode: 0o600,
+        }
+    }
+
+    #[test]
+    fn a_link_planted_in_the_workspace_does_not_take_a_write_outside() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("sub")).unwrap();
+        let e = write_back(root.path(), "sub/note.txt", &entry(b"hi"), b"hi").unwrap_err();
+        assert!(e.why.contains("beneath the workspace"), "{e}");
+        assert!(!outside.path().join("note.txt").exists());
+        // The same write by path, without the component-by-component O_NOFOLLOW: it lands
+        // outside.
+        std::fs::write(root.path().join("sub/note.txt"), b"hi").unwrap();
+        assert!(outside.path().join("note.txt").exists());
+        // A link as the file itself is replaced, never written through.
+        let target = outside.path().join("target");
+        std::fs::write(&target, b"theirs").unwrap();
+        std::os::unix::fs::symlink(&target, root.path().join("file")).unwrap();
+        assert!(write_back(root.path(), "file", &entry(b"mine"), b"mine").unwrap());
+        assert_eq!(std::fs::read(&target).unwrap(), b"theirs");
+        assert_eq!(std::fs::read(root.path().join("file")).unwrap(), b"mine");
+    }
+
+    #[test]
+    fn paths_that_leave_the_workspace_are_refused() {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a//b",
+            "./a",
+            "a/.",
+            "a\0b",
+        ] {
+            assert!(check_path(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(check_path("a/b.csv").unwrap(), ["a", "b.csv"]);
+    }
+
+    #[test]
+    fn links_fifos_and_files_over_the_cap_are_named_not_taken() {
+        let root = tempfile::tempdir().unwrap();
+        let p = root.path();
+        std::fs::write(p.join("small"), b"12345").unwrap();
+        std::fs::write(p.join("zbig"), vec![0u8; 2048]).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", p.join("leak")).unwrap();
+        nix::unistd::mkfifo(&p.join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::fs::create_dir_all(p.join("logs/plan")).unwrap();
+        std::fs::write(p.join("logs/plan/t.jsonl"), b"{}\n").unwrap();
+        std::fs::create_dir_all(p.join(".flowrepl")).unwrap();
+        std::fs::write(p.join(".flowrepl/x"), b"x").unwrap();
+        let limits = Limits {
+            root: p.to_path_buf(),
+            exclude: vec![p.join("logs")],
+            max_bytes: 1024,
+        };
+        let (found, skipped) = walk(&limits);
+        let names: Vec<&str> = found.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(names, ["small"]);
+        assert!(skipped["leak"].contains("symbolic link"));
+        assert!(skipped["pipe"].contains("FIFO"));
+        assert!(skipped["zbig"].contains("cap"));
+        assert_eq!(skipped.len(), 3, "{skipped:?}");
+        // A FIFO swapped in after the walk is refused at open time, without blocking.
+        std::fs::remove_file(p.join("small")).unwrap();
+        nix::unistd::mkfifo(&p.join("small"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(read(p, "small").unwrap_err().contains("FIFO"));
+    }
+}
