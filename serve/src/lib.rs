@@ -100,6 +100,10 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
         sandbox,
         keep_output_mb: kernel_share(args.mcp.keep_output_mb, args.max_kernels),
         max_message_bytes: cli.max_request_bytes,
+        lease_wait: match cli.store {
+            Some(_) => Duration::from_secs(cli.lease_s),
+            None => Duration::ZERO,
+        },
     };
     let grace = Duration::from_millis(cli.kill_grace_ms);
     let pool = pool::Pool::new(

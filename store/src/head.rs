@@ -10,14 +10,20 @@
 //!   lines), numbered from 1 per epoch; the log is the segments the head counts, in order of
 //!   [`Head::log`].
 //! - `state/<epoch>-<seq>.json`: a [`crate::state::Manifest`]: every checkpoint's journal and
-//!   which blob each of its segment files is.
-//! - `blobs/<sha256>`: file contents by hash, written once.
+//!   which blob each of its segment files is, and the workspace's files.
+//! - `blobs/<sha256>`: file contents by hash (checkpoint segments, workspace files), written
+//!   once.
 //!
 //! Epochs and sequence numbers are written with ten digits, so names sort in order. Every
 //! object but the head is written once under a name nobody else writes (its holder's epoch, or
-//! its content's hash), and only the head makes it part of the task's state: a holder writes
-//! objects first and then swaps the head, so the head never names an object that is not there,
-//! and a holder whose lease was taken gets a refused swap (412) and writes nothing more.
+//! its content's hash), and only the head makes it part of the task's state. Every batch of
+//! writes starts with a swap of the head, so a holder whose lease was taken gets a refused
+//! swap (412) before it writes anything, and stops:
+//! - a log segment is counted in the head first, then written (a holder killed in between
+//!   loses that segment; readers skip a counted segment that is missing);
+//! - a state is fenced by a swap that renews the lease, then its blobs and manifest are
+//!   written, then the head is swapped to name it, so the head never names a manifest that is
+//!   not there.
 
 use object_store::path::Path;
 use serde::{Deserialize, Serialize};

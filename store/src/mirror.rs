@@ -181,6 +181,7 @@ impl Mirror {
             state_sig: Signature::new(),
             state_seq: 0,
             known: crate::workspace::Known::new(),
+            claimed: None,
         };
         std::thread::Builder::new()
             .name("flowrepl-store".into())
@@ -233,6 +234,8 @@ struct Uploader {
     state_seq: u64,
     /// Workspace files read before.
     known: crate::workspace::Known,
+    /// A log segment the head counts whose put has not succeeded yet.
+    claimed: Option<(u64, Bytes)>,
 }
 
 enum Failure {
@@ -364,6 +367,14 @@ impl Uploader {
 
     /// New complete log lines as a segment.
     async fn log(&mut self, all: bool) -> Result<(), Failure> {
+        // A segment the head already counts goes up first (its earlier put failed).
+        if let Some((seq, bytes)) = self.claimed.take() {
+            let key = self.segment_key(seq);
+            if let Err(e) = self.lease.store().put_new(&key, bytes.clone()).await {
+                self.claimed = Some((seq, bytes));
+                return Err(e.into());
+            }
+        }
         let size = std::fs::metadata(&self.files.log_file).map_or(0, |m| m.len());
         if size < self.files.log_offset {
             // The file was started again (deleted and re-created): its lines are new.
@@ -399,11 +410,9 @@ impl Uploader {
                 .filter(|r| r.epoch == epoch)
                 .map_or(0, |r| r.segments)
                 + 1;
-            let key = self
-                .lease
-                .store()
-                .key(&self.lease.keys().log_segment(epoch, seq));
-            self.lease.store().put_new(&key, Bytes::from(buf)).await?;
+            // The head counts the segment before it is written: a holder whose lease was
+            // taken is refused here and writes nothing. A kill between the two loses this
+            // segment only (readers skip a counted segment that is missing).
             self.lease
                 .commit(|h| {
                     let run = h.run_mut();
@@ -414,10 +423,23 @@ impl Uploader {
             offset += n;
             self.files.log_offset = offset;
             self.last_log = Some(Instant::now());
+            let bytes = Bytes::from(buf);
+            let key = self.segment_key(seq);
+            if let Err(e) = self.lease.store().put_new(&key, bytes.clone()).await {
+                self.claimed = Some((seq, bytes));
+                return Err(e.into());
+            }
         }
         self.health
             .ok(self.lease.head().log_bytes(), size - self.files.log_offset);
         Ok(())
+    }
+
+    fn segment_key(&self, seq: u64) -> object_store::path::Path {
+        let epoch = self.lease.head().epoch;
+        self.lease
+            .store()
+            .key(&self.lease.keys().log_segment(epoch, seq))
     }
 
     /// A changed checkpoint folder as a new manifest.
@@ -437,6 +459,8 @@ impl Uploader {
             Err(state::StateError::Changed(_)) => return Err(Failure::Again),
             Err(e) => return Err(Failure::Store(e.to_string())),
         };
+        // The fence before any object is written: a holder whose lease was taken stops here.
+        self.lease.commit(|_| {}).await?;
         for (segment, path) in files {
             if self.uploaded.contains(&segment.sha256) {
                 continue;

@@ -44,7 +44,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-/// How long a child has to answer `initialize` (its Python starts first).
+/// How long a child has to answer `initialize` (its Python starts first), besides the time
+/// it may wait for its task's lease ([`Spawn::lease_wait`]).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The protocol version asked of the child.
@@ -75,6 +76,9 @@ pub struct Spawn {
     /// The longest message a kernel may send (`FLOWREPL_MAX_REQUEST_BYTES`, as for the
     /// server's clients): a longer one is dropped and the call it answers gets an error.
     pub max_message_bytes: usize,
+    /// With `--store`: how long a kernel may wait for its task's lease at start (a holder that
+    /// died holds it this long): its `--lease-s`.
+    pub lease_wait: Duration,
 }
 
 impl Spawn {
@@ -267,9 +271,10 @@ impl Child {
             "capabilities": {"elicitation": {}},
             "clientInfo": {"name": "flowrepl-serve", "version": env!("CARGO_PKG_VERSION")},
         });
-        let initialized = tokio::time::timeout(START_TIMEOUT, child.request("initialize", init))
+        let within = START_TIMEOUT + spawn.lease_wait;
+        let initialized = tokio::time::timeout(within, child.request("initialize", init))
             .await
-            .map_err(|_| ChildError::StartTimeout(START_TIMEOUT));
+            .map_err(|_| ChildError::StartTimeout(within));
         if let Ok(Err(e)) | Err(e) = initialized {
             child.kill().await;
             return Err(e);

@@ -270,10 +270,18 @@ fn stale_holder(unfenced: bool) -> (Value, Vec<String>, Vec<String>, Value) {
     // The new holder dies too (no release): nothing but the stale holder writes from here.
     kill(b.pid(), libc::SIGKILL);
     b.wait();
+    // A cell queued while it is stopped: it runs when the holder wakes, and its record is
+    // what the uploader then tries to write (besides renewing its lease).
+    a.send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":\"queued\",\"method\":\"execute\",\"params\":{\"code\":\"w = 2\"}}\n");
     kill(a.pid(), libc::SIGCONT);
-    // Its uploader renews (or uploads) at once: it has been silent for longer than a third.
+    let queued = a.recv();
+    assert_eq!(queued["id"], "queued", "{queued}");
     std::thread::sleep(Duration::from_secs(2));
     let reply = a.call("execute", json!({"code": "z = 3"}));
+    if !unfenced {
+        // It stops after saying so.
+        a.wait();
+    }
     let after = epoch1(&s3);
     let h = head(&s3, prefix, "t");
     (reply, before, after, h)
