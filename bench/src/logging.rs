@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 /// `x = 1` round trips of kernels `a` and `b`, interleaved: (a's, b's).
-fn interleaved(args: &Args, a: Command, b: Command) -> (Stats, Stats, usize, usize) {
+pub(crate) fn interleaved(args: &Args, a: Command, b: Command) -> (Stats, Stats, usize, usize) {
     let rounds = if args.quick { 4 } else { 10 };
     let n = if args.quick { 500 } else { 2000 };
     let small = request("x = 1");

@@ -12,6 +12,7 @@
 //! - [`versions`]: every Python version the build serves.
 //! - [`ab`]: an interleaved A/B against another kernel build (`--baseline`).
 //! - [`sandbox`]: a worker with and without `--sandbox` (`--sandbox`).
+//! - [`store`]: a task kept in object storage against on local disk only (`--store`).
 //! - [`http`]: a lean MCP client of `flowrepl serve` and of stdio `flowrepl mcp`
 //!   (`mcp-calls`, for `bench/mcp/serve_bench.py`).
 
@@ -24,6 +25,7 @@ mod logging;
 mod peer;
 mod sandbox;
 mod stats;
+mod store;
 mod versions;
 mod worker;
 
@@ -62,6 +64,9 @@ pub struct Args {
     /// Only the sandbox's cost (a worker with and without `--sandbox`).
     #[arg(long)]
     pub sandbox: bool,
+    /// Only `--store`'s cost per cell (a task kept in moto's S3 server against not).
+    #[arg(long)]
+    pub store: bool,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -104,6 +109,7 @@ fn main() {
         None if args.logging => logging::run(&args, &logs),
         None if args.checkpoints => logging::checkpoints(&args, &logs),
         None if args.sandbox => sandbox::run(&args, &logs),
+        None if args.store => store::run(&args, &logs),
         None => {
             let python = peer::real_python();
             let anchors = kernel::run(&args, &python, &logs);
@@ -113,6 +119,7 @@ fn main() {
             logging::checkpoints(&args, &logs);
             versions::run(&args, &logs);
             sandbox::run(&args, &logs);
+            store::run(&args, &logs);
         }
     }
     let _ = std::fs::remove_dir_all(&logs);

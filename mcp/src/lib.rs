@@ -335,10 +335,18 @@ pub fn run(
             ticket,
             reply: Some(reply),
         };
-        session.dispatch(call, &mut to)?;
+        if session.dispatch(call, &mut to)? == flowrepl_session::session::Flow::Shutdown {
+            // The session must end (another kernel took its task in the store): its answer
+            // is on its way to the client; give the writer a moment, then stop.
+            std::thread::sleep(LAST_ANSWER_FLUSH);
+            break;
+        }
     }
     Ok(())
 }
+
+/// How long the MCP front waits for its last answer to be written when the session ends it.
+const LAST_ANSWER_FLUSH: Duration = Duration::from_millis(200);
 
 /// The next job: polled without sleeping for up to
 /// [`flowrepl_os::spin_before_block`] (the next call usually comes within tens of µs),

@@ -514,6 +514,27 @@ pub fn read_log_all(path: &Path) -> flowrepl_task_logger::ReadOutcome {
 /// Both execution modes, for tests that must hold in each.
 pub const MODES: [&str; 2] = ["in_process", "worker"];
 
+/// A loopback port free at the time of asking.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits (bounded by `within`) until something listens on loopback port `port`.
+pub fn wait_listening(port: u16, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not listen within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Whether every thread of process `pid` has exited (a killed process's main thread turns
 /// zombie first; its files, pipes included, close only when the last thread is gone), and
 /// every process of its group that its parent did not start (a worker's: in the sandbox's PID

@@ -2,7 +2,6 @@
 //! routing each task's own URL to one of them by its path (`hash $uri consistent`), as a
 //! deployment would; started per test on a free loopback port, in a folder of its own.
 
-use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,11 +32,7 @@ impl Nginx {
     /// request goes to the next one (for POST too: nothing was sent).
     pub fn start(upstreams: &[u16]) -> Nginx {
         let dir = tempfile::tempdir().unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::free_port();
         let d = dir.path().display();
         let servers: String = upstreams
             .iter()
@@ -87,11 +82,7 @@ http {{
             .stderr(Stdio::inherit())
             .spawn()
             .expect("nginx starts");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "nginx did not listen in 10 s");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        crate::wait_listening(port, Duration::from_secs(10), "nginx");
         Nginx { child, port, dir }
     }
 

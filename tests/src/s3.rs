@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A running `moto_server` with one bucket.
 pub struct S3Server {
@@ -18,14 +18,6 @@ pub struct S3Server {
     pub port: u16,
     /// The bucket the tests store in.
     pub bucket: String,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `moto_server` of the test venv (made when missing).
@@ -59,7 +51,7 @@ impl S3Server {
     /// Starts a server and makes the bucket `bucket`; `env` is set for the server (moto's
     /// own settings).
     pub fn start_with(bucket: &str, env: &[(&str, &str)]) -> S3Server {
-        let port = free_port();
+        let port = crate::free_port();
         let child = Command::new(moto_server())
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .envs(env.iter().copied())
@@ -68,14 +60,7 @@ impl S3Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("moto_server starts");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "moto_server did not listen in 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        crate::wait_listening(port, Duration::from_secs(30), "moto_server");
         let (code, body) = http(port, "PUT", &format!("/{bucket}"));
         assert_eq!(code, 200, "bucket not made: {body}");
         S3Server {

@@ -7,7 +7,7 @@ use flowrepl_tests::mcp::mcp_venv;
 use flowrepl_tests::nginx::Nginx;
 use flowrepl_tests::s3::{CutProxy, S3Server};
 use flowrepl_tests::serve::{processes_naming, Server};
-use flowrepl_tests::{flowrepl_bin, kill, wait_for, Kernel, KernelOptions, MODES};
+use flowrepl_tests::{flowrepl_bin, free_port, kill, wait_for, Kernel, KernelOptions, MODES};
 use serde_json::{json, Value};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -377,14 +377,6 @@ fn a_store_that_cannot_be_used_ends_the_start_with_one_line() {
     assert!(took < Duration::from_secs(10), "{took:?}");
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn serve_on(port: u16, s3: &S3Server, url: &str) -> Server {
     Server::start_with(
         &format!("127.0.0.1:{port}"),
@@ -525,6 +517,17 @@ fn log_command(s3: &S3Server, url: &str, args: &[&str]) -> std::process::Child {
     child
 }
 
+/// What `flowrepl log ARGS --store URL` printed; it must succeed.
+fn log_output(s3: &S3Server, url: &str, args: &[&str]) -> Vec<u8> {
+    let out = log_command(s3, url, args).wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 #[test]
 fn the_log_command_reads_a_task_from_the_store() {
     let s3 = S3Server::start();
@@ -534,29 +537,15 @@ fn the_log_command_reads_a_task_from_the_store() {
     k.ok("b = a + 1");
     wait_stored(&mut k, &s3, "l", "t", 2);
     let scope = ["--plan", PLAN, "--task", "t", "--json"];
-    let out = log_command(&s3, &url, &[&["show"][..], &scope].concat())
-        .wait_with_output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shown: Value =
+        serde_json::from_slice(&log_output(&s3, &url, &[&["show"][..], &scope].concat())).unwrap();
     let text = shown.to_string();
     assert!(
         text.contains("a = 1") && text.contains("b = a + 1"),
         "{text}"
     );
-    let out = log_command(&s3, &url, &["ls", "--json"])
-        .wait_with_output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains(PLAN));
+    let listed = log_output(&s3, &url, &["ls", "--json"]);
+    assert!(String::from_utf8_lossy(&listed).contains(PLAN));
 
     // tail -f follows the store: a cell run now shows up.
     let mut tail = log_command(&s3, &url, &[&["tail", "-f"][..], &scope].concat());
