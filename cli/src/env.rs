@@ -18,3 +18,8 @@ pub const SANDBOX: &str = "FLOWREPL_SANDBOX";
 pub const SANDBOX_SKIP: &str = "FLOWREPL_SANDBOX_SKIP";
 /// `--store`.
 pub const STORE: &str = "FLOWREPL_STORE";
+/// Who holds a task in the store (`--store`), when not the kernel run itself: `serve` gives
+/// its kernels its own instance's id, so that a kernel of the same server that comes after
+/// one that died takes the task at once instead of waiting out the dead one's lease (the
+/// server never runs two kernels of one task at once).
+pub const STORE_HOLDER: &str = "FLOWREPL_STORE_HOLDER";

@@ -104,6 +104,7 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
             Some(_) => Duration::from_secs(cli.lease_s),
             None => Duration::ZERO,
         },
+        holder: format!("serve-{}", uuid::Uuid::new_v4()),
     };
     let grace = Duration::from_millis(cli.kill_grace_ms);
     let pool = pool::Pool::new(

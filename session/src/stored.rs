@@ -79,7 +79,9 @@ pub fn attach(config: &Config) -> Result<Option<Attached>, AttachError> {
     let rt = runtime()?;
     rt.block_on(async {
         store.probe().await.map_err(bad)?;
-        let me = Holder::me(&config.identity.session_id);
+        let id = std::env::var(flowrepl_cli::env::STORE_HOLDER)
+            .unwrap_or_else(|_| config.identity.session_id.clone());
+        let me = Holder::me(&id);
         let lease = Lease::take(
             &store,
             &config.identity.plan_id,
@@ -90,10 +92,26 @@ pub fn attach(config: &Config) -> Result<Option<Attached>, AttachError> {
         )
         .await?;
         let head = lease.head().clone();
-        let log = fetch::log(&store, lease.keys(), &head, &config.log_file).await?;
+        // This disk's files are at least as new as the store's when it wrote the store's
+        // newest state and log itself (the same disk taking the task again).
+        let marker = flowrepl_store::local::Marker::read(&config.log_file);
+        let ours_log = marker
+            .as_ref()
+            .is_some_and(|m| m.log_bytes == head.log_bytes());
+        let ours_state = marker
+            .as_ref()
+            .is_some_and(|m| m.state.is_some() && m.state == head.state);
+        let log = fetch::log(&store, lease.keys(), &head, &config.log_file, ours_log).await?;
         let mark = flowrepl_task_logger::checkpoint::sandboxed_mark(&config.checkpoint_root);
-        let state =
-            fetch::checkpoints(&store, lease.keys(), &head, &config.checkpoint_root, &mark).await?;
+        let state = fetch::checkpoints(
+            &store,
+            lease.keys(),
+            &head,
+            &config.checkpoint_root,
+            &mark,
+            ours_state,
+        )
+        .await?;
         let files = match (&state.workspace, settings.workspace_max_bytes) {
             (Some(w), max) if max > 0 => {
                 let done = fetch::workspace(&store, lease.keys(), w, &settings.workspace).await?;

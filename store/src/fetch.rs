@@ -60,18 +60,21 @@ pub struct LogFetched {
     pub missing: u64,
 }
 
-/// Makes `log_file` the task's log as the store has it, unless it already is as long.
+/// Makes `log_file` the task's log as the store has it, unless it already is as long, or this
+/// disk wrote the store's log last (`ours`) and has at least as much: then the local file is
+/// kept, and what it has beyond the store's is uploaded next.
 pub async fn log(
     store: &Store,
     keys: &TaskKeys,
     head: &Head,
     log_file: &Path,
+    ours: bool,
 ) -> Result<LogFetched, FetchError> {
     let want = head.log_bytes();
     let have = std::fs::metadata(log_file).map_or(0, |m| m.len());
-    if have == want {
+    if have == want || (ours && have > want) {
         return Ok(LogFetched {
-            bytes: have,
+            bytes: want,
             rewritten: false,
             missing: 0,
         });
@@ -212,17 +215,22 @@ pub struct StateFetched {
 }
 
 /// Makes the checkpoint folder `root` hold the checkpoints of the head's newest manifest
-/// (and the sandboxed mark when they came from a sandboxed session).
+/// (and the sandboxed mark when they came from a sandboxed session), unless this disk wrote
+/// that manifest (`ours`) and still has a checkpoint folder: its own is at least as new.
 pub async fn checkpoints(
     store: &Store,
     keys: &TaskKeys,
     head: &Head,
     root: &Path,
     mark: &Path,
+    ours: bool,
 ) -> Result<StateFetched, FetchError> {
     let Some(key) = &head.state else {
         return Ok(StateFetched::default());
     };
+    if ours && std::fs::read_dir(root).is_ok_and(|mut d| d.next().is_some()) {
+        return Ok(StateFetched::default());
+    }
     let Some((bytes, _)) = store.get(&store.key(key)).await? else {
         return Err(StateError::Refused(format!("the head names {key}, which is missing")).into());
     };

@@ -9,6 +9,7 @@
 //! - [`workspace`]: the workspace's files by hash, taken without following links and written
 //!   back beneath the workspace.
 //! - [`fetch`]: the log and checkpoints brought onto this disk before a kernel starts.
+//! - [`local`]: what this disk last put in the store, so that its newer files are kept.
 //! - [`mirror`]: the uploader thread, off the request path.
 //!
 //! `docs/store.md` is the user's side: the layout, the lease, what a machine's death loses.
@@ -17,6 +18,7 @@
 pub mod fetch;
 pub mod head;
 pub mod lease;
+pub mod local;
 pub mod mirror;
 pub mod objects;
 pub mod state;

@@ -182,6 +182,7 @@ impl Mirror {
             state_seq: 0,
             known: crate::workspace::Known::new(),
             claimed: None,
+            marker: None,
         };
         std::thread::Builder::new()
             .name("flowrepl-store".into())
@@ -236,6 +237,8 @@ struct Uploader {
     known: crate::workspace::Known,
     /// A log segment the head counts whose put has not succeeded yet.
     claimed: Option<(u64, Bytes)>,
+    /// What this disk's marker says ([`crate::local`]).
+    marker: Option<crate::local::Marker>,
 }
 
 enum Failure {
@@ -355,6 +358,16 @@ impl Uploader {
     async fn step(&mut self, all: bool) -> Result<(), Failure> {
         self.log(all).await?;
         self.state(all).await?;
+        let head = self.lease.head();
+        let now = crate::local::Marker {
+            epoch: head.epoch,
+            state: head.state.clone(),
+            log_bytes: head.log_bytes(),
+        };
+        if self.marker.as_ref() != Some(&now) && self.claimed.is_none() {
+            now.write(&self.files.log_file);
+            self.marker = Some(now);
+        }
         if self.lease.committed().elapsed() >= self.lease_third() {
             self.lease.commit(|_| {}).await?;
         }

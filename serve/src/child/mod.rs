@@ -79,6 +79,8 @@ pub struct Spawn {
     /// With `--store`: how long a kernel may wait for its task's lease at start (a holder that
     /// died holds it this long): its `--lease-s`.
     pub lease_wait: Duration,
+    /// This server's id in the store's leases (`FLOWREPL_STORE_HOLDER` of its kernels).
+    pub holder: String,
 }
 
 impl Spawn {
@@ -205,6 +207,7 @@ impl Child {
             .env(flowrepl_task_logger::path::PLAN_ID_ENV, &key.plan)
             .env(flowrepl_task_logger::path::TASK_ID_ENV, &key.task)
             .env(flowrepl_task_logger::path::TASK_NAME_ENV, &key.task)
+            .env(flowrepl_cli::env::STORE_HOLDER, &spawn.holder)
             // The server's token is not the cells' (without the sandbox they would see the
             // kernel's environment): it would let a cell call any task's kernel.
             .env_remove(super::auth::TOKEN_ENV)

@@ -578,3 +578,93 @@ fn the_log_command_reads_a_task_from_the_store() {
     let _ = tail.wait();
     assert!(seen, "tail -f --store did not show the new cell");
 }
+
+#[test]
+fn the_same_disk_keeps_what_the_store_did_not_get_yet() {
+    // The store is cut while the holder goes on, then the holder dies: its disk has a newer
+    // log and checkpoint than the store. A kernel on the same disk keeps them (and uploads
+    // what the store is missing); a kernel on another disk gets the store's older copy.
+    let s3 = S3Server::start();
+    let proxy = CutProxy::start(s3.port);
+    let logs = tempfile::tempdir().unwrap();
+    let mut a = stored("in_process", &s3, proxy.port, "s", "t", 2)
+        .log_dir(logs.path())
+        .start();
+    a.ok("x = 1");
+    wait_stored(&mut a, &s3, "s", "t", 1);
+    proxy.cut();
+    a.ok("y = 2");
+    a.wait_checkpoint(2);
+    kill(a.pid(), libc::SIGKILL);
+    a.wait();
+    proxy.mend();
+    let mut b = stored("in_process", &s3, s3.port, "s", "t", 2)
+        .log_dir(logs.path())
+        .arg("--resume")
+        .start();
+    let r = b.ok("(x, y)");
+    assert_eq!(r["result"], "(1, 2)", "{r}");
+    b.sync();
+    let codes: Vec<String> = cells(&b.log_file()).into_iter().map(|c| c.2).collect();
+    assert_eq!(codes, ["x = 1", "y = 2", "(x, y)"]);
+    b.close();
+    // What the store was missing went up with the second kernel.
+    let mut c = stored("in_process", &s3, s3.port, "s", "t", 2)
+        .arg("--resume")
+        .start();
+    let r = c.ok("(x, y)");
+    assert_eq!(r["result"], "(1, 2)", "{r}");
+    c.sync();
+    let codes: Vec<String> = cells(&c.log_file()).into_iter().map(|c| c.2).collect();
+    assert_eq!(codes, ["x = 1", "y = 2", "(x, y)", "(x, y)"]);
+}
+
+#[test]
+fn a_kernel_of_the_same_server_takes_over_from_one_that_died_at_once() {
+    // serve's kernels hold their tasks as the server (one id), and the server never runs two
+    // kernels of one task: the kernel that follows one that died need not wait out its lease
+    // (here 30 s).
+    let s3 = S3Server::start();
+    let url = s3.url("d");
+    let server = Server::start_with(
+        "127.0.0.1:0",
+        &["--store", &url, "--lease-s", "30"],
+        &s3.env(),
+    );
+    let task_url = format!("{}/local/dies", server.url);
+    let first = server.run_at(&task_url, "calls", &["--code", "x = 41"]);
+    assert_eq!(results(&first)[0]["is_error"], false, "{first}");
+    assert!(
+        wait_for(Duration::from_secs(15), || has_state_after(
+            &s3, "d", "local", "dies", 1
+        )),
+        "the state did not reach the store"
+    );
+    // The kernel: the server's child (its worker is the kernel's).
+    let parent_of = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let kernels: Vec<u32> = processes_naming(server.dir.path())
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|pid| parent_of(*pid) == Some(server.pid()))
+        .collect();
+    assert_eq!(kernels.len(), 1, "{kernels:?}");
+    kill(kernels[0], libc::SIGKILL);
+    let started = Instant::now();
+    let second = server.run_at(&task_url, "calls", &["--code", "x + 1"]);
+    let took = started.elapsed();
+    let r = &results(&second)[0];
+    assert!(r["text"].as_str().unwrap().contains("42"), "{second}");
+    assert_eq!(r["restored"], true, "{second}");
+    assert!(
+        took < Duration::from_secs(20),
+        "waited for the dead kernel's lease: {took:?}"
+    );
+}
