@@ -96,6 +96,7 @@ pt = Point(3, 4)
 def double(v):
     return v * 2
 df = pd.DataFrame({"k": ["a", "b"], "v": [1.5, 2.5]})
+flow.context.update({"stage": "stored"})
 import os
 df.to_csv("table.csv", index=False)
 os.makedirs("sub", exist_ok=True)
@@ -118,6 +119,7 @@ assert pd.read_csv("table.csv")["v"].tolist() == [1.5, 2.5]
 assert open("sub/note.txt").read() == "hi"
 assert stat.S_IMODE(os.stat("sub/note.txt").st_mode) == 0o640
 assert not os.path.lexists("leak") and not os.path.lexists("pipe")
+assert flow.context["stage"] == "stored"
 "#;
 
 /// The execution records of a log, as (session, execution_count, code).
