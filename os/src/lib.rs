@@ -1,7 +1,9 @@
 //! Small OS and sync helpers shared by the kernel and the worker, on `nix` where it has the
-//! call: signal masks, `poll`, the page size, poison-tolerant locks, error chains; and
-//! [`logging`], diagnostics to the original stderr.
+//! call: signal masks, `poll`, the page size, poison-tolerant locks, error chains;
+//! [`logging`], diagnostics to the original stderr; and [`beneath`], files beneath a folder a
+//! cell can write, opened so that nothing planted there leads outside.
 
+pub mod beneath;
 pub mod logging;
 pub mod process;
 pub mod tree;
