@@ -334,10 +334,15 @@ pub async fn workspace(
     root: &Path,
 ) -> Result<WorkspaceFetched, FetchError> {
     let mut done = WorkspaceFetched::default();
+    let beneath = flowrepl_os::beneath::Beneath::open(root).map_err(|e| FetchError::Local {
+        what: "cannot open the workspace",
+        path: root.display().to_string(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
     for (path, entry) in &workspace.files {
         let target = root.join(path);
         if std::fs::symlink_metadata(&target).is_ok_and(|m| m.len() == entry.bytes)
-            && crate::workspace::read(root, path).is_ok_and(|(_, e)| e.sha256 == entry.sha256)
+            && crate::workspace::read(&beneath, path).is_ok_and(|(_, e)| e.sha256 == entry.sha256)
         {
             done.kept += 1;
             continue;
@@ -352,7 +357,7 @@ pub async fn workspace(
                 .push(format!("{path}: its blob does not have that hash"));
             continue;
         }
-        match crate::workspace::write_back(root, path, entry, &data) {
+        match crate::workspace::write_back(&beneath, path, entry, &data) {
             Ok(true) => done.written += 1,
             Ok(false) => done.kept += 1,
             Err(e) => done.not_written.push(e.to_string()),

@@ -523,6 +523,8 @@ impl Uploader {
         use crate::workspace;
         let (found, mut skipped) = workspace::walk(limits);
         let mut files = std::collections::BTreeMap::new();
+        let beneath = flowrepl_os::beneath::Beneath::open(&limits.root)
+            .map_err(|e| Failure::Store(format!("the workspace: {e}")))?;
         for f in found {
             if let Some((id, entry)) = self.known.get(&f.path) {
                 if *id == f.id {
@@ -530,7 +532,7 @@ impl Uploader {
                     continue;
                 }
             }
-            match workspace::read(&limits.root, &f.path) {
+            match workspace::read(&beneath, &f.path) {
                 Ok((data, entry)) => {
                     if !self.uploaded.contains(&entry.sha256) {
                         let key = self

@@ -7,24 +7,26 @@
 //! named `.flowrepl` are left out. What is not taken is named with the reason
 //! ([`Workspace::skipped`]): a symbolic link (not followed: it could lead anywhere on the
 //! host), a FIFO, socket or device (reading one could hang or read a device), a name that is
-//! not UTF-8, a file over the caps. A file is opened with `O_NOFOLLOW | O_NONBLOCK` and checked
-//! to be a regular file after opening, so a cell swapping it for a link or a FIFO between the
-//! walk and the read gains nothing; its hash is of the bytes read.
+//! not UTF-8, a file over the caps. Files are read through `flowrepl_os::beneath` (`openat2`
+//! beneath the workspace, no link followed anywhere on the way, a regular file with one link,
+//! checked on the open descriptor), so a cell swapping a file for a link or a FIFO between the
+//! walk and the read, or hard-linking a host file into the workspace, gains nothing; a file's
+//! hash is of the bytes read.
 //!
 //! # Writing back
-//! Every path from the store is checked (relative, no `.`, `..` or empty components), and
-//! written beneath the workspace one component at a time with `openat(O_NOFOLLOW)`, so a
-//! symbolic link already in the workspace cannot send a write outside it; each file goes to a
-//! temporary name and is renamed into place. A file whose content is already there is left
-//! alone; files the store does not name are never removed.
+//! Every path from the store is checked (names separated by `/`, no `.`, `..` or empty part),
+//! and written through `flowrepl_os::beneath` too: its folders made beneath the workspace
+//! without following a link a cell left there, the file written under a temporary name and
+//! renamed into place. A file whose content is already there is left alone; files the store
+//! does not name are never removed.
 
 use crate::state::{sha256, StateError};
+use flowrepl_os::beneath::Beneath;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
 
 /// The most files a workspace's state holds.
 pub const MAX_FILES: usize = 100_000;
@@ -136,26 +138,19 @@ pub fn walk(limits: &Limits) -> (Vec<Found>, BTreeMap<String, String>) {
     (found, skipped)
 }
 
-/// Reads a file the walk found, refusing anything but a regular file at open time; its
+/// Reads a file the walk found, beneath the workspace (`flowrepl_os::beneath`: no link
+/// followed on the way, a regular file with one link, checked on the open descriptor); its
 /// content and entry.
-pub fn read(root: &Path, path: &str) -> Result<(Vec<u8>, WorkspaceFile), String> {
-    let full = root.join(path);
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&full)
-        .map_err(|e| format!("cannot be opened: {e}"))?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
-    if !meta.file_type().is_file() {
-        return Err("not a regular file (a FIFO, socket or device)".into());
-    }
-    let mut data = Vec::with_capacity(meta.len() as usize);
+pub fn read(root: &Beneath, path: &str) -> Result<(Vec<u8>, WorkspaceFile), String> {
+    let (mut file, size) = root.read(path).map_err(|e| e.to_string())?;
+    let mode = file.metadata().map_err(|e| e.to_string())?.mode() & 0o777;
+    let mut data = Vec::with_capacity(size as usize);
     file.read_to_end(&mut data)
         .map_err(|e| format!("cannot be read: {e}"))?;
     let entry = WorkspaceFile {
         sha256: sha256(&data),
         bytes: data.len() as u64,
-        mode: meta.mode() & 0o777,
+        mode,
     };
     Ok((data, entry))
 }
@@ -164,19 +159,9 @@ pub fn read(root: &Path, path: &str) -> Result<(Vec<u8>, WorkspaceFile), String>
 /// is unchanged is not read again.
 pub type Known = HashMap<String, ((u64, u64, i64, i64), WorkspaceFile)>;
 
-/// Checks a path from the store: relative, `/`-separated, no empty, `.` or `..` component,
-/// no NUL.
+/// Checks a path from the store: names separated by `/`, none empty, `.` or `..`, no NUL.
 pub fn check_path(path: &str) -> Result<Vec<&str>, StateError> {
-    let parts: Vec<&str> = path.split('/').collect();
-    if path.is_empty()
-        || path.contains('\0')
-        || parts
-            .iter()
-            .any(|p| p.is_empty() || *p == "." || *p == "..")
-    {
-        return Err(StateError::Refused(format!("workspace path {path:?}")));
-    }
-    Ok(parts)
+    flowrepl_os::beneath::check(path).map_err(|e| StateError::Refused(e.to_string()))
 }
 
 /// Why a file was not written back.
@@ -189,99 +174,34 @@ pub struct NotWritten {
     pub why: String,
 }
 
-fn dir_fd(root: &Path) -> nix::Result<OwnedFd> {
-    use nix::fcntl::OFlag;
-    nix::fcntl::open(
-        root,
-        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-}
-
-/// Opens (making it when missing) the folder `parts` beneath `root`'s descriptor, never
-/// following a symbolic link.
-fn folder_beneath(root: &OwnedFd, parts: &[&str]) -> nix::Result<OwnedFd> {
-    use nix::fcntl::OFlag;
-    use nix::sys::stat::Mode;
-    let mut dir = root.try_clone().map_err(|_| nix::errno::Errno::EBADF)?;
-    for part in parts {
-        let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
-        let next = match nix::fcntl::openat(dir.as_fd(), *part, flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(nix::errno::Errno::ENOENT) => {
-                nix::sys::stat::mkdirat(dir.as_fd(), *part, Mode::from_bits_truncate(0o700))?;
-                nix::fcntl::openat(dir.as_fd(), *part, flags, Mode::empty())?
-            }
-            Err(e) => return Err(e),
-        };
-        dir = next;
-    }
-    Ok(dir)
-}
-
-/// Whether `path` beneath `root` already holds `entry`'s content (read without following a
-/// link).
-fn already_there(root: &Path, path: &str, entry: &WorkspaceFile) -> bool {
-    match std::fs::symlink_metadata(root.join(path)) {
-        Ok(m) if m.file_type().is_file() && m.size() == entry.bytes => {
-            read(root, path).is_ok_and(|(_, e)| e.sha256 == entry.sha256)
-        }
-        _ => false,
-    }
-}
-
-/// Writes `data` (the content of `entry`) at `path` beneath `root`, unless it is there.
+/// Writes `data` (the content of `entry`) at `path` beneath the workspace, unless it is
+/// there; whether it was written.
 pub fn write_back(
-    root: &Path,
+    root: &Beneath,
     path: &str,
     entry: &WorkspaceFile,
     data: &[u8],
 ) -> Result<bool, NotWritten> {
-    use nix::fcntl::OFlag;
-    use nix::sys::stat::Mode;
     use std::io::Write;
     let not = |why: String| NotWritten {
         path: path.to_owned(),
         why,
     };
-    let parts = check_path(path).map_err(|e| not(e.to_string()))?;
-    if already_there(root, path, entry) {
+    check_path(path).map_err(|e| not(e.to_string()))?;
+    if read(root, path).is_ok_and(|(_, e)| e.sha256 == entry.sha256) {
         return Ok(false);
     }
-    let (name, folders) = parts.split_last().expect("at least one part");
-    let root_fd = dir_fd(root).map_err(|e| not(format!("the workspace: {e}")))?;
-    let dir = folder_beneath(&root_fd, folders).map_err(|e| {
-        not(format!(
-            "its folder cannot be made beneath the workspace ({e})"
-        ))
-    })?;
-    let tmp = format!(".{name}.flowrepl-{}", uuid::Uuid::new_v4().simple());
-    let fd = nix::fcntl::openat(
-        dir.as_fd(),
-        tmp.as_str(),
-        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(entry.mode & 0o777),
-    )
-    .map_err(|e| not(e.to_string()))?;
-    let mut file = std::fs::File::from(fd);
-    // The mode again: openat's was cut by the umask.
-    let written = file.write_all(data).and_then(|()| {
-        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
-            entry.mode & 0o777,
-        ))
-    });
-    let renamed = written.map_err(|e| e.to_string()).and_then(|()| {
-        nix::fcntl::renameat(dir.as_fd(), tmp.as_str(), dir.as_fd(), *name)
-            .map_err(|e| e.to_string())
-    });
-    if let Err(e) = renamed {
-        let _ = nix::unistd::unlinkat(
-            dir.as_fd(),
-            tmp.as_str(),
-            nix::unistd::UnlinkatFlags::NoRemoveDir,
-        );
-        return Err(not(e));
-    }
+    let mut w = root.write(path).map_err(|e| not(e.to_string()))?;
+    w.file()
+        .write_all(data)
+        .and_then(|()| {
+            w.file()
+                .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
+                    entry.mode & 0o777,
+                ))
+        })
+        .map_err(|e| not(e.to_string()))?;
+    w.commit().map_err(|e| not(e.to_string()))?;
     Ok(true)
 }
 
@@ -302,8 +222,9 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let outside = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(outside.path(), root.path().join("sub")).unwrap();
-        let e = write_back(root.path(), "sub/note.txt", &entry(b"hi"), b"hi").unwrap_err();
-        assert!(e.why.contains("beneath the workspace"), "{e}");
+        let b = Beneath::open(root.path()).unwrap();
+        let e = write_back(&b, "sub/note.txt", &entry(b"hi"), b"hi").unwrap_err();
+        assert!(e.why.contains("outside the workspace"), "{e}");
         assert!(!outside.path().join("note.txt").exists());
         // The same write by path, without the component-by-component O_NOFOLLOW: it lands
         // outside.
@@ -313,7 +234,7 @@ mod tests {
         let target = outside.path().join("target");
         std::fs::write(&target, b"theirs").unwrap();
         std::os::unix::fs::symlink(&target, root.path().join("file")).unwrap();
-        assert!(write_back(root.path(), "file", &entry(b"mine"), b"mine").unwrap());
+        assert!(write_back(&b, "file", &entry(b"mine"), b"mine").unwrap());
         assert_eq!(std::fs::read(&target).unwrap(), b"theirs");
         assert_eq!(std::fs::read(root.path().join("file")).unwrap(), b"mine");
     }
@@ -362,6 +283,12 @@ mod tests {
         // A FIFO swapped in after the walk is refused at open time, without blocking.
         std::fs::remove_file(p.join("small")).unwrap();
         nix::unistd::mkfifo(&p.join("small"), nix::sys::stat::Mode::S_IRWXU).unwrap();
-        assert!(read(p, "small").unwrap_err().contains("FIFO"));
+        let b = Beneath::open(p).unwrap();
+        assert!(read(&b, "small").unwrap_err().contains("FIFO"));
+        // A hard link to a file elsewhere is not read either.
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::write(elsewhere.path().join("host"), b"host").unwrap();
+        std::fs::hard_link(elsewhere.path().join("host"), p.join("linked")).unwrap();
+        assert!(read(&b, "linked").unwrap_err().contains("hard link"));
     }
 }
