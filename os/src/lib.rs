@@ -230,8 +230,12 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
+        let c_text = c.to_string();
+        // Some errors (object_store's, reqwest's) already say their causes in their message.
+        if !s.contains(&c_text) {
+            s.push_str(": ");
+            s.push_str(&c_text);
+        }
         cur = c.source();
     }
     s

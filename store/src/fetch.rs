@@ -83,12 +83,7 @@ pub async fn log(
     private_dir(dir)?;
     let tmp = log_file.with_extension(format!("jsonl.fetch-{}", uuid::Uuid::new_v4()));
     let result = async {
-        let mut out = std::fs::OpenOptions::new()
-            .create_new(true)
-            .write(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(local("cannot create", &tmp))?;
+        let mut out = create_private(&tmp)?;
         let mut bytes = 0u64;
         let mut missing = 0u64;
         for run in &head.log {
@@ -366,12 +361,18 @@ pub async fn workspace(
     Ok(done)
 }
 
-fn write_new(path: &Path, data: &[u8]) -> Result<(), FetchError> {
-    let mut f = std::fs::OpenOptions::new()
+/// A new file only this user can read (it must not exist).
+fn create_private(path: &Path) -> Result<std::fs::File, FetchError> {
+    std::fs::OpenOptions::new()
         .create_new(true)
         .write(true)
         .mode(0o600)
         .open(path)
-        .map_err(local("cannot create", path))?;
-    f.write_all(data).map_err(local("cannot write", path))
+        .map_err(local("cannot create", path))
+}
+
+fn write_new(path: &Path, data: &[u8]) -> Result<(), FetchError> {
+    create_private(path)?
+        .write_all(data)
+        .map_err(local("cannot write", path))
 }

@@ -187,7 +187,8 @@ impl Mirror {
         std::thread::Builder::new()
             .name("flowrepl-store".into())
             .spawn(move || {
-                flowrepl_block_signals();
+                // Process-directed SIGINT belongs to the cell's thread.
+                flowrepl_os::block_sigint();
                 worker.run(&runtime, rx)
             })?;
         Ok(Arc::new(Mirror {
@@ -210,15 +211,6 @@ impl Mirror {
             let _ = wait.recv_timeout(FINISH_WITHIN + Duration::from_secs(5));
         }
     }
-}
-
-/// SIGINT and SIGTERM are the kernel's to handle: never delivered to this thread.
-fn flowrepl_block_signals() {
-    let mut set = nix::sys::signal::SigSet::empty();
-    set.add(nix::sys::signal::Signal::SIGINT);
-    set.add(nix::sys::signal::Signal::SIGTERM);
-    set.add(nix::sys::signal::Signal::SIGHUP);
-    let _ = set.thread_block();
 }
 
 struct Uploader {
@@ -252,29 +244,15 @@ impl From<CommitError> for Failure {
     fn from(e: CommitError) -> Failure {
         match e {
             CommitError::Fenced { .. } => Failure::Fenced(e.to_string()),
-            CommitError::Store(s) => Failure::Store(flowrepl_chain(&s)),
+            CommitError::Store(s) => Failure::Store(flowrepl_os::chain(&s)),
         }
     }
 }
 
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Failure {
-        Failure::Store(flowrepl_chain(&e))
+        Failure::Store(flowrepl_os::chain(&e))
     }
-}
-
-fn flowrepl_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let c = cause.to_string();
-        if !s.contains(&c) {
-            s.push_str(": ");
-            s.push_str(&c);
-        }
-        source = cause.source();
-    }
-    s
 }
 
 impl Uploader {
