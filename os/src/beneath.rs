@@ -132,6 +132,15 @@ fn fail(path: &str, e: Errno) -> BeneathError {
 
 static TEMP: AtomicU64 = AtomicU64::new(0);
 
+/// What the temporary name of a file being written holds (`.<name>.flowrepl-<pid>-<n>`).
+const TEMP_MARK: &str = ".flowrepl-";
+
+/// Whether `name` is the temporary name of a file being written ([`Beneath::write`]): listings
+/// leave such names out.
+pub fn is_temporary(name: &str) -> bool {
+    name.starts_with('.') && name.contains(TEMP_MARK)
+}
+
 impl Beneath {
     /// The folder `path` (which must exist).
     pub fn open(path: &Path) -> Result<Beneath, BeneathError> {
@@ -225,7 +234,7 @@ impl Beneath {
         let dir = self.folder(path, folders)?;
         loop {
             let tmp = format!(
-                ".{}.flowrepl-{}-{}",
+                ".{}{TEMP_MARK}{}-{}",
                 name.chars().take(100).collect::<String>(),
                 std::process::id(),
                 TEMP.fetch_add(1, Ordering::Relaxed)

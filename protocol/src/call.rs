@@ -12,6 +12,10 @@
 //! | `checkpoint` | [`CheckpointParams`] (optional) | [`CheckpointSummary`]: saves every name now |
 //! | `restore` | [`CheckpointParams`] (optional) | [`RestoreReport`]: replaces the namespace with a checkpoint's |
 //! | `checkpoints` | none | [`CheckpointsReply`]: the task's checkpoints |
+//! | `upload_file` | [`UploadParams`] | [`FileInfo`]: a file written into the task's workspace |
+//! | `download_file` | [`PathParams`] | [`Downloaded`]: a workspace file and its content |
+//! | `list_files` | [`ListParams`] (optional) | [`Listing`]: a page of a workspace folder |
+//! | `delete_file` | [`PathParams`] | [`Deleted`] |
 //!
 //! `status`, `interrupt` and `approve` are answered at once even while a cell runs;
 //! everything else is answered in order.
@@ -20,6 +24,9 @@ pub use crate::approval::{ApproveParams, ApproveReply};
 use crate::checkpoint::{CheckpointParams, RestartParams, RestoreReport};
 #[cfg(doc)]
 use crate::checkpoint::{CheckpointSummary, CheckpointsReply};
+#[cfg(doc)]
+use crate::files::{Deleted, Downloaded, FileInfo, Listing};
+use crate::files::{ListParams, PathParams, UploadParams};
 use crate::jsonrpc::{ErrorCode, Request, RpcError};
 use serde::{Deserialize, Serialize};
 
@@ -76,6 +83,14 @@ pub enum Call {
     Restore(CheckpointParams),
     /// `checkpoints`: list the task's checkpoints.
     Checkpoints,
+    /// `upload_file`: write a file into the task's workspace.
+    UploadFile(UploadParams),
+    /// `download_file`: read a file of the task's workspace.
+    DownloadFile(PathParams),
+    /// `list_files`: a page of a folder of the task's workspace.
+    ListFiles(ListParams),
+    /// `delete_file`: remove a file of the task's workspace.
+    DeleteFile(PathParams),
 }
 
 impl Call {
@@ -124,6 +139,17 @@ impl Call {
             "restore" => optional_params(req, "{\"name\"?: string}").map(Call::Restore),
             "checkpoints" => no_params(req, Call::Checkpoints),
             "list_variables" => no_params(req, Call::ListVariables),
+            "upload_file" => {
+                required_params(req, "{\"path\": string, \"text\"?: string, \"base64\"?: string}")
+                    .map(Call::UploadFile)
+            }
+            "download_file" => required_params(req, "{\"path\": string}").map(Call::DownloadFile),
+            "delete_file" => required_params(req, "{\"path\": string}").map(Call::DeleteFile),
+            "list_files" => optional_params(
+                req,
+                "{\"path\"?: string, \"cursor\"?: string, \"limit\"?: int}",
+            )
+            .map(Call::ListFiles),
             "approve" => {
                 let raw = req.params.map(|p| p.get()).unwrap_or("null");
                 serde_json::from_str(raw).map(Call::Approve).map_err(|e| {
@@ -136,7 +162,7 @@ impl Call {
             other => Err(RpcError::new(
                 ErrorCode::MethodNotFound,
                 format!(
-                    "method not found: {other:?} (methods: execute_code, execute, status, ping, interrupt, restart, list_variables, shutdown, approve, checkpoint, restore, checkpoints)"
+                    "method not found: {other:?} (methods: execute_code, execute, status, ping, interrupt, restart, list_variables, shutdown, approve, checkpoint, restore, checkpoints, upload_file, download_file, list_files, delete_file)"
                 ),
             )),
         }
@@ -219,6 +245,20 @@ fn optional_params<T: serde::de::DeserializeOwned + Default>(
             )
         }),
     }
+}
+
+/// Params that must be an object of type `T`.
+fn required_params<T: serde::de::DeserializeOwned>(
+    req: &Request<'_>,
+    want: &str,
+) -> Result<T, RpcError> {
+    let raw = req.params.map(|p| p.get().trim()).unwrap_or("null");
+    serde_json::from_str(raw).map_err(|e| {
+        RpcError::new(
+            ErrorCode::InvalidParams,
+            format!("invalid params for `{}` (want {want}): {e}", req.method),
+        )
+    })
 }
 
 #[cfg(test)]

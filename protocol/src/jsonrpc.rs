@@ -59,6 +59,9 @@ pub enum ErrorCode {
     InternalError,
     /// -32001: the request line is longer than the kernel accepts.
     RequestTooLarge,
+    /// -32002: a file operation was refused: a path that leads outside the workspace or into
+    /// flowrepl's own folder, nothing there, not a regular file, over a limit.
+    FileRefused,
 }
 
 impl ErrorCode {
@@ -71,6 +74,7 @@ impl ErrorCode {
             ErrorCode::InvalidParams => -32602,
             ErrorCode::InternalError => -32603,
             ErrorCode::RequestTooLarge => -32001,
+            ErrorCode::FileRefused => -32002,
         }
     }
 }

@@ -7,6 +7,8 @@
 //! - [`call`]: the methods the kernel answers, as one enum ([`call::Call`]) with typed params,
 //!   and their replies.
 //! - [`execute`]: the result of `execute_code` ([`execute::ExecuteResult`]).
+//! - [`files`]: files in a task's workspace: `upload_file`, `download_file`, `list_files`,
+//!   `delete_file`.
 //! - [`fault`]: the `error.type`s of cells that failed outside Python ([`fault::Fault`]).
 //! - [`checkpoint`]: checkpoints of the namespace: `checkpoint`, `restore`, `checkpoints`, and
 //!   how a restore is reported.
@@ -27,6 +29,7 @@ pub mod call;
 pub mod checkpoint;
 pub mod execute;
 pub mod fault;
+pub mod files;
 pub mod frame;
 pub mod json;
 pub mod jsonrpc;

@@ -33,8 +33,8 @@ pub use reader::{
     save_context, ReadOutcome, Record, SkippedLine,
 };
 pub use record::{
-    ContextRecord, EventRecord, ExecutionRecord, RecordHead, SessionLimits, SessionRecord,
-    TaskHead, FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
-    RECORD_TYPE_SESSION,
+    ContextRecord, EventRecord, ExecutionRecord, FileRecord, RecordHead, SessionLimits,
+    SessionRecord, TaskHead, FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT,
+    RECORD_TYPE_EXECUTION, RECORD_TYPE_FILE, RECORD_TYPE_SESSION,
 };
 pub use writer::{LogError, TaskLog};

@@ -86,6 +86,18 @@ pub fn task_log_path(log_dir: &Path, plan_id: &str, task_id: &str) -> PathBuf {
     p
 }
 
+/// The log folder of a task log made by [`task_log_path`].
+pub fn log_dir_of(log_file: &Path) -> Option<&Path> {
+    log_file.parent().and_then(Path::parent)
+}
+
+/// `<log_dir>/<plan>/<task>.files`: touched whenever a client changes the task's workspace
+/// files (an upload or a delete, by the kernel or by `serve`), so that the store's uploader
+/// (`--store`), which watches it, keeps the workspace with a new state.
+pub fn workspace_marker(log_file: &Path) -> PathBuf {
+    log_file.with_extension("files")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

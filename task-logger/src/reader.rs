@@ -5,8 +5,9 @@
 //! without `\n` (a write in progress) is skipped too.
 
 use crate::record::{
-    ContextRecord, EventRecord, ExecutionRecord, SessionRecord, FORMAT_VERSION,
-    RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION, RECORD_TYPE_SESSION,
+    ContextRecord, EventRecord, ExecutionRecord, FileRecord, SessionRecord, FORMAT_VERSION,
+    RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION, RECORD_TYPE_FILE,
+    RECORD_TYPE_SESSION,
 };
 use std::io;
 use std::path::Path;
@@ -31,6 +32,8 @@ pub struct ReadOutcome {
     pub contexts: Vec<ContextRecord<'static>>,
     /// The session records, in file order.
     pub sessions: Vec<SessionRecord<'static>>,
+    /// The file records, in file order.
+    pub files: Vec<FileRecord<'static>>,
     /// Lines that were not returned, with the reason.
     pub skipped: Vec<SkippedLine>,
 }
@@ -52,6 +55,8 @@ pub enum Record {
     Context(Box<ContextRecord<'static>>),
     /// `type: "session"`.
     Session(Box<SessionRecord<'static>>),
+    /// `type: "file"`.
+    File(Box<FileRecord<'static>>),
 }
 
 /// Parses one line (without its `\n`): a record, or why it is not one this reader returns
@@ -94,6 +99,7 @@ pub fn parse_line(line: &[u8]) -> Result<Record, String> {
         RECORD_TYPE_SESSION => {
             Record::Session(Box::new(serde_json::from_slice(line).map_err(bad)?))
         }
+        RECORD_TYPE_FILE => Record::File(Box::new(serde_json::from_slice(line).map_err(bad)?)),
         other => return Err(format!("record type {other:?}")),
     })
 }
@@ -163,6 +169,7 @@ impl ReadOutcome {
             Ok(Record::Event(r)) => self.events.push(*r),
             Ok(Record::Context(r)) => self.contexts.push(*r),
             Ok(Record::Session(r)) => self.sessions.push(*r),
+            Ok(Record::File(r)) => self.files.push(*r),
             Err(reason) => self.skipped.push(SkippedLine {
                 line: line_no,
                 reason,

@@ -332,6 +332,38 @@ pub struct ContextRecord<'a> {
     pub context: flowrepl_protocol::EventData,
 }
 
+/// The `type` of a file record.
+pub const RECORD_TYPE_FILE: &str = "file";
+
+/// A client's transfer of a workspace file (`upload_file`, `download_file`, `delete_file`, over
+/// JSON-RPC, MCP, a resource read or `serve`'s HTTP routes), or its refusal. Written by whoever
+/// served it: the kernel, or `flowrepl serve` for a task whose kernel is stopped (its
+/// `session_id` is then the server's id). See `docs/files.md`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileRecord<'a> {
+    /// `type: "file"`, the version, plan, task and session.
+    #[serde(flatten)]
+    pub head: TaskHead<'a>,
+    /// When it ended, UTC ISO 8601 with milliseconds and `Z`.
+    pub timestamp: Cow<'a, str>,
+    /// `upload`, `download` or `delete`.
+    pub op: Cow<'a, str>,
+    /// The path the client named, relative to the workspace (at most 1024 characters kept).
+    pub path: Cow<'a, str>,
+    /// Bytes written or read (0 for a delete or a refusal).
+    pub bytes: u64,
+    /// SHA-256 of the bytes written or read, lowercase hex; absent for a delete or a refusal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<Cow<'a, str>>,
+    /// How it came: `jsonrpc`, `mcp`, `resource` (an MCP `resources/read`) or `http`.
+    pub via: Cow<'a, str>,
+    /// How long it took, ms.
+    pub elapsed_ms: f64,
+    /// Why it was refused or failed; absent when it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Cow<'a, str>>,
+}
+
 #[cfg(test)]
 mod tests {
     use crate::writer::tests_support::record_with;
