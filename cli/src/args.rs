@@ -187,6 +187,23 @@ pub struct Cli {
     )]
     pub store_workspace_mb: u64,
 
+    /// The largest file a client may upload or download (upload_file, download_file, serve's
+    /// /files/ routes), in bytes (also FLOWREPL_MAX_FILE_BYTES). See docs/files.md.
+    #[arg(global = true, long, env = "FLOWREPL_MAX_FILE_BYTES", default_value_t = 4 << 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_file_bytes: u64,
+
+    /// The most a task's workspace may hold after a client's upload, in MB; an upload that
+    /// would pass it is refused and nothing is written; 0: no cap (also
+    /// FLOWREPL_MAX_WORKSPACE_MB). Files a cell writes are not held to it.
+    #[arg(
+        global = true,
+        long,
+        env = "FLOWREPL_MAX_WORKSPACE_MB",
+        default_value_t = 10240
+    )]
+    pub max_workspace_mb: u64,
+
     /// `serve`: the global flags and `mcp` settings given on its command line, as flags again,
     /// for the kernels it starts (which also inherit its environment).
     #[arg(skip)]

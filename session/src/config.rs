@@ -48,8 +48,6 @@ pub struct StoreSettings {
     pub url: String,
     /// The task's lease.
     pub lease: std::time::Duration,
-    /// The workspace whose files are kept with each state.
-    pub workspace: PathBuf,
     /// At most this many bytes of them (0: none are kept).
     pub workspace_max_bytes: u64,
 }
@@ -98,6 +96,12 @@ pub struct Config {
     pub resume: bool,
     /// `--store`: where the task's state is kept besides this disk.
     pub store: Option<StoreSettings>,
+    /// The task's workspace (absolute): the sandbox's `--workspace`; unsandboxed, `--workspace`
+    /// if given, else the current directory. Clients' files go there; `--store` keeps its
+    /// files with each state.
+    pub workspace: PathBuf,
+    /// `--max-file-bytes` and `--max-workspace-mb`.
+    pub file_limits: flowrepl_files::Limits,
     /// Checkpoints a sandboxed session wrote may be restored: this session is sandboxed too,
     /// or `--trust-sandboxed-checkpoints`.
     pub trust_sandboxed_checkpoints: bool,
@@ -160,9 +164,9 @@ pub enum ConfigError {
     /// The log directory cannot be made absolute (no working directory).
     #[error("cannot resolve the log directory")]
     LogDir(#[source] std::io::Error),
-    /// The workspace kept in the store cannot be resolved.
-    #[error("cannot resolve the workspace kept in the store (--store)")]
-    StoreWorkspace(#[source] std::io::Error),
+    /// The task's workspace cannot be resolved.
+    #[error("cannot resolve the task's workspace")]
+    Unresolved(#[source] std::io::Error),
     /// `--workspace` is not a folder.
     #[error("--workspace {0}: not a folder")]
     Workspace(String),
@@ -369,22 +373,19 @@ impl Config {
             checkpoint_root,
             resume: cli.resume,
             trust_sandboxed_checkpoints: sandboxed || cli.trust_sandboxed_checkpoints,
-            store: match &cli.store {
-                None => None,
-                Some(url) => Some(StoreSettings {
-                    url: url.clone(),
-                    lease: std::time::Duration::from_secs(cli.lease_s),
-                    workspace: match (&worker_sandbox_workspace, &cli.workspace) {
-                        (Some(w), _) => w.clone(),
-                        (None, Some(w)) => {
-                            std::path::absolute(w).map_err(ConfigError::StoreWorkspace)?
-                        }
-                        (None, None) => {
-                            std::env::current_dir().map_err(ConfigError::StoreWorkspace)?
-                        }
-                    },
-                    workspace_max_bytes: cli.store_workspace_mb.saturating_mul(1 << 20),
-                }),
+            store: cli.store.as_ref().map(|url| StoreSettings {
+                url: url.clone(),
+                lease: std::time::Duration::from_secs(cli.lease_s),
+                workspace_max_bytes: cli.store_workspace_mb.saturating_mul(1 << 20),
+            }),
+            workspace: match (&worker_sandbox_workspace, &cli.workspace) {
+                (Some(w), _) => w.clone(),
+                (None, Some(w)) => std::path::absolute(w).map_err(ConfigError::Unresolved)?,
+                (None, None) => std::env::current_dir().map_err(ConfigError::Unresolved)?,
+            },
+            file_limits: flowrepl_files::Limits {
+                max_file_bytes: cli.max_file_bytes,
+                max_workspace_bytes: cli.max_workspace_mb.saturating_mul(1 << 20),
             },
             setup,
             json_repl_client: dropin.is_some() || cli.compat.is_some(),

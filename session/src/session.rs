@@ -50,6 +50,14 @@ pub enum Answer {
     Restore(RestoreReport),
     /// `checkpoints`.
     Checkpoints(CheckpointsReply),
+    /// `upload_file`.
+    Uploaded(flowrepl_protocol::files::FileInfo),
+    /// `download_file`.
+    Downloaded(flowrepl_protocol::files::Downloaded),
+    /// `list_files`.
+    Listing(flowrepl_protocol::files::Listing),
+    /// `delete_file`.
+    Deleted(flowrepl_protocol::files::Deleted),
 }
 
 /// How a front answers the calls the dispatcher runs.
@@ -214,6 +222,45 @@ pub struct Session {
     /// The task log, and this session's id (a `--resume` reads earlier sessions' changes).
     log_file: std::path::PathBuf,
     session_id: String,
+    /// The task's workspace for clients' files (or why it cannot be used).
+    files: Result<Arc<flowrepl_files::Workspace>, String>,
+}
+
+/// The task's workspace for clients' files, recording into the task log (unless `--no-log`).
+fn open_files(config: &Config) -> Result<Arc<flowrepl_files::Workspace>, String> {
+    let id = &config.identity;
+    let recorder = config.logging.then(|| {
+        Arc::new(flowrepl_files::Recorder::new(
+            config.log_file.clone(),
+            &id.plan_id,
+            &id.task_id,
+            id.task_name.as_deref(),
+            &id.session_id,
+        ))
+    });
+    flowrepl_files::Workspace::open(
+        &config.workspace,
+        flowrepl_task_logger::path::log_dir_of(&config.log_file),
+        config.file_limits,
+        recorder,
+        config
+            .store
+            .is_some()
+            .then(|| flowrepl_task_logger::path::workspace_marker(&config.log_file)),
+    )
+    .map(Arc::new)
+    .map_err(|e| format!("the task's workspace {}: {e}", config.workspace.display()))
+}
+
+/// A refused or failed file operation as a JSON-RPC error.
+pub fn file_error(e: &flowrepl_files::FileError) -> RpcError {
+    use flowrepl_files::Kind;
+    let code = match e.kind() {
+        Kind::BadRequest => ErrorCode::InvalidParams,
+        Kind::Internal | Kind::Unsupported => ErrorCode::InternalError,
+        _ => ErrorCode::FileRefused,
+    };
+    RpcError::new(code, e.to_string())
 }
 
 impl Session {
@@ -285,6 +332,7 @@ impl Session {
             ledger: Ledger::new(&config.identity.session_id),
             log_file: config.log_file.clone(),
             session_id: config.identity.session_id.clone(),
+            files: open_files(config),
             checkpoint_policy: config
                 .checkpoints
                 .as_ref()
@@ -295,6 +343,11 @@ impl Session {
     /// What `status` says, for the threads that answer it while a cell runs.
     pub fn board(&self) -> Arc<StatusBoard> {
         Arc::clone(&self.board)
+    }
+
+    /// The task's workspace for clients' files, or why it cannot be used.
+    pub fn files(&self) -> Result<Arc<flowrepl_files::Workspace>, String> {
+        self.files.clone()
     }
 
     /// The cells' approval requests.
@@ -394,6 +447,13 @@ impl Session {
                 let accepted = self.approvals.answer(params.into_answer());
                 to.answer(Answer::Approve(ApproveReply { accepted }))?
             }
+            Call::UploadFile(_)
+            | Call::DownloadFile(_)
+            | Call::ListFiles(_)
+            | Call::DeleteFile(_) => match self.file_call(call) {
+                Ok(answer) => to.answer(answer)?,
+                Err(e) => to.failed(e)?,
+            },
             Call::Shutdown => {
                 to.answer(Answer::Shutdown(ShutdownReply {
                     shutting_down: true,
@@ -402,6 +462,26 @@ impl Session {
             }
         }
         Ok(Flow::Continue)
+    }
+
+    /// A file operation of the JSON-RPC front.
+    fn file_call(&self, call: Call) -> Result<Answer, RpcError> {
+        use flowrepl_files::Via;
+        let files = self
+            .files
+            .as_ref()
+            .map_err(|why| RpcError::new(ErrorCode::InternalError, why.clone()))?;
+        let max = files.limits().max_file_bytes;
+        let answer = match call {
+            Call::UploadFile(p) => files.upload_params(&p, Via::JsonRpc).map(Answer::Uploaded),
+            Call::DownloadFile(p) => files
+                .download_params(&p.path, max, Via::JsonRpc)
+                .map(Answer::Downloaded),
+            Call::ListFiles(p) => files.list(&p).map(Answer::Listing),
+            Call::DeleteFile(p) => files.delete(&p.path, Via::JsonRpc).map(Answer::Deleted),
+            _ => unreachable!("only file calls come here"),
+        };
+        answer.map_err(|e| file_error(&e))
     }
 
     /// Runs a cell and returns its result and images; hand the result to

@@ -112,9 +112,11 @@ pub fn attach(config: &Config) -> Result<Option<Attached>, AttachError> {
             ours_state,
         )
         .await?;
+        // A state this disk committed came from this disk's workspace, which may have changed
+        // since (a client's upload while the kernel was stopped): it is kept as it is.
         let files = match (&state.workspace, settings.workspace_max_bytes) {
-            (Some(w), max) if max > 0 => {
-                let done = fetch::workspace(&store, lease.keys(), w, &settings.workspace).await?;
+            (Some(w), max) if max > 0 && !ours_state => {
+                let done = fetch::workspace(&store, lease.keys(), w, &config.workspace).await?;
                 for e in &done.not_written {
                     tracing::warn!("workspace file not written back: {e}");
                 }
@@ -152,16 +154,14 @@ impl Attached {
                 sandboxed: config.worker.as_ref().is_some_and(|w| w.sandbox.is_some()),
                 workspace: config.store.as_ref().and_then(|s| {
                     (s.workspace_max_bytes > 0).then(|| flowrepl_store::workspace::Limits {
-                        root: s.workspace.clone(),
+                        root: config.workspace.clone(),
                         // The task's log folder (and its checkpoints) when it is inside.
-                        exclude: config
-                            .log_file
-                            .parent()
-                            .and_then(std::path::Path::parent)
+                        exclude: flowrepl_task_logger::path::log_dir_of(&config.log_file)
                             .map(std::path::Path::to_path_buf)
                             .into_iter()
                             .collect(),
                         max_bytes: s.workspace_max_bytes,
+                        marker: flowrepl_task_logger::path::workspace_marker(&config.log_file),
                     })
                 }),
             },

@@ -5,7 +5,8 @@
 //! - the task log: new complete lines become a segment, at most [`INTERVAL`] after the first
 //!   of them was seen (and at once when the last segment is older than that);
 //! - the checkpoint folder: a changed journal becomes a new state manifest (its new segments
-//!   uploaded first, by hash), at most once per [`INTERVAL`];
+//!   uploaded first, by hash), at most once per [`INTERVAL`]; so does a client's change of the
+//!   workspace files (its marker, [`crate::workspace::changed_at`]);
 //! - the lease: renewed when nothing was committed for a third of it.
 //!
 //! Each upload is committed by swapping the head ([`crate::lease::Lease::commit`]), in the
@@ -179,6 +180,7 @@ impl Mirror {
             last_log: None,
             last_state: None,
             state_sig: Signature::new(),
+            workspace_sig: None,
             state_seq: 0,
             known: crate::workspace::Known::new(),
             claimed: None,
@@ -224,6 +226,8 @@ struct Uploader {
     last_state: Option<Instant>,
     /// The checkpoint folder as last uploaded.
     state_sig: Signature,
+    /// The workspace marker's time as last uploaded.
+    workspace_sig: Option<std::time::SystemTime>,
     state_seq: u64,
     /// Workspace files read before.
     known: crate::workspace::Known,
@@ -436,7 +440,12 @@ impl Uploader {
     /// A changed checkpoint folder as a new manifest.
     async fn state(&mut self, all: bool) -> Result<(), Failure> {
         let sig = state::signature(&self.files.checkpoint_root);
-        if sig == self.state_sig
+        let workspace_sig = self
+            .files
+            .workspace
+            .as_ref()
+            .and_then(crate::workspace::changed_at);
+        if (sig == self.state_sig && workspace_sig == self.workspace_sig)
             || (!all && self.last_state.is_some_and(|t| t.elapsed() < INTERVAL))
         {
             return Ok(());
@@ -489,6 +498,7 @@ impl Uploader {
                 .await;
         }
         self.state_sig = sig;
+        self.workspace_sig = workspace_sig;
         self.last_state = Some(Instant::now());
         Ok(())
     }

@@ -33,7 +33,7 @@ pub const MAX_FILES: usize = 100_000;
 /// How deep the walk goes.
 const MAX_DEPTH: usize = 64;
 /// Names never taken (flowrepl's own folders).
-const OWN: &str = ".flowrepl";
+const OWN: &str = flowrepl_files::OWN_FOLDER;
 
 /// One file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,6 +64,17 @@ pub struct Limits {
     pub exclude: Vec<PathBuf>,
     /// Bytes in all.
     pub max_bytes: u64,
+    /// Touched when a client changes the files
+    /// ([`flowrepl_task_logger::path::workspace_marker`]): a new state is kept then, even when
+    /// the checkpoint folder did not change.
+    pub marker: PathBuf,
+}
+
+/// When a client last changed the workspace's files (the marker's modification time).
+pub fn changed_at(limits: &Limits) -> Option<std::time::SystemTime> {
+    std::fs::metadata(&limits.marker)
+        .and_then(|m| m.modified())
+        .ok()
 }
 
 /// A file seen by the walk, to read.
@@ -272,6 +283,7 @@ mod tests {
             root: p.to_path_buf(),
             exclude: vec![p.join("logs")],
             max_bytes: 1024,
+            marker: p.join("logs/plan/t.files"),
         };
         let (found, skipped) = walk(&limits);
         let names: Vec<&str> = found.iter().map(|f| f.path.as_str()).collect();

@@ -70,7 +70,8 @@ impl TaskLog {
                 }
             }
             Record::Session(s) => self.sessions.push(*s),
-            Record::Event(_) => {}
+            // Transfers of workspace files are not cells: `tail` shows them as they come.
+            Record::Event(_) | Record::File(_) => {}
         }
     }
 }

@@ -146,6 +146,17 @@ fn print_new(lines: &[u8], json: bool, task: Option<&str>) -> bool {
                 }
                 Ok(Record::Session(s)) => session_text(&s),
                 Ok(Record::Context(c)) => format!("  context {}", c.context.get()),
+                Ok(Record::File(f)) => format!(
+                    "  file {} {} ({} bytes, {}{})",
+                    f.op,
+                    f.path,
+                    f.bytes,
+                    f.via,
+                    f.error
+                        .as_deref()
+                        .map(|e| format!("; refused: {e}"))
+                        .unwrap_or_default()
+                ),
                 Ok(Record::Event(_)) | Err(_) => continue,
             }
         };
