@@ -28,6 +28,7 @@
 //! the client reads it, pending records are written, and the kernel exits 0.
 
 pub mod approval;
+pub mod files;
 pub mod lines;
 pub mod parked;
 pub mod render;
@@ -57,6 +58,7 @@ pub fn server_info(title: &str, instructions: String) -> rmcp::model::Initialize
     use rmcp::model::{Implementation, InitializeResult, ServerCapabilities};
     let capabilities = ServerCapabilities::builder()
         .enable_tools()
+        .enable_resources()
         .enable_tasks()
         .build();
     InitializeResult::new(capabilities)
@@ -183,6 +185,10 @@ pub struct Shared {
     pub approvals: Arc<flowrepl_session::approvals::Approvals>,
     /// Approvals are asked through the client (set at the first `execute_code`).
     asking: std::sync::Once,
+    /// The task's workspace for clients' files (or why it cannot be used).
+    pub files: Result<Arc<flowrepl_files::Workspace>, String>,
+    /// The task, as resource URIs name it.
+    pub task: files::TaskRef,
 }
 
 impl Shared {
@@ -270,6 +276,11 @@ pub fn run(
         mode: session.mode(),
         approvals: Arc::clone(session.approvals()),
         asking: std::sync::Once::new(),
+        files: session.files(),
+        task: files::TaskRef {
+            plan: config.identity.plan_id.clone(),
+            task: config.identity.task_id.clone(),
+        },
     });
     let (jobs, queue) = std::sync::mpsc::channel();
     let server = tools::KernelServer::new(jobs.clone(), Arc::clone(&shared));

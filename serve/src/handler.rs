@@ -9,8 +9,9 @@ use flowrepl_mcp::tools::structured;
 use flowrepl_mcp::{render, schema};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
-    GetTaskParams, GetTaskResult, InitializeResult, JsonObject, ListToolsResult,
-    PaginatedRequestParams, Tool, ToolAnnotations, UpdateTaskParams,
+    GetTaskParams, GetTaskResult, InitializeResult, JsonObject, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
+    ReadResourceResponse, Tool, ToolAnnotations, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::task_manager::{TaskContext, TaskExit, TaskFuture};
@@ -54,10 +55,15 @@ pub struct Stopped {
     pub message: String,
 }
 
+/// A file tool's work on a task's workspace.
+type FileOp =
+    dyn FnOnce(&flowrepl_files::Workspace, &flowrepl_mcp::files::TaskRef) -> CallToolResult + Send;
+
 /// The server (cloned per connection by rmcp; everything is shared).
 #[derive(Clone)]
 pub struct Serve {
     pool: Arc<Pool>,
+    files: super::files::Files,
     tools: Arc<Vec<Tool>>,
     defaults: Arc<TaskKey>,
     instructions: Arc<str>,
@@ -68,7 +74,8 @@ pub struct Serve {
 impl Serve {
     /// A server over `pool`; `kernel_tools` are the kernels' own tools, `defaults` the task
     /// of calls that name none.
-    pub fn new(pool: Arc<Pool>, kernel_tools: Vec<Tool>, defaults: TaskKey) -> Serve {
+    pub fn new(files: super::files::Files, kernel_tools: Vec<Tool>, defaults: TaskKey) -> Serve {
+        let pool = Arc::clone(&files.pool);
         let sandboxed = pool.sandboxed();
         let mut tools: Vec<Tool> = kernel_tools.into_iter().map(with_task_args).collect();
         tools.push(
@@ -97,6 +104,7 @@ impl Serve {
         );
         Serve {
             pool,
+            files,
             tools: Arc::new(tools),
             defaults: Arc::new(defaults),
             instructions: instructions.into(),
@@ -137,6 +145,63 @@ impl Serve {
             plan: plan.unwrap_or_else(|| self.defaults.plan.clone()),
             task: task.unwrap_or_else(|| self.defaults.task.clone()),
         })
+    }
+
+    /// A file tool, served here (the task's kernel need not run; with `--store` a change
+    /// starts it, which takes the task's lease).
+    async fn file_tool(
+        &self,
+        name: &str,
+        key: TaskKey,
+        args: JsonObject,
+    ) -> Result<CallToolResult, ErrorData> {
+        use flowrepl_mcp::files as f;
+        fn parse<T: serde::de::DeserializeOwned>(args: JsonObject) -> Result<T, ErrorData> {
+            serde_json::from_value(Value::Object(args))
+                .map_err(|e| ErrorData::invalid_params(format!("invalid arguments: {e}"), None))
+        }
+        let op: Box<FileOp> = match name {
+            f::UPLOAD_FILE => {
+                let a: flowrepl_protocol::files::UploadParams = parse(args)?;
+                Box::new(move |ws, _| f::upload(ws, &a))
+            }
+            f::DOWNLOAD_FILE => {
+                let a: flowrepl_protocol::files::PathParams = parse(args)?;
+                let max = self.files.places.max_chars;
+                Box::new(move |ws, t| f::download(ws, t, &a, max))
+            }
+            f::LIST_FILES => {
+                let a: flowrepl_protocol::files::ListParams = parse(args)?;
+                Box::new(move |ws, _| f::list(ws, &a))
+            }
+            _ => {
+                let a: flowrepl_protocol::files::PathParams = parse(args)?;
+                Box::new(move |ws, _| f::delete(ws, &a))
+            }
+        };
+        if matches!(name, f::UPLOAD_FILE | f::DELETE_FILE) {
+            if let Err(why) = self.files.hold(&key).await {
+                return Ok(CallToolResult::error(vec![ContentBlock::text(why)]));
+            }
+        }
+        let places = Arc::clone(&self.files.places);
+        tokio::task::spawn_blocking(move || {
+            let task = f::TaskRef {
+                plan: key.plan.clone(),
+                task: key.task.clone(),
+            };
+            match places.open(&key) {
+                Ok(ws) => op(&ws, &task),
+                Err(e) => f::refused(&e),
+            }
+        })
+        .await
+        .map_err(|_| ErrorData::internal_error("the file operation failed", None))
+    }
+
+    /// The task a resource request is about: the request's path's, else the defaults.
+    fn resource_task(&self, context: &RequestContext<RoleServer>) -> TaskKey {
+        super::route::bound(context).unwrap_or_else(|| (*self.defaults).clone())
     }
 
     fn list_kernels(&self) -> CallToolResult {
@@ -289,6 +354,73 @@ impl ServerHandler for Serve {
         self.tasks.cancel(&request.task_id)
     }
 
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(ListResourceTemplatesResult::with_all_items(vec![
+            flowrepl_mcp::files::template(),
+        ]))
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let key = self.resource_task(&context);
+        let cursor = request.and_then(|r| r.cursor);
+        let places = Arc::clone(&self.files.places);
+        let (resources, next) = tokio::task::spawn_blocking(move || {
+            let task = flowrepl_mcp::files::TaskRef {
+                plan: key.plan.clone(),
+                task: key.task.clone(),
+            };
+            match places.open(&key) {
+                Ok(ws) => Ok(flowrepl_mcp::files::resources(
+                    &ws,
+                    &task,
+                    cursor.as_deref(),
+                )),
+                Err(e) => Err(flowrepl_mcp::files::resource_error(&e)),
+            }
+        })
+        .await
+        .map_err(|_| ErrorData::internal_error("listing the workspace failed", None))??;
+        let mut r = ListResourcesResult::with_all_items(resources);
+        r.next_cursor = next;
+        Ok(r)
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let (task, path) = flowrepl_mcp::files::parse_uri(&request.uri)?;
+        let key = match super::route::bound(&context) {
+            Some(bound) => super::route::check(&bound, Some(&task.task), Some(&task.plan))?,
+            None => TaskKey {
+                plan: task.plan,
+                task: task.task,
+            },
+        };
+        super::route::check_ids(&key.plan, &key.task)
+            .map_err(|why| ErrorData::invalid_params(why, None))?;
+        let places = Arc::clone(&self.files.places);
+        let uri = request.uri;
+        tokio::task::spawn_blocking(move || {
+            let ws = places
+                .open(&key)
+                .map_err(|e| flowrepl_mcp::files::resource_error(&e))?;
+            flowrepl_mcp::files::read(&ws, &uri, &path)
+        })
+        .await
+        .map_err(|_| ErrorData::internal_error("reading the file failed", None))?
+        .map(Into::into)
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -318,6 +450,9 @@ impl ServerHandler for Serve {
             return Ok(self.list_kernels().into());
         }
         let key = self.task_of(&mut args, super::route::bound(&context).as_ref())?;
+        if flowrepl_mcp::files::TOOLS.contains(&name) {
+            return Ok(self.file_tool(name, key, args).await?.into());
+        }
         if name == STOP_KERNEL {
             let said = self.pool.stop_kept_unless_saved(&key).await;
             let stopped = Stopped {

@@ -10,7 +10,9 @@
 //! - [`route`]: a task's own URL, `/mcp/<plan>/<task>`, for load balancers that route by path.
 //! - [`sessions`]: the cap on MCP sessions, and their memory given back when they end.
 //! - [`handler`]: the MCP server: the kernels' tools with `task`/`plan`, `list_kernels`,
-//!   `stop_kernel`.
+//!   `stop_kernel`; the file tools and resources served here, from [`files`].
+//! - [`files`]: a task's workspace files: `/files/<plan>/<task>/<path>` over plain HTTP
+//!   (streamed), and the places the file tools use; they work while the kernel is stopped.
 //!
 //! rmcp's streamable HTTP service serves `/mcp` (its `Host` check and, configured here, its
 //! `Origin` check: 403), behind the token middleware, on a multi-threaded tokio runtime.
@@ -24,6 +26,7 @@
 
 pub mod auth;
 pub mod child;
+pub mod files;
 pub mod handler;
 pub mod listen;
 pub mod pool;
@@ -106,6 +109,16 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
         },
         holder: format!("serve-{}", uuid::Uuid::new_v4()),
     };
+    let places = Arc::new(files::Places {
+        spawn: spawn.clone(),
+        log_dir: absolute(&cli.log_dir),
+        limits: flowrepl_files::Limits {
+            max_file_bytes: cli.max_file_bytes,
+            max_workspace_bytes: cli.max_workspace_mb.saturating_mul(1 << 20),
+        },
+        max_chars: args.mcp.max_chars as usize,
+        store: cli.store.is_some(),
+    });
     let grace = Duration::from_millis(cli.kill_grace_ms);
     let pool = pool::Pool::new(
         spawn,
@@ -122,7 +135,11 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
             .unwrap_or(flowrepl_protocol::call::DEFAULT_TIMEOUT_MS),
         Duration::from_secs(args.mcp.wait_s),
     );
-    let server = handler::Serve::new(Arc::clone(&pool), tools, child::TaskKey { plan, task });
+    let files = files::Files {
+        pool: Arc::clone(&pool),
+        places,
+    };
+    let server = handler::Serve::new(files.clone(), tools, child::TaskKey { plan, task });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("flowrepl-serve")
@@ -142,7 +159,7 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
     };
     runtime.block_on(serve(
         server,
-        pool,
+        files,
         config,
         args,
         Credentials {
@@ -204,15 +221,17 @@ struct Credentials {
 
 async fn serve(
     server: handler::Serve,
-    pool: Arc<pool::Pool>,
+    files: files::Files,
     config: StreamableHttpServerConfig,
     args: &ServeArgs,
     Credentials { token, source }: Credentials,
     grace: Duration,
     limits: listen::Limits,
 ) -> ExitCode {
+    let pool = Arc::clone(&files.pool);
     let stop = CancellationToken::new();
     let gate = Arc::new(auth::Gate::new(token));
+    let guard = files::Guard::of(&config);
     let mut sessions = LocalSessionManager::default();
     sessions.session_config.keep_alive = Some(args.session_expiry);
     let sessions = Arc::new(sessions);
@@ -226,6 +245,15 @@ async fn serve(
     let per_task = axum::Router::new()
         .route_service(route::TASK_ROUTE, service.clone())
         .route_layer(axum::middleware::from_fn(route::bind));
+    let file_routes = axum::Router::new()
+        .route(
+            files::FILES_ROUTE,
+            axum::routing::put(files::serve)
+                .get(files::serve)
+                .delete(files::serve),
+        )
+        .with_state(files)
+        .route_layer(axum::middleware::from_fn_with_state(guard, files::guard));
     let app = axum::Router::new()
         .route_service("/mcp", service)
         .merge(per_task)
@@ -233,6 +261,8 @@ async fn serve(
         .layer(axum::middleware::from_fn(move |req, next| {
             sessions::at_most(Arc::clone(&sessions), max_sessions, expiry, req, next)
         }))
+        // Files are not MCP: no session, and a DELETE is a file's.
+        .merge(file_routes)
         .layer(axum::middleware::from_fn(move |req, next| {
             listen::body_within(limits.body_timeout, req, next)
         }))

@@ -18,6 +18,19 @@ use rmcp::RoleServer;
 /// The route of a task's own URL.
 pub const TASK_ROUTE: &str = "/mcp/{plan}/{task}";
 
+/// A path's plan and task: each 1 to `MAX_ID_BYTES` bytes.
+pub fn check_ids(plan: &str, task: &str) -> Result<(), String> {
+    let max = flowrepl_task_logger::path::MAX_ID_BYTES;
+    for (what, id) in [("plan", plan), ("task", task)] {
+        if id.is_empty() || id.len() > max {
+            return Err(format!(
+                "the {what} in the path must be 1 to {max} bytes long"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The task a request's path names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BoundTask(pub TaskKey);
@@ -28,15 +41,8 @@ pub async fn bind(
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let max = flowrepl_task_logger::path::MAX_ID_BYTES;
-    for (what, id) in [("plan", &plan), ("task", &task)] {
-        if id.is_empty() || id.len() > max {
-            return (
-                axum::http::StatusCode::BAD_REQUEST,
-                format!("the {what} in the path must be 1 to {max} bytes long"),
-            )
-                .into_response();
-        }
+    if let Err(why) = check_ids(&plan, &task) {
+        return (axum::http::StatusCode::BAD_REQUEST, why).into_response();
     }
     request
         .extensions_mut()

@@ -25,6 +25,7 @@ use super::tasks;
 use super::{Job, Shared, Ticket};
 use args::{checkpoint_args, parse_args, wait_for};
 use flowrepl_protocol::call::MAX_TIMEOUT_MS;
+use flowrepl_protocol::files::{Deleted, FileInfo, ListParams, Listing, PathParams, UploadParams};
 use flowrepl_protocol::{
     Call, CheckpointParams, CheckpointSummary, CheckpointsReply, ExecuteMethod, ExecuteParams,
     RestartParams, RestartReply, RestoreReport, VariablesReply,
@@ -37,7 +38,9 @@ use rmcp::handler::server::tool::{InputResponses, RequestState, ToolCallContext}
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams,
-    GetTaskResult, InitializeResult, JsonObject, RequestMetaObject, UpdateTaskParams,
+    GetTaskResult, InitializeResult, JsonObject, ListResourceTemplatesResult, ListResourcesResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, RequestMetaObject,
+    UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, Peer, RoleServer, ServerHandler};
@@ -126,6 +129,23 @@ impl KernelServer {
             shared,
             tool_router,
         }
+    }
+
+    /// Runs a file operation on the task's workspace, off this thread (file I/O blocks).
+    async fn on_files(
+        &self,
+        op: impl FnOnce(&flowrepl_files::Workspace, &crate::files::TaskRef) -> CallToolResult
+            + Send
+            + 'static,
+    ) -> Result<CallToolResult, ErrorData> {
+        let ws = match &self.shared.files {
+            Ok(ws) => Arc::clone(ws),
+            Err(why) => return Ok(error_text(why.clone())),
+        };
+        let task = self.shared.task.clone();
+        tokio::task::spawn_blocking(move || op(&ws, &task))
+            .await
+            .map_err(|_| internal("the file operation failed"))
     }
 
     /// Runs `call` on the main thread (after the cells queued before it).
@@ -272,6 +292,59 @@ impl KernelServer {
     }
 
     #[tool(
+        name = "upload_file",
+        description = "Write a file into the task's workspace (the session's working directory, where cells read and write files): path relative to it (folders are made), content as text or as base64 for binary files. A file there is replaced whole. Limits: the server's --max-file-bytes per file and --max-workspace-mb for the workspace; paths outside the workspace, through links, or into flowrepl's own folder are refused.",
+        input_schema = schema_for_input::<Parameters<UploadParams>>().expect("an object schema"),
+        output_schema = schema::shallow::<FileInfo>(),
+        annotations(title = "Upload a file", destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn upload_file(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
+        let args: UploadParams = parse_args(args)?;
+        self.on_files(move |ws, _| crate::files::upload(ws, &args))
+            .await
+    }
+
+    #[tool(
+        name = "download_file",
+        description = "Read a file of the task's workspace (path relative to it), e.g. one a cell wrote: text up to {max_chars} characters comes as text, images as an image, other files up to 1 MiB as an embedded blob resource with their MIME type; larger files as a resource_link to read with resources/read. The result gives size, MIME type and sha256.",
+        input_schema = schema_for_input::<Parameters<PathParams>>().expect("an object schema"),
+        output_schema = schema::shallow::<crate::files::DownloadOut>(),
+        annotations(title = "Download a file", read_only_hint = true, open_world_hint = false)
+    )]
+    async fn download_file(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
+        let args: PathParams = parse_args(args)?;
+        let max = self.shared.max_chars;
+        self.on_files(move |ws, task| crate::files::download(ws, task, &args, max))
+            .await
+    }
+
+    #[tool(
+        name = "list_files",
+        description = "List a folder of the task's workspace (path relative to it; default the workspace itself): name, path, kind (file, dir, symlink, other), size and modification time, sorted by name, up to limit entries (default 200); pass next_cursor as cursor for the next page.",
+        input_schema = schema_for_input::<Parameters<ListParams>>().expect("an object schema"),
+        output_schema = schema::shallow::<Listing>(),
+        annotations(title = "List files", read_only_hint = true, open_world_hint = false)
+    )]
+    async fn list_files(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
+        let args: ListParams = parse_args(args)?;
+        self.on_files(move |ws, _| crate::files::list(ws, &args))
+            .await
+    }
+
+    #[tool(
+        name = "delete_file",
+        description = "Remove a file of the task's workspace (path relative to it; folders are not removed).",
+        input_schema = schema_for_input::<Parameters<PathParams>>().expect("an object schema"),
+        output_schema = schema::shallow::<Deleted>(),
+        annotations(title = "Delete a file", destructive_hint = true, idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn delete_file(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
+        let args: PathParams = parse_args(args)?;
+        self.on_files(move |ws, _| crate::files::delete(ws, &args))
+            .await
+    }
+
+    #[tool(
         name = "interrupt",
         description = "Stop the cell that is running now (another execute_code call still waiting for it) with KeyboardInterrupt; its variables are kept. With cell (an id from a running: true result), stop that cell only: interrupted if it runs, dropped if it still waits its turn, nothing if it has ended. If the cell does not stop within the grace period (2 s by default), worker mode kills the worker and its processes (all variables are lost) and the session continues in a fresh one. Does nothing when no cell runs.",
         input_schema = schema_for_input::<Parameters<InterruptArgs>>().expect("an object schema"),
@@ -389,6 +462,63 @@ impl ServerHandler for KernelServer {
         })
     }
 
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let cursor = request.and_then(|r| r.cursor);
+        let ws = match &self.shared.files {
+            Ok(ws) => Arc::clone(ws),
+            Err(why) => return Err(internal(why.clone())),
+        };
+        let task = self.shared.task.clone();
+        let (resources, next) = tokio::task::spawn_blocking(move || {
+            crate::files::resources(&ws, &task, cursor.as_deref())
+        })
+        .await
+        .map_err(|_| internal("listing the workspace failed"))?;
+        let mut r = ListResourcesResult::with_all_items(resources);
+        r.next_cursor = next;
+        Ok(r)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(ListResourceTemplatesResult::with_all_items(vec![
+            crate::files::template(),
+        ]))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let (task, path) = crate::files::parse_uri(&request.uri)?;
+        if task != self.shared.task {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "this kernel serves task {:?} of plan {:?}, not the URI's",
+                    self.shared.task.task, self.shared.task.plan
+                ),
+                None,
+            ));
+        }
+        let ws = match &self.shared.files {
+            Ok(ws) => Arc::clone(ws),
+            Err(why) => return Err(internal(why.clone())),
+        };
+        let uri = request.uri;
+        tokio::task::spawn_blocking(move || crate::files::read(&ws, &uri, &path))
+            .await
+            .map_err(|_| internal("reading the file failed"))?
+            .map(Into::into)
+    }
+
     async fn on_custom_notification(
         &self,
         notification: rmcp::model::CustomNotification,
@@ -439,7 +569,10 @@ mod tests {
             super::WAIT_CELL,
             super::INTERRUPT,
             super::CHECKPOINT,
-        ] {
+        ]
+        .into_iter()
+        .chain(crate::files::TOOLS)
+        {
             assert!(names.iter().any(|n| n == name), "{name} is not a tool");
         }
     }

@@ -84,6 +84,24 @@ pub struct Spawn {
 }
 
 impl Spawn {
+    /// The task's workspace: `<root>/<safe plan>/<safe task>`.
+    pub fn workspace_of(&self, key: &TaskKey) -> std::path::PathBuf {
+        self.workspace_root
+            .join(flowrepl_task_logger::path::safe_component(&key.plan))
+            .join(flowrepl_task_logger::path::safe_component(&key.task))
+    }
+
+    /// The task's workspace, made (mode 0700) if missing.
+    pub fn make_workspace(&self, key: &TaskKey) -> std::io::Result<std::path::PathBuf> {
+        let workspace = self.workspace_of(key);
+        std::fs::create_dir_all(&workspace)?;
+        std::fs::set_permissions(
+            &workspace,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )?;
+        Ok(workspace)
+    }
+
     /// Whether the kernels' workers are sandboxed.
     pub fn sandboxed(&self) -> bool {
         self.sandbox != "off"
@@ -179,18 +197,9 @@ impl Child {
     /// Starts the task's kernel and completes the MCP handshake.
     pub async fn start(key: TaskKey, spawn: &Spawn) -> Result<Arc<Child>, ChildError> {
         let workspace = spawn
-            .workspace_root
-            .join(flowrepl_task_logger::path::safe_component(&key.plan))
-            .join(flowrepl_task_logger::path::safe_component(&key.task));
-        std::fs::create_dir_all(&workspace)
-            .and_then(|()| {
-                std::fs::set_permissions(
-                    &workspace,
-                    std::os::unix::fs::PermissionsExt::from_mode(0o700),
-                )
-            })
+            .make_workspace(&key)
             .map_err(|source| ChildError::Workspace {
-                path: workspace.clone(),
+                path: spawn.workspace_of(&key),
                 source,
             })?;
         let mut cmd = std::process::Command::new(&spawn.exe);

@@ -1,0 +1,423 @@
+//! A task's workspace files over plain HTTP, for platforms: `PUT`, `GET` and `DELETE`
+//! `/files/<plan>/<task>/<path>`, behind the same token as `/mcp`, the same `Host` and `Origin`
+//! rules ([`guard`]), streamed both ways (no base64, never a whole file in memory), served by
+//! the server itself, so they work while the task's kernel is stopped. The same places serve
+//! the MCP file tools and resources ([`Places`]).
+//!
+//! | request | answer |
+//! | --- | --- |
+//! | `PUT` with the bytes as the body | 200 and the file as JSON (`path`, `bytes`, `sha256`, `mime_type`) |
+//! | `GET` | 200 and the bytes (`Content-Type` guessed, `Content-Length`) |
+//! | `DELETE` | 204 |
+//!
+//! Refusals are text: 400 (a bad path), 403 (outside the workspace, through a link, a hard
+//! link, flowrepl's own folder), 404, 409 (not a regular file), 413 (over `--max-file-bytes`),
+//! 507 (over `--max-workspace-mb`), 503 (with `--store`, the task is held by another server).
+//! With `--store`, a `PUT` or `DELETE` starts the task's kernel first, which takes the task's
+//! lease, so that the change goes to the store with the next state.
+
+use super::child::{Spawn, TaskKey};
+use super::pool::Pool;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path as UrlPath, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use flowrepl_files::{FileError, Kind, Limits, Recorder, Via, Workspace};
+use http_body::Frame;
+use std::io::Read;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// The route of a task's files.
+pub const FILES_ROUTE: &str = "/files/{plan}/{task}/{*path}";
+
+/// How much of an upload is gathered before it is written (fewer, larger writes).
+const WRITE_BATCH: usize = 1 << 20;
+/// The size of a download's chunks, and how many wait in line for the client.
+const READ_CHUNK: usize = 256 << 10;
+const CHUNKS_AHEAD: usize = 8;
+
+/// Where the tasks' workspaces and logs are, and their limits.
+#[derive(Debug)]
+pub struct Places {
+    /// How kernels are started (their workspaces).
+    pub spawn: Spawn,
+    /// The log folder (absolute): `file` records go to each task's log.
+    pub log_dir: PathBuf,
+    /// `--max-file-bytes`, `--max-workspace-mb`.
+    pub limits: Limits,
+    /// The kernels' output budget (`download_file` gives text within it).
+    pub max_chars: usize,
+    /// `--store` is set: changes need the task's lease (its kernel).
+    pub store: bool,
+}
+
+impl Places {
+    /// The task's workspace (made if missing), recording as this server.
+    pub fn open(&self, key: &TaskKey) -> Result<Workspace, FileError> {
+        let root = self
+            .spawn
+            .make_workspace(key)
+            .map_err(|source| FileError::Io {
+                path: String::new(),
+                source,
+            })?;
+        let log_file = flowrepl_task_logger::task_log_path(&self.log_dir, &key.plan, &key.task);
+        let recorder = Recorder::new(
+            log_file.clone(),
+            &key.plan,
+            &key.task,
+            Some(&key.task),
+            &self.spawn.holder,
+        );
+        Workspace::open(
+            &root,
+            Some(&self.log_dir),
+            self.limits,
+            Some(Arc::new(recorder)),
+            self.store
+                .then(|| flowrepl_task_logger::path::workspace_marker(&log_file)),
+        )
+    }
+}
+
+/// What the routes share.
+#[derive(Clone)]
+pub struct Files {
+    /// The kernels (with `--store`, a change starts the task's).
+    pub pool: Arc<Pool>,
+    /// The places.
+    pub places: Arc<Places>,
+}
+
+impl Files {
+    /// With `--store`, makes sure this server holds the task (its kernel runs) before a change.
+    pub async fn hold(&self, key: &TaskKey) -> Result<(), String> {
+        if !self.places.store {
+            return Ok(());
+        }
+        self.pool
+            .kernel(key)
+            .await
+            .map(drop)
+            .map_err(|e| format!("{}: {e}", key.task))
+    }
+}
+
+/// The status of a refusal.
+pub fn status(e: &FileError) -> StatusCode {
+    match e.kind() {
+        Kind::BadRequest => StatusCode::BAD_REQUEST,
+        Kind::Forbidden => StatusCode::FORBIDDEN,
+        Kind::NotFound => StatusCode::NOT_FOUND,
+        Kind::Conflict => StatusCode::CONFLICT,
+        Kind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        Kind::Full => StatusCode::INSUFFICIENT_STORAGE,
+        Kind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+        Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+fn refusal(e: &FileError) -> Response {
+    (status(e), format!("{e}\n")).into_response()
+}
+
+/// `PUT`, `GET` and `DELETE` of a task's file.
+pub async fn serve(
+    State(files): State<Files>,
+    UrlPath((plan, task, path)): UrlPath<(String, String, String)>,
+    request: Request,
+) -> Response {
+    if let Err(why) = super::route::check_ids(&plan, &task) {
+        return (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response();
+    }
+    let key = TaskKey { plan, task };
+    let method = request.method().clone();
+    if method == Method::PUT || method == Method::DELETE {
+        if let Err(why) = files.hold(&key).await {
+            return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response();
+        }
+    }
+    let places = Arc::clone(&files.places);
+    let ws = match tokio::task::spawn_blocking(move || places.open(&key)).await {
+        Ok(Ok(ws)) => ws,
+        Ok(Err(e)) => return refusal(&e),
+        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    };
+    match method {
+        Method::PUT => put(ws, &path, request).await,
+        Method::GET => get(ws, &path).await,
+        Method::DELETE => {
+            match tokio::task::spawn_blocking(move || ws.delete(&path, Via::Http)).await {
+                Ok(Ok(_)) => StatusCode::NO_CONTENT.into_response(),
+                Ok(Err(e)) => refusal(&e),
+                Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+            }
+        }
+        _ => {
+            let mut r = (StatusCode::METHOD_NOT_ALLOWED, "PUT, GET or DELETE\n").into_response();
+            r.headers_mut().insert(
+                header::ALLOW,
+                header::HeaderValue::from_static("PUT, GET, DELETE"),
+            );
+            r
+        }
+    }
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The body's bytes into the file as they come, a batch at a time.
+async fn put(ws: Workspace, path: &str, request: Request) -> Response {
+    use http_body_util::BodyExt;
+    let length = content_length(request.headers());
+    let mut up = match ws.upload(path, length, Via::Http) {
+        Ok(u) => u,
+        Err(e) => return refusal(&e),
+    };
+    let mut body = request.into_body();
+    let mut batch: Vec<u8> = Vec::with_capacity(WRITE_BATCH);
+    loop {
+        let frame = match body.frame().await {
+            Some(Ok(f)) => f,
+            // The client went away or the body timed out: the upload is dropped (nothing
+            // written; the cut is recorded).
+            Some(Err(e)) => {
+                return (StatusCode::BAD_REQUEST, format!("the body was cut: {e}\n"))
+                    .into_response()
+            }
+            None => break,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        batch.extend_from_slice(&data);
+        if batch.len() >= WRITE_BATCH {
+            if let Err(e) = tokio::task::block_in_place(|| up.write(&batch)) {
+                return refusal(&e);
+            }
+            batch.clear();
+        }
+    }
+    let done = tokio::task::block_in_place(|| {
+        up.write(&batch)?;
+        up.finish()
+    });
+    match done {
+        Ok(info) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::to_string(&info).unwrap_or_default() + "\n",
+        )
+            .into_response(),
+        Err(e) => refusal(&e),
+    }
+}
+
+/// The file's bytes to the client, read on a blocking thread a chunk ahead.
+async fn get(ws: Workspace, path: &str) -> Response {
+    let download = match ws.download(path, Via::Http) {
+        Ok(d) => d,
+        Err(e) => return refusal(&e),
+    };
+    let size = download.size();
+    let mime = download.mime_type();
+    let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_AHEAD);
+    tokio::task::spawn_blocking(move || {
+        let mut download = download;
+        loop {
+            let mut chunk = vec![0u8; READ_CHUNK];
+            match download.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => {
+                    chunk.truncate(n);
+                    if tx.blocking_send(Ok(Bytes::from(chunk))).is_err() {
+                        return; // the client went away: recorded as cut short
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
+                    return;
+                }
+            }
+        }
+        download.finish();
+    });
+    let mut r = Response::new(Body::new(Chunks { rx }));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_LENGTH, header::HeaderValue::from(size));
+    if let Ok(v) = header::HeaderValue::from_str(mime) {
+        h.insert(header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+/// A body of chunks read ahead by a blocking thread.
+struct Chunks {
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+}
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        self.rx.poll_recv(cx).map(|c| c.map(|r| r.map(Frame::data)))
+    }
+}
+
+/// The `Host` and `Origin` rules of `/mcp` (rmcp's, from the same lists) for the other
+/// routes: a `Host` not allowed, or an `Origin` not allowed, is 403 (a page of another origin,
+/// or a DNS-rebound name, reaching this server).
+#[derive(Debug, Clone)]
+pub struct Guard {
+    hosts: Arc<[String]>,
+    origins: Arc<[String]>,
+}
+
+impl Guard {
+    /// The rules of `config`.
+    pub fn of(
+        config: &rmcp::transport::streamable_http_server::StreamableHttpServerConfig,
+    ) -> Guard {
+        Guard {
+            hosts: config.allowed_hosts.clone().into(),
+            origins: config.allowed_origins.clone().into(),
+        }
+    }
+
+    fn host_allowed(&self, headers: &HeaderMap) -> bool {
+        let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+            return false;
+        };
+        let Ok(host) = axum::http::uri::Authority::try_from(host) else {
+            return false;
+        };
+        let name = normalize(host.host());
+        self.hosts.iter().any(|allowed| {
+            match axum::http::uri::Authority::try_from(allowed.as_str()) {
+                Ok(a) => {
+                    normalize(a.host()) == name
+                        && a.port_u16().is_none_or(|p| host.port_u16() == Some(p))
+                }
+                Err(_) => normalize(allowed) == name,
+            }
+        })
+    }
+
+    fn origin_allowed(&self, headers: &HeaderMap) -> bool {
+        let Some(origin) = headers.get(header::ORIGIN) else {
+            return true;
+        };
+        let Some((scheme, host, port)) = origin.to_str().ok().and_then(split_origin) else {
+            return false;
+        };
+        self.origins.iter().any(|allowed| {
+            let (base, any_port) = match allowed.strip_suffix(":*") {
+                Some(b) => (b, true),
+                None => (allowed.as_str(), false),
+            };
+            split_origin(base).is_some_and(|(s, h, p)| {
+                s == scheme
+                    && h == host
+                    && (any_port
+                        || p.is_none()
+                        || p.or(default_port(&s)) == port.or(default_port(&scheme)))
+            })
+        })
+    }
+}
+
+fn normalize(host: &str) -> String {
+    host.trim_matches(['[', ']']).to_ascii_lowercase()
+}
+
+fn default_port(scheme: &str) -> Option<u16> {
+    match scheme {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    }
+}
+
+/// `scheme://host[:port]` as (scheme, host, port).
+fn split_origin(origin: &str) -> Option<(String, String, Option<u16>)> {
+    let uri = axum::http::Uri::try_from(origin.trim()).ok()?;
+    let authority = uri.authority()?;
+    Some((
+        uri.scheme_str()?.to_ascii_lowercase(),
+        normalize(authority.host()),
+        authority.port_u16(),
+    ))
+}
+
+/// Refuses a request whose `Host` or `Origin` the rules do not allow.
+pub async fn guard(
+    State(guard): State<Guard>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !guard.host_allowed(request.headers()) {
+        return (
+            StatusCode::FORBIDDEN,
+            "Forbidden: Host header is not allowed\n",
+        )
+            .into_response();
+    }
+    if !guard.origin_allowed(request.headers()) {
+        return (
+            StatusCode::FORBIDDEN,
+            "Forbidden: Origin header is not allowed\n",
+        )
+            .into_response();
+    }
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guard() -> Guard {
+        Guard {
+            hosts: vec![
+                "localhost".into(),
+                "127.0.0.1".into(),
+                "127.0.0.1:8765".into(),
+            ]
+            .into(),
+            origins: vec!["http://localhost:*".into(), "https://app.example".into()].into(),
+        }
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn hosts_and_origins_as_rmcp_checks_them() {
+        let g = guard();
+        assert!(g.host_allowed(&headers(&[("host", "localhost:9999")])));
+        assert!(g.host_allowed(&headers(&[("host", "127.0.0.1:8765")])));
+        assert!(!g.host_allowed(&headers(&[("host", "evil.example:8765")])));
+        assert!(!g.host_allowed(&headers(&[])));
+        assert!(g.origin_allowed(&headers(&[])));
+        assert!(g.origin_allowed(&headers(&[("origin", "http://localhost:3000")])));
+        assert!(g.origin_allowed(&headers(&[("origin", "https://app.example")])));
+        assert!(!g.origin_allowed(&headers(&[("origin", "https://evil.example")])));
+        assert!(!g.origin_allowed(&headers(&[("origin", "null")])));
+    }
+}
