@@ -12,6 +12,7 @@ import argparse
 import base64
 import json
 import os
+import tempfile
 import time
 
 import anyio
@@ -26,6 +27,8 @@ from tasks_ext import cancel as cancel_task
 SCENARIOS = {}
 # Scenarios run with the SDK's 2026-07-28 Client (and the tasks extension), not ClientSession.
 MODERN = {"tasks"}
+# Scenarios that write files into their kernel's working directory.
+IN_WORKDIR = {"files"}
 # Scenarios whose client answers elicitation requests, and what it was asked.
 ELICITING = set()
 ASKED = []
@@ -52,7 +55,8 @@ async def tools(s, opts):
     listed = {t.name: t for t in (await s.list_tools()).tools}
     assert set(listed) == {"execute_code", "read_output", "interrupt", "restart_session",
                            "list_variables", "checkpoint", "restore_checkpoint",
-                           "list_checkpoints", "wait_cell"}, sorted(listed)
+                           "list_checkpoints", "wait_cell", "upload_file", "download_file",
+                           "list_files", "delete_file"}, sorted(listed)
     assert listed["restart_session"].input_schema["properties"]["restore"]["type"] == "boolean"
     assert "name" in listed["checkpoint"].input_schema["properties"]
     ex = listed["execute_code"]
@@ -710,6 +714,76 @@ async def tasks(c, opts):
     return {"tasks": len(ext.seen), "cancelled_s": cancelled_s}
 
 
+def sha256(data):
+    import hashlib
+    return hashlib.sha256(data).hexdigest()
+
+
+@scenario
+async def files(s, opts):
+    """Files in and out of the workspace: a CSV read by pandas, a PNG and a parquet file a
+    cell wrote downloaded byte-equal, a large file as a resource_link read whole with
+    resources/read, the template listed, refusals as isError results."""
+    csv = "a,b\n1,2\n3,4\n"
+    r = await s.call_tool("upload_file", {"path": "data/in.csv", "text": csv})
+    assert not r.is_error, text_of(r)
+    assert r.structured_content["sha256"] == sha256(csv.encode()), r.structured_content
+    r = await run_cell(s, "import pandas as pd\nprint(int(pd.read_csv('data/in.csv')['b'].sum()))")
+    assert text_of(r).strip() == "6", text_of(r)
+    blob = bytes(range(256)) * 8
+    r = await s.call_tool("upload_file", {"path": "bin/raw.dat", "base64": base64.b64encode(blob).decode()})
+    assert not r.is_error and r.structured_content["bytes"] == len(blob), text_of(r)
+    r = await run_cell(s, """
+import hashlib, json, os, duckdb, matplotlib
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots(); ax.plot([1, 3, 2]); fig.savefig('plot.png'); plt.close(fig)
+duckdb.sql("COPY (SELECT range AS n FROM range(1000)) TO 'out.parquet' (FORMAT PARQUET)")
+with open('big.bin', 'wb') as f: f.write(os.urandom(3 << 20))
+assert open('bin/raw.dat', 'rb').read() == bytes(range(256)) * 8
+print(json.dumps({n: hashlib.sha256(open(n, 'rb').read()).hexdigest() for n in ['plot.png', 'out.parquet', 'big.bin']}))
+""")
+    assert not r.is_error, text_of(r)
+    want = json.loads(text_of(r).strip().splitlines()[-1])
+    png = await s.call_tool("download_file", {"path": "plot.png"})
+    images = [c for c in png.content if c.type == "image"]
+    assert images and images[0].mime_type == "image/png", png.content
+    assert sha256(base64.b64decode(images[0].data)) == want["plot.png"]
+    assert png.structured_content["delivered"] == "image", png.structured_content
+    pq = await s.call_tool("download_file", {"path": "out.parquet"})
+    res = [c for c in pq.content if c.type == "resource"]
+    assert res and res[0].resource.mime_type == "application/vnd.apache.parquet", pq.content
+    assert sha256(base64.b64decode(res[0].resource.blob)) == want["out.parquet"]
+    text = await s.call_tool("download_file", {"path": "data/in.csv"})
+    assert csv in text_of(text) and text.structured_content["delivered"] == "text", text.content
+    big = await s.call_tool("download_file", {"path": "big.bin"})
+    links = [c for c in big.content if c.type == "resource_link"]
+    assert links and links[0].size == 3 << 20, big.content
+    read = await s.read_resource(links[0].uri)
+    assert sha256(base64.b64decode(read.contents[0].blob)) == want["big.bin"], "resource read differs"
+    templates = (await s.list_resource_templates()).resource_templates
+    assert [t.uri_template for t in templates] == ["flowrepl://files/{plan}/{task}/{path}"], templates
+    listed = {str(r.uri) for r in (await s.list_resources()).resources}
+    assert any(u.endswith("/data/in.csv") for u in listed) and any(u.endswith("/plot.png") for u in listed), listed
+    page = await s.call_tool("list_files", {"limit": 2})
+    assert len(page.structured_content["entries"]) == 2 and page.structured_content["next_cursor"], page.structured_content
+    rest = await s.call_tool("list_files", {"cursor": page.structured_content["next_cursor"]})
+    names = [e["name"] for e in page.structured_content["entries"] + rest.structured_content["entries"]]
+    assert {"data", "plot.png", "out.parquet", "big.bin", "bin"} <= set(names), names
+    refused = {}
+    for path in ["../outside.txt", "/etc/passwd", "data/../../x", ".flowrepl/x"]:
+        r = await s.call_tool("upload_file", {"path": path, "text": "x"})
+        assert r.is_error, (path, text_of(r))
+        refused[path] = text_of(r)
+    r = await s.call_tool("download_file", {"path": "nothing.txt"})
+    assert r.is_error and "no such file" in text_of(r), text_of(r)
+    r = await s.call_tool("delete_file", {"path": "out.parquet"})
+    assert not r.is_error, text_of(r)
+    r = await run_cell(s, "import os; print(os.path.exists('out.parquet'))")
+    assert text_of(r).strip() == "False", text_of(r)
+    return {"refused": refused, "sha": want}
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", choices=sorted(SCENARIOS))
@@ -731,7 +805,9 @@ async def main():
     args = ["mcp"] + (["--worker"] if opts.worker else [])
     if opts.python:
         args += ["--python", opts.python]
-    params = StdioServerParameters(command=opts.flowrepl, args=args, env=env)
+    # Scenarios that write files run in a working directory (the workspace) of their own.
+    cwd = tempfile.mkdtemp(prefix="flowrepl-ws-") if opts.scenario in IN_WORKDIR else None
+    params = StdioServerParameters(command=opts.flowrepl, args=args, env=env, cwd=cwd)
     # A scenario fails, never hangs: a kernel that stops answering ends it here.
     with anyio.fail_after(SCENARIO_SECONDS):
         await run_scenario(opts, params)

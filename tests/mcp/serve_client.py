@@ -662,6 +662,31 @@ async def calls(opts):
     return {"results": results, "refused": refused}
 
 
+@scenario
+async def files(opts):
+    """The file tools and resources on a task whose kernel is stopped: served by the server
+    itself (no kernel starts)."""
+    task = {"task": opts.task, "plan": opts.plan}
+    async with Client(opts) as s:
+        r = await s.call_tool("upload_file", {"path": "via-mcp.txt", "text": "from mcp", **task})
+        assert not r.is_error, text_of(r)
+        r = await s.call_tool("list_files", task)
+        listed = [e["name"] for e in r.structured_content["entries"]]
+        assert "via-mcp.txt" in listed, listed
+        r = await s.call_tool("download_file", {"path": "via-mcp.txt", **task})
+        assert "from mcp" in text_of(r), text_of(r)
+        r = await s.call_tool("download_file", {"path": "leak", **task})
+        assert r.is_error and "symbolic link" in text_of(r), text_of(r)
+        uri = f"flowrepl://files/{opts.plan}/{opts.task}/via-mcp.txt"
+        read = await s.read_resource(uri)
+        assert read.contents[0].text == "from mcp", read.contents
+        templates = (await s.list_resource_templates()).resource_templates
+        assert templates[0].uri_template == "flowrepl://files/{plan}/{task}/{path}", templates
+        kernels = (await s.call_tool("list_kernels", {})).structured_content["kernels"]
+        assert kernels == [], kernels
+    return {"listed": listed}
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", choices=sorted(SCENARIOS))
@@ -675,6 +700,7 @@ async def main():
     ap.add_argument("--code", action="append", default=[])
     ap.add_argument("--task", default="")
     ap.add_argument("--other-task", default="")
+    ap.add_argument("--plan", default="")
     opts = ap.parse_args()
     with anyio.fail_after(SCENARIO_SECONDS):
         facts = await SCENARIOS[opts.scenario](opts)

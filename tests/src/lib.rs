@@ -476,6 +476,11 @@ impl Kernel {
         }
     }
 
+    /// Its working directory: the workspace of an unsandboxed kernel.
+    pub fn workspace(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
     /// The kernel's pid.
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -7,6 +7,7 @@ mod docs;
 mod dropin;
 mod exit;
 mod faults;
+mod files;
 mod flow;
 mod interrupt;
 mod isolation;

@@ -1,0 +1,534 @@
+//! Files in and out of a task's workspace: the stdio kernel's JSON-RPC methods, the MCP tools
+//! and resources (the official Python SDK's client), `serve`'s streamed HTTP routes. Every
+//! escape is tried and refused, and shown getting through where the protection is left out
+//! (the same path opened by path, as a program without the confinement would).
+
+use base64::Engine as _;
+use flowrepl_tests::mcp::{mcp_venv, Scenario};
+use flowrepl_tests::serve::{rss_kb, Server, TOKEN};
+use flowrepl_tests::{read_log_all, wait_for, Kernel, MODES};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+fn hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn kernel(mode: &str) -> Kernel {
+    Kernel::options()
+        .mode(mode)
+        .arg("--python")
+        .arg(mcp_venv().join("bin/python").display().to_string())
+        .start()
+}
+
+/// The error message of a refused call (panics on a result).
+fn refused(reply: &Value) -> String {
+    assert!(reply.get("result").is_none(), "not refused: {reply}");
+    reply["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn files_go_in_and_out_over_json_rpc_and_nothing_leads_outside() {
+    for mode in MODES {
+        let mut k = kernel(mode);
+        let outside = tempfile::tempdir().unwrap();
+        let secret = outside.path().join("secret.txt");
+        std::fs::write(&secret, "the host's secret").unwrap();
+        let ws = k.workspace();
+
+        // In: a CSV, read by pandas in the next cell.
+        let csv = "a,b\n1,2\n3,4\n";
+        let up = k.call("upload_file", json!({"path": "data/in.csv", "text": csv}));
+        assert_eq!(up["result"]["sha256"], hex(csv.as_bytes()), "{up}");
+        assert_eq!(up["result"]["mime_type"], "text/csv");
+        let r = k.ok("import pandas as pd\nprint(int(pd.read_csv('data/in.csv')['b'].sum()))");
+        assert_eq!(r["stdout"], "6\n", "{mode}: {r}");
+
+        // Out: a PNG and a parquet file a cell wrote, byte-equal.
+        let r = k.ok(
+            "import hashlib, json, duckdb, matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nfig, ax = plt.subplots(); ax.plot([1, 2]); fig.savefig('plot.png'); plt.close(fig)\nduckdb.sql(\"COPY (SELECT range AS n FROM range(100)) TO 'out.parquet' (FORMAT PARQUET)\")\nprint(json.dumps({n: hashlib.sha256(open(n, 'rb').read()).hexdigest() for n in ['plot.png', 'out.parquet']}))",
+        );
+        let want: Value = serde_json::from_str(r["stdout"].as_str().unwrap()).unwrap();
+        for (name, mime) in [
+            ("plot.png", "image/png"),
+            ("out.parquet", "application/vnd.apache.parquet"),
+        ] {
+            let d = k.call("download_file", json!({"path": name}));
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(
+                    d["result"]["base64"]
+                        .as_str()
+                        .unwrap_or_else(|| panic!("{d}")),
+                )
+                .unwrap();
+            assert_eq!(hex(&bytes), want[name], "{mode}: {name} differs");
+            assert_eq!(d["result"]["sha256"], want[name]);
+            assert_eq!(d["result"]["mime_type"], mime);
+        }
+        let listed = k.call("list_files", Value::Null);
+        let names: Vec<&str> = listed["result"]["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            names.contains(&"plot.png") && names.contains(&"data"),
+            "{listed}"
+        );
+        assert!(
+            !names.contains(&"logs"),
+            "the log folder is listed: {names:?}"
+        );
+        let del = k.call("delete_file", json!({"path": "out.parquet"}));
+        assert_eq!(del["result"]["deleted"], true, "{del}");
+        assert!(!ws.join("out.parquet").exists());
+
+        // What a cell can plant: a link and a hard link to a host file, a linked folder, a FIFO.
+        k.ok(&format!(
+            "import os\nos.symlink({s:?}, 'leak')\nos.link({s:?}, 'hard')\nos.symlink({o:?}, 'linkdir')\nos.mkfifo('pipe')\nos.makedirs('sub', exist_ok=True)",
+            s = secret.display().to_string(),
+            o = outside.path().display().to_string(),
+        ));
+        // Without the confinement (the same paths opened by path): each gets through.
+        assert_eq!(
+            std::fs::read_to_string(ws.join("leak")).unwrap(),
+            "the host's secret"
+        );
+        assert_eq!(
+            std::fs::read_to_string(ws.join("hard")).unwrap(),
+            "the host's secret"
+        );
+        // With it: every one refused, and the kernel answers after each.
+        for (method, params, says) in [
+            ("download_file", json!({"path": "leak"}), "symbolic link"),
+            ("download_file", json!({"path": "hard"}), "hard link"),
+            (
+                "download_file",
+                json!({"path": "linkdir/secret.txt"}),
+                "symbolic link",
+            ),
+            (
+                "download_file",
+                json!({"path": "../secret.txt"}),
+                "not a path inside",
+            ),
+            (
+                "download_file",
+                json!({"path": secret.display().to_string()}),
+                "not a path inside",
+            ),
+            (
+                "download_file",
+                json!({"path": "pipe"}),
+                "not a regular file",
+            ),
+            (
+                "download_file",
+                json!({"path": "logs/plan-x.jsonl"}),
+                "flowrepl's own",
+            ),
+            (
+                "upload_file",
+                json!({"path": "linkdir/planted", "text": "x"}),
+                "symbolic link",
+            ),
+            (
+                "upload_file",
+                json!({"path": "sub/../../planted", "text": "x"}),
+                "not a path inside",
+            ),
+            (
+                "delete_file",
+                json!({"path": "linkdir/secret.txt"}),
+                "symbolic link",
+            ),
+            (
+                "upload_file",
+                json!({"path": "both", "text": "x", "base64": "eA=="}),
+                "exactly one",
+            ),
+        ] {
+            let started = Instant::now();
+            let why = refused(&k.call(method, params.clone()));
+            assert!(why.contains(says), "{mode} {method} {params}: {why}");
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{method} {params} took {:?}",
+                started.elapsed()
+            );
+            assert_eq!(k.ok("1 + 1")["result"], "2");
+        }
+        assert_eq!(
+            std::fs::read_to_string(&secret).unwrap(),
+            "the host's secret"
+        );
+        assert!(!outside.path().join("planted").exists());
+        // An upload over a planted link replaces the link itself, never what it points to.
+        let up = k.call("upload_file", json!({"path": "leak", "text": "mine"}));
+        assert_eq!(up["result"]["bytes"], 4, "{up}");
+        assert!(!std::fs::symlink_metadata(ws.join("leak")).unwrap().is_symlink());
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "the host's secret");
+        // Without it, the planted write lands outside.
+        std::fs::write(ws.join("linkdir/planted-by-path"), "x").unwrap();
+        assert!(outside.path().join("planted-by-path").exists());
+
+        // A cell swapping a file for a link to the secret in a loop: never read through.
+        k.ok(&format!(
+            "import os, threading, time\ndef swap():\n    end = time.time() + 3\n    while time.time() < end:\n        try:\n            os.symlink({s:?}, 'race.tmp'); os.replace('race.tmp', 'race')\n            with open('race.tmp', 'w') as f: f.write('plain')\n            os.replace('race.tmp', 'race')\n        except OSError:\n            pass\nwith open('race', 'w') as f: f.write('plain')\nthreading.Thread(target=swap, daemon=True).start()",
+            s = secret.display().to_string()
+        ));
+        let (mut read, mut refused_n) = (0, 0);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(2) {
+            let d = k.call("download_file", json!({"path": "race"}));
+            match d["result"]["text"].as_str() {
+                Some(t) => {
+                    assert_eq!(t, "plain", "{mode}: the swap got through");
+                    read += 1;
+                }
+                None => refused_n += 1,
+            }
+        }
+        assert!(
+            read > 0 && refused_n > 0,
+            "{mode}: the race did not race ({read} read, {refused_n} refused)"
+        );
+
+        // The log has a file record per transfer and refusal.
+        let log = read_log_all(&k.log_file());
+        let ops: Vec<(String, bool)> = log
+            .files
+            .iter()
+            .map(|f| (f.op.to_string(), f.error.is_none()))
+            .collect();
+        assert!(
+            ops.contains(&("upload".into(), true))
+                && ops.contains(&("download".into(), true))
+                && ops.contains(&("delete".into(), true)),
+            "{ops:?}"
+        );
+        let first = &log.files[0];
+        assert_eq!(
+            (&*first.path, first.bytes, first.via.as_ref()),
+            ("data/in.csv", csv.len() as u64, "jsonrpc")
+        );
+        assert_eq!(first.sha256.as_deref(), Some(hex(csv.as_bytes()).as_str()));
+        assert!(log.files.iter().any(|f| f.path == "leak"
+            && f.error
+                .as_deref()
+                .is_some_and(|e| e.contains("symbolic link"))));
+        assert!(log.skipped.is_empty(), "{:?}", log.skipped);
+        k.close();
+    }
+}
+
+#[test]
+fn limits_refuse_a_file_whole_and_write_nothing() {
+    let mut k = Kernel::options()
+        .arg("--max-file-bytes")
+        .arg("1000")
+        .arg("--max-workspace-mb")
+        .arg("1")
+        .start();
+    let ws = k.workspace();
+    let why = refused(&k.call(
+        "upload_file",
+        json!({"path": "big.txt", "text": "x".repeat(1001)}),
+    ));
+    assert!(why.contains("--max-file-bytes"), "{why}");
+    assert!(!ws.join("big.txt").exists());
+    k.ok("open('filler', 'wb').write(b'x' * (1 << 20))");
+    let why = refused(&k.call(
+        "upload_file",
+        json!({"path": "small.txt", "text": "x".repeat(500)}),
+    ));
+    assert!(why.contains("--max-workspace-mb"), "{why}");
+    assert!(!ws.join("small.txt").exists());
+    let why = refused(&k.call("download_file", json!({"path": "filler"})));
+    assert!(why.contains("--max-file-bytes"), "{why}");
+    // Nothing half-written is left, and the temporary names are never listed.
+    let names: Vec<String> = std::fs::read_dir(&ws)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains(".flowrepl-")), "{names:?}");
+    k.close();
+}
+
+#[test]
+fn files_over_mcp_tools_and_resources() {
+    for mode in MODES {
+        let (facts, log, _logs) = Scenario::mode(mode).run("files");
+        let refused = facts["refused"].as_object().unwrap();
+        assert!(refused["../outside.txt"]
+            .as_str()
+            .unwrap()
+            .contains("not a path inside"));
+        assert!(refused[".flowrepl/x"]
+            .as_str()
+            .unwrap()
+            .contains("flowrepl's own"));
+        let files = read_log_all(&log).files;
+        let via: Vec<&str> = files.iter().map(|f| f.via.as_ref()).collect();
+        assert!(via.contains(&"mcp") && via.contains(&"resource"), "{via:?}");
+        let read = files.iter().find(|f| f.via == "resource").unwrap();
+        assert_eq!(read.sha256.as_deref(), facts["sha"]["big.bin"].as_str());
+        assert_eq!(read.bytes, 3 << 20);
+    }
+}
+
+/// Writes a request's body.
+type BodyWriter<'a> = dyn FnMut(&mut dyn Write) + 'a;
+
+/// A request on a raw connection, its body written from `body` (streamed); the reply's status,
+/// head and its body streamed into `sink`.
+fn http(
+    server: &Server,
+    method: &str,
+    path: &str,
+    extra: &str,
+    body: Option<(u64, &mut BodyWriter<'_>)>,
+    sink: &mut dyn FnMut(&[u8]),
+) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(server.host()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let len = body.as_ref().map_or(0, |b| b.0);
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {len}\r\nConnection: close\r\n{extra}\r\n",
+        server.host()
+    )
+    .unwrap();
+    if let Some((_, write)) = body {
+        write(&mut s);
+    }
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte).unwrap() == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = s.read(&mut buf).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        sink(&buf[..n]);
+    }
+    (status, head)
+}
+
+fn text_reply(server: &Server, method: &str, path: &str, extra: &str, body: &str) -> (u16, String) {
+    let mut out = Vec::new();
+    let bytes = body.as_bytes().to_vec();
+    let mut write = |w: &mut dyn Write| w.write_all(&bytes).unwrap();
+    let (status, _) = http(
+        server,
+        method,
+        path,
+        extra,
+        (!bytes.is_empty() || method == "PUT")
+            .then_some((bytes.len() as u64, &mut write as &mut BodyWriter<'_>)),
+        &mut |b| out.extend_from_slice(b),
+    );
+    (status, String::from_utf8_lossy(&out).into_owned())
+}
+
+#[test]
+fn serve_moves_files_over_http_streamed_while_the_kernel_is_stopped() {
+    let server = Server::start(&["--no-sandbox"]);
+    let ws = server.dir.path().join("workspaces/p1/t1");
+    // No kernel runs for the task: the files are the workspace's.
+    let (status, body) = text_reply(&server, "PUT", "/files/p1/t1/data/in.csv", "", "a,b\n1,2\n");
+    assert_eq!(status, 200, "{body}");
+    let info: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(info["sha256"], hex(b"a,b\n1,2\n"));
+    assert_eq!(
+        std::fs::read_to_string(ws.join("data/in.csv")).unwrap(),
+        "a,b\n1,2\n"
+    );
+    assert!(
+        flowrepl_tests::serve::processes_naming(server.dir.path())
+            .iter()
+            .all(|(_, c)| !c.contains(" mcp ")),
+        "a kernel was started"
+    );
+    let (status, body) = text_reply(&server, "GET", "/files/p1/t1/data/in.csv", "", "");
+    assert_eq!((status, body.as_str()), (200, "a,b\n1,2\n"));
+
+    // The token, Host and Origin rules of /mcp.
+    let mut s = std::net::TcpStream::connect(server.host()).unwrap();
+    write!(
+        s,
+        "GET /files/p1/t1/data/in.csv HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        server.host()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 401"), "{reply}");
+    let (status, _) = text_reply(
+        &server,
+        "GET",
+        "/files/p1/t1/data/in.csv",
+        "Origin: https://evil.example\r\n",
+        "",
+    );
+    assert_eq!(status, 403);
+    let mut s = std::net::TcpStream::connect(server.host()).unwrap();
+    write!(s, "GET /files/p1/t1/data/in.csv HTTP/1.1\r\nHost: rebound.example\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 403"), "{reply}");
+
+    // Escapes: what a cell could plant, and paths that climb; each refused, the server fine.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "the host's secret").unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret"), ws.join("leak")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), ws.join("linkdir")).unwrap();
+    std::fs::hard_link(outside.path().join("secret"), ws.join("hard")).unwrap();
+    nix::unistd::mkfifo(&ws.join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    for (method, path, want) in [
+        ("GET", "/files/p1/t1/leak", 403),
+        ("GET", "/files/p1/t1/hard", 403),
+        ("GET", "/files/p1/t1/linkdir/secret", 403),
+        ("GET", "/files/p1/t1/pipe", 409),
+        ("GET", "/files/p1/t1/data/%2e%2e/%2e%2e/t2/x", 400),
+        ("PUT", "/files/p1/t1/linkdir/planted", 403),
+        ("GET", "/files/p1/t1/nothing", 404),
+        ("DELETE", "/files/p1/t1/linkdir/secret", 403),
+    ] {
+        let started = Instant::now();
+        let (status, body) = text_reply(
+            &server,
+            method,
+            path,
+            "",
+            if method == "PUT" { "x" } else { "" },
+        );
+        assert_eq!(status, want, "{method} {path}: {body}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+    assert!(!outside.path().join("planted").exists());
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("secret")).unwrap(),
+        "the host's secret"
+    );
+    let (status, _) = text_reply(&server, "DELETE", "/files/p1/t1/data/in.csv", "", "");
+    assert_eq!(status, 204);
+    assert!(!ws.join("data/in.csv").exists());
+
+    // 1 GB up and down, streamed: the server's memory grows by far less than the file.
+    const GB: u64 = 1 << 30;
+    let pid = server.pid();
+    let before = rss_kb(pid);
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (peak, stop) = (std::sync::Arc::clone(&peak), std::sync::Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                peak.fetch_max(rss_kb(pid), std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let chunk: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    let mut sent = Sha256::new();
+    let mut write = |w: &mut dyn Write| {
+        for _ in 0..GB / chunk.len() as u64 {
+            w.write_all(&chunk).unwrap();
+            sent.update(&chunk);
+        }
+    };
+    let started = Instant::now();
+    let mut reply = Vec::new();
+    let (status, _) = http(
+        &server,
+        "PUT",
+        "/files/p1/t1/big.bin",
+        "",
+        Some((GB, &mut write)),
+        &mut |b| reply.extend_from_slice(b),
+    );
+    let put_s = started.elapsed().as_secs_f64();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&reply));
+    let sent = format!("{:x}", sent.finalize());
+    let info: Value = serde_json::from_slice(&reply).unwrap();
+    assert_eq!(info["sha256"], sent);
+    let mut got = Sha256::new();
+    let mut n = 0u64;
+    let started = Instant::now();
+    let (status, head) = http(&server, "GET", "/files/p1/t1/big.bin", "", None, &mut |b| {
+        got.update(b);
+        n += b.len() as u64;
+    });
+    let get_s = started.elapsed().as_secs_f64();
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains(&format!("content-length: {GB}")),
+        "{head}"
+    );
+    assert_eq!((n, format!("{:x}", got.finalize())), (GB, sent));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    watcher.join().unwrap();
+    let grew_mb = (peak
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .saturating_sub(before))
+        / 1024;
+    eprintln!(
+        "1 GiB PUT {put_s:.1} s, GET {get_s:.1} s; the server's RSS grew {grew_mb} MB at most"
+    );
+    assert!(
+        grew_mb < 64,
+        "the server's memory grew by {grew_mb} MB for a 1 GB transfer"
+    );
+
+    // The MCP file tools on the same task, its kernel still stopped; the records as the
+    // server's.
+    let facts = server.run("files", &["--task", "t1", "--plan", "p1"]);
+    assert!(
+        facts["listed"].as_array().is_some_and(|l| !l.is_empty()),
+        "{facts}"
+    );
+    let log = flowrepl_task_logger::task_log_path(&server.logs(), "p1", "t1");
+    assert!(wait_for(Duration::from_secs(5), || read_log_all(&log)
+        .files
+        .len()
+        >= 3));
+    let files = read_log_all(&log).files;
+    let big = files
+        .iter()
+        .find(|f| f.path == "big.bin" && f.op == "download")
+        .unwrap();
+    assert_eq!((big.bytes, big.via.as_ref()), (GB, "http"));
+    assert!(
+        files
+            .iter()
+            .all(|f| f.head.session_id.starts_with("serve-")),
+        "{files:?}"
+    );
+    std::fs::remove_file(ws.join("big.bin")).unwrap();
+}
