@@ -176,8 +176,13 @@ fn files_go_in_and_out_over_json_rpc_and_nothing_leads_outside() {
         // An upload over a planted link replaces the link itself, never what it points to.
         let up = k.call("upload_file", json!({"path": "leak", "text": "mine"}));
         assert_eq!(up["result"]["bytes"], 4, "{up}");
-        assert!(!std::fs::symlink_metadata(ws.join("leak")).unwrap().is_symlink());
-        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "the host's secret");
+        assert!(!std::fs::symlink_metadata(ws.join("leak"))
+            .unwrap()
+            .is_symlink());
+        assert_eq!(
+            std::fs::read_to_string(&secret).unwrap(),
+            "the host's secret"
+        );
         // Without it, the planted write lands outside.
         std::fs::write(ws.join("linkdir/planted-by-path"), "x").unwrap();
         assert!(outside.path().join("planted-by-path").exists());
