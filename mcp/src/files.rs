@@ -1,5 +1,6 @@
-//! The file tools (`upload_file`, `download_file`, `list_files`, `delete_file`) and the
-//! `flowrepl://files/{plan}/{task}/{path}` resources, over a task's
+//! The file tools (`upload_file`, `download_file`, `list_files`, `delete_file`), the
+//! `flowrepl://files/{plan}/{task}/{path}` resources, and the URIs of a cell's whole output
+//! (`flowrepl://output/…`, read from [`crate::store`]). Files are a task's
 //! [`flowrepl_files::Workspace`]: the kernel's MCP server calls these for its own task,
 //! `flowrepl serve` for any of its tasks (with the kernel stopped too). The work is blocking
 //! file I/O: callers run it off their async threads.
@@ -30,6 +31,10 @@ pub const FILES_URI: &str = "flowrepl://files/";
 /// The resource template of workspace files.
 pub const FILES_TEMPLATE: &str = "flowrepl://files/{plan}/{task}/{path}";
 
+/// The scheme and kind of a cell's whole output (a stream the budget cut, or a figure past
+/// `--max-images`): `flowrepl://output/{plan}/{task}/{cell}/{stdout|stderr|result|figure-N}`.
+pub const OUTPUT_URI: &str = "flowrepl://output/";
+
 /// The largest file `download_file` puts in its answer (an image, a blob, or text within the
 /// output budget); larger ones are answered with a `resource_link`.
 pub const INLINE_MAX_BYTES: u64 = 1 << 20;
@@ -58,6 +63,41 @@ impl TaskRef {
             segments.join("/")
         )
     }
+}
+
+impl TaskRef {
+    /// The URI of `part` (`stdout`, `stderr`, `result`, `figure-N`) of cell `cell`'s output.
+    pub fn output_uri(&self, cell: u64, part: &str) -> String {
+        format!(
+            "{OUTPUT_URI}{}/{}/{cell}/{part}",
+            encode(&self.plan),
+            encode(&self.task)
+        )
+    }
+}
+
+/// Splits a `flowrepl://output/{plan}/{task}/{cell}/{part}` URI.
+pub fn parse_output_uri(uri: &str) -> Result<(TaskRef, u64, String), ErrorData> {
+    let bad = || {
+        let shown: String = uri.chars().take(200).collect();
+        ErrorData::invalid_params(
+            format!("{shown:?} is not a flowrepl output URI ({OUTPUT_URI}{{plan}}/{{task}}/{{cell}}/{{part}})"),
+            None,
+        )
+    };
+    let rest = uri.strip_prefix(OUTPUT_URI).ok_or_else(bad)?;
+    let parts: Vec<&str> = rest.split('/').collect();
+    let [plan, task, cell, part] = parts[..] else {
+        return Err(bad());
+    };
+    Ok((
+        TaskRef {
+            plan: decode(plan).ok_or_else(bad)?,
+            task: decode(task).ok_or_else(bad)?,
+        },
+        cell.parse().map_err(|_| bad())?,
+        part.to_owned(),
+    ))
 }
 
 /// Splits a `flowrepl://files/{plan}/{task}/{path}` URI (percent-decoded).
@@ -378,9 +418,15 @@ mod tests {
         };
         let uri = t.uri("data/a b.csv");
         assert_eq!(uri, "flowrepl://files/p%201%2Fx/t%25/data/a%20b.csv");
-        assert_eq!(parse_uri(&uri).unwrap(), (t, "data/a b.csv".to_owned()));
+        assert_eq!(
+            parse_uri(&uri).unwrap(),
+            (t.clone(), "data/a b.csv".to_owned())
+        );
         assert!(parse_uri("flowrepl://files/p/t").is_err());
         assert!(parse_uri("file:///etc/passwd").is_err());
         assert!(parse_uri("flowrepl://files/p/t/%zz").is_err());
+        let out = t.output_uri(7, "stdout");
+        assert_eq!(parse_output_uri(&out).unwrap(), (t, 7, "stdout".to_owned()));
+        assert!(parse_output_uri("flowrepl://output/p/t/x/stdout").is_err());
     }
 }

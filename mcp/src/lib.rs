@@ -159,6 +159,8 @@ pub struct Shared {
     next_ticket: AtomicU64,
     /// The output budget, in characters.
     pub max_chars: usize,
+    /// Images put in a result (`--max-images`); those past it are kept and linked.
+    pub max_images: usize,
     /// A cell's timeout when the call gives none.
     pub default_timeout_ms: u64,
     /// How long `execute_code` waits for its cell when the call gives no `wait_s`.
@@ -263,6 +265,7 @@ pub fn run(
         running: Mutex::new(None),
         next_ticket: AtomicU64::new(0),
         max_chars: mcp.max_chars as usize,
+        max_images: mcp.max_images as usize,
         default_timeout_ms: config.default_timeout_ms,
         wait: Duration::from_secs(mcp.wait_s),
         parked: Mutex::new(parked::Parked::default()),
@@ -401,7 +404,17 @@ impl Responder for McpReply<'_> {
     }
 
     fn executed(&mut self, result: &mut ExecuteResult, images: Vec<Image>) -> std::io::Result<()> {
-        let r = render::execute_result(result, images, self.shared.max_chars, &self.shared.store);
+        let limits = render::Limits {
+            max_chars: self.shared.max_chars,
+            max_images: self.shared.max_images,
+        };
+        let r = render::execute_result(
+            result,
+            images,
+            limits,
+            &self.shared.store,
+            &self.shared.task,
+        );
         self.send(r);
         Ok(())
     }

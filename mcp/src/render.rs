@@ -12,7 +12,7 @@
 
 use super::store::{OutputStore, StreamName};
 use flowrepl_protocol::{ExecuteResult, Image, ImageInfo};
-use rmcp::model::{CallToolResult, ContentBlock};
+use rmcp::model::{CallToolResult, ContentBlock, Resource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -275,7 +275,13 @@ const MAX_EVENTS_IN_TEXT: usize = 50;
 /// The text block: stdout, then stderr (with the traceback) under a label, then the events
 /// (one line each, at most [`MAX_EVENTS_IN_TEXT`]), `Out[n]:`, warnings and the images'
 /// captions.
-fn text_block(r: &ExecuteResult, stdout: &str, stderr: &str, result: Option<&str>) -> String {
+fn text_block(
+    r: &ExecuteResult,
+    stdout: &str,
+    stderr: &str,
+    result: Option<&str>,
+    max_images: usize,
+) -> String {
     let mut t = String::with_capacity(stdout.len() + stderr.len() + 64);
     let end_line = |t: &mut String| {
         if !t.is_empty() && !t.ends_with('\n') {
@@ -317,11 +323,16 @@ fn text_block(r: &ExecuteResult, stdout: &str, stderr: &str, result: Option<&str
         end_line(&mut t);
         let _ = write!(t, "[warning] {w}");
     }
-    for i in &r.images {
+    for (n, i) in r.images.iter().enumerate() {
         end_line(&mut t);
+        let how = if n < max_images {
+            "returned as an image block"
+        } else {
+            "past the image limit: returned as a resource_link"
+        };
         let _ = write!(
             t,
-            "[image: {}, {}x{} PNG, returned as an image block]",
+            "[image: {}, {}x{} PNG, {how}]",
             i.source, i.width, i.height
         );
     }
@@ -331,13 +342,24 @@ fn text_block(r: &ExecuteResult, stdout: &str, stderr: &str, result: Option<&str
     t
 }
 
+/// What a result may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The output budget, in characters.
+    pub max_chars: usize,
+    /// Images put in the result; those past it are kept and linked.
+    pub max_images: usize,
+}
+
 /// Builds the `execute_code` tool result. `r` is left as it came (it goes to the log after).
 pub fn execute_result(
     r: &mut ExecuteResult,
-    images: Vec<Image>,
-    max_chars: usize,
+    mut images: Vec<Image>,
+    limits: Limits,
     store: &Mutex<OutputStore>,
+    task: &crate::files::TaskRef,
 ) -> CallToolResult {
+    let max_chars = limits.max_chars;
     super::store::locked(store).saw_cell(r.execution_count);
     let mut parts = budget_parts(r, max_chars, store);
     let take = |parts: &mut Vec<Part>, s: StreamName| {
@@ -357,6 +379,7 @@ pub fn execute_result(
             Some(c) => Some(c.0.as_str()),
             None => r.report.result.as_deref(),
         },
+        limits.max_images,
     );
     // structuredContent: the same object with the cut texts swapped in for the moment.
     let mut output_cut = Vec::new();
@@ -411,9 +434,51 @@ pub fn execute_result(
     }
     let mut content = Vec::with_capacity(1 + images.len());
     content.push(ContentBlock::text(text));
+    // Each cut stream, whole, one read away.
+    for info in &output_cut {
+        let bytes = match info.stream {
+            StreamName::Stdout => r.stdout.len(),
+            StreamName::Stderr => r.stderr.len(),
+            StreamName::Result => r.report.result.as_deref().map_or(0, str::len),
+        };
+        let mut link = Resource::new(
+            task.output_uri(r.execution_count, info.stream.as_str()),
+            format!("cell {} {}", r.execution_count, info.stream.as_str()),
+        );
+        link.description = Some(format!(
+            "the whole {} of cell {} ({} characters); resources/read gives it at once, read_output a page at a time",
+            info.stream.as_str(),
+            r.execution_count,
+            info.total_chars
+        ));
+        link.mime_type = Some("text/plain".into());
+        link.size = Some(bytes as u64);
+        content.push(ContentBlock::resource_link(link));
+    }
+    // Figures past the image limit: kept, and linked.
+    let past = images.split_off(images.len().min(limits.max_images));
     for i in images {
         let ImageInfo { mime, .. } = i.info;
         content.push(ContentBlock::image(i.data, mime));
+    }
+    if !past.is_empty() {
+        let mut kept = super::store::locked(store);
+        for (n, i) in past.into_iter().enumerate() {
+            let n = n + 1 + limits.max_images;
+            let part = format!("figure-{n}");
+            let mut link = Resource::new(
+                task.output_uri(r.execution_count, &part),
+                format!("cell {} image {n} ({})", r.execution_count, i.info.source),
+            );
+            link.description = Some(format!(
+                "{}x{} {} past the limit of {} images per cell; resources/read gives it",
+                i.info.width, i.info.height, i.info.mime, limits.max_images
+            ));
+            link.mime_type = Some(i.info.mime.clone());
+            link.size = Some(i.info.bytes);
+            content.push(ContentBlock::resource_link(link));
+            kept.insert_figure(r.execution_count, n, i.data);
+        }
     }
     let mut out = CallToolResult::success(content);
     out.structured_content = Some(structured);
@@ -521,7 +586,27 @@ mod tests {
         }))
         .unwrap();
         let before = r.clone();
-        let out = execute_result(&mut r, Vec::new(), 1000, &store);
+        let task = crate::files::TaskRef {
+            plan: "p".into(),
+            task: "t".into(),
+        };
+        let limits = Limits {
+            max_chars: 1000,
+            max_images: 8,
+        };
+        let out = execute_result(&mut r, Vec::new(), limits, &store, &task);
+        let links: Vec<String> = out
+            .content
+            .iter()
+            .filter_map(|c| c.as_resource_link().map(|l| l.uri.clone()))
+            .collect();
+        assert_eq!(
+            links,
+            [
+                "flowrepl://output/p/t/7/stdout",
+                "flowrepl://output/p/t/7/result"
+            ]
+        );
         assert_eq!(r, before, "the result is given back unchanged for the log");
         let sc = out.structured_content.unwrap();
         let cuts = sc["output_cut"].as_array().unwrap();

@@ -77,12 +77,12 @@ pub enum ReadError {
         last: u64,
     },
     /// Not kept: returned whole, or forgotten.
-    #[error("the {stream} of cell {cell} is not held: only output that was cut is kept, and only the most recent {limit_mb} MiB of it (a stream that fit was returned whole; every cell's full output is in the task log)")]
+    #[error("the {stream} of cell {cell} is not held: only output that was cut (and figures past the image limit) is kept, and only the most recent {limit_mb} MiB of it (a stream that fit was returned whole; every cell's full output is in the task log)")]
     NotHeld {
         /// Asked for.
         cell: u64,
         /// Asked for.
-        stream: &'static str,
+        stream: String,
         /// The store's size.
         limit_mb: usize,
     },
@@ -100,10 +100,19 @@ pub enum ReadError {
     },
 }
 
+/// A figure past the image limit: its place and its PNG, base64.
+#[derive(Debug)]
+struct Figure {
+    cell: u64,
+    n: usize,
+    data: String,
+}
+
 /// The kept output.
 #[derive(Debug)]
 pub struct OutputStore {
     entries: VecDeque<Entry>,
+    figures: VecDeque<Figure>,
     bytes: usize,
     limit: usize,
     last_cell: u64,
@@ -114,6 +123,7 @@ impl OutputStore {
     pub fn new(limit_bytes: usize) -> OutputStore {
         OutputStore {
             entries: VecDeque::new(),
+            figures: VecDeque::new(),
             bytes: 0,
             limit: limit_bytes,
             last_cell: 0,
@@ -139,12 +149,75 @@ impl OutputStore {
             text,
             chars,
         });
+        self.forget_oldest();
+    }
+
+    /// Forgets the oldest cells' output until the total is within the limit.
+    fn forget_oldest(&mut self) {
         while self.bytes > self.limit {
-            let Some(old) = self.entries.pop_front() else {
-                break;
+            let text = self.entries.front().map(|e| e.cell);
+            let figure = self.figures.front().map(|f| f.cell);
+            let forgot = match (text, figure) {
+                (Some(t), Some(f)) if f < t => self.figures.pop_front().map(|f| f.data.len()),
+                (Some(_), _) => self.entries.pop_front().map(|e| e.text.len()),
+                (None, Some(_)) => self.figures.pop_front().map(|f| f.data.len()),
+                (None, None) => None,
             };
-            self.bytes -= old.text.len();
+            match forgot {
+                Some(n) => self.bytes -= n,
+                None => break,
+            }
         }
+    }
+
+    /// Keeps figure `n` of `cell` (a PNG, base64), past the image limit.
+    pub fn insert_figure(&mut self, cell: u64, n: usize, data: String) {
+        self.saw_cell(cell);
+        if data.len() > self.limit {
+            return;
+        }
+        self.bytes += data.len();
+        self.figures.push_back(Figure { cell, n, data });
+        self.forget_oldest();
+    }
+
+    /// Figure `n` of `cell` (a PNG, base64).
+    pub fn figure(&self, cell: u64, n: usize) -> Result<&str, ReadError> {
+        self.known(cell)?;
+        self.figures
+            .iter()
+            .find(|f| f.cell == cell && f.n == n)
+            .map(|f| f.data.as_str())
+            .ok_or(ReadError::NotHeld {
+                cell,
+                stream: format!("figure {n}"),
+                limit_mb: self.limit >> 20,
+            })
+    }
+
+    /// The whole of a kept stream.
+    pub fn whole(&self, cell: u64, stream: StreamName) -> Result<&str, ReadError> {
+        self.known(cell)?;
+        self.entries
+            .iter()
+            .rev()
+            .find(|e| e.cell == cell && e.stream == stream)
+            .map(|e| e.text.as_str())
+            .ok_or(ReadError::NotHeld {
+                cell,
+                stream: stream.as_str().to_owned(),
+                limit_mb: self.limit >> 20,
+            })
+    }
+
+    fn known(&self, cell: u64) -> Result<(), ReadError> {
+        if cell == 0 || cell > self.last_cell {
+            return Err(ReadError::NoSuchCell {
+                cell,
+                last: self.last_cell,
+            });
+        }
+        Ok(())
     }
 
     /// Characters `[offset, offset + length)` of a kept stream.
@@ -155,12 +228,7 @@ impl OutputStore {
         offset: usize,
         length: usize,
     ) -> Result<Page, ReadError> {
-        if cell == 0 || cell > self.last_cell {
-            return Err(ReadError::NoSuchCell {
-                cell,
-                last: self.last_cell,
-            });
-        }
+        self.known(cell)?;
         let e = self
             .entries
             .iter()
@@ -168,7 +236,7 @@ impl OutputStore {
             .find(|e| e.cell == cell && e.stream == stream)
             .ok_or(ReadError::NotHeld {
                 cell,
-                stream: stream.as_str(),
+                stream: stream.as_str().to_owned(),
                 limit_mb: self.limit >> 20,
             })?;
         if offset > e.chars || (offset == e.chars && e.chars > 0) {

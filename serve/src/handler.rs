@@ -199,6 +199,36 @@ impl Serve {
         .map_err(|_| ErrorData::internal_error("the file operation failed", None))
     }
 
+    /// `resources/read` of a cell's whole output: the task's kernel holds it, so the read is
+    /// relayed to it while it runs (a stopped kernel took it along; the task log has it).
+    async fn read_output(
+        &self,
+        uri: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResult, ErrorData> {
+        let (task, _, _) = flowrepl_mcp::files::parse_output_uri(uri)?;
+        let key = match super::route::bound(context) {
+            Some(bound) => super::route::check(&bound, Some(&task.task), Some(&task.plan))?,
+            None => TaskKey {
+                plan: task.plan,
+                task: task.task,
+            },
+        };
+        let Some(kernel) = self.pool.running_kernel(&key) else {
+            return Err(ErrorData::resource_not_found(
+                format!(
+                    "task {:?}'s kernel has stopped, and the output it held went with it; every cell's full output is in the task log",
+                    key.task
+                ),
+                None,
+            ));
+        };
+        kernel
+            .read_resource(uri)
+            .await
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?
+    }
+
     /// The task a resource request is about: the request's path's, else the defaults.
     fn resource_task(&self, context: &RequestContext<RoleServer>) -> TaskKey {
         super::route::bound(context).unwrap_or_else(|| (*self.defaults).clone())
@@ -398,6 +428,12 @@ impl ServerHandler for Serve {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        if request.uri.starts_with(flowrepl_mcp::files::OUTPUT_URI) {
+            return self
+                .read_output(&request.uri, &context)
+                .await
+                .map(Into::into);
+        }
         let (task, path) = flowrepl_mcp::files::parse_uri(&request.uri)?;
         let key = match super::route::bound(&context) {
             Some(bound) => super::route::check(&bound, Some(&task.task), Some(&task.plan))?,

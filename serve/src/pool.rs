@@ -154,6 +154,13 @@ impl Pool {
         }
     }
 
+    /// The task's kernel if it runs (never started for this).
+    pub fn running_kernel(&self, key: &TaskKey) -> Option<Arc<Child>> {
+        let slot = lock(&self.slots).get(key).cloned()?;
+        let kernel = slot.try_lock().ok()?.clone();
+        kernel.filter(|k| !k.ended())
+    }
+
     /// The running kernels (not those starting).
     fn running(&self) -> Vec<Arc<Child>> {
         let slots: Vec<Slot> = lock(&self.slots).values().cloned().collect();

@@ -539,6 +539,14 @@ async def figures(s, opts):
     for img in images:
         w, h = png_size(base64.b64decode(img.data))
         assert w * h <= 4_000_000, (w, h)
+    # Past the limit: each a resource_link, read whole with resources/read.
+    links = [c for c in r.content if c.type == "resource_link"]
+    assert len(links) == 2 and all(ln.mime_type == "image/png" for ln in links), r.content
+    assert len(r.structured_content["images"]) == opts.max_images + 2
+    read = await s.read_resource(links[-1].uri)
+    assert png_size(base64.b64decode(read.contents[0].blob)) == (200, 200), read.contents[0].uri
+    assert "past the image limit" in text_of(r), text_of(r)
+    r = await run_cell(s, "for k in range(60):\n    plt.figure(figsize=(1, 1))")
     assert any("closed without being returned" in w for w in r.structured_content["warnings"])
     # A final value with _repr_png_ is returned too.
     r = await run_cell(s, "import io\nclass Pic:\n    def _repr_png_(self):\n"
@@ -777,6 +785,14 @@ print(json.dumps({n: hashlib.sha256(open(n, 'rb').read()).hexdigest() for n in [
         refused[path] = text_of(r)
     r = await s.call_tool("download_file", {"path": "nothing.txt"})
     assert r.is_error and "no such file" in text_of(r), text_of(r)
+    # Big output: head and tail in the answer, the whole stream one resources/read away.
+    r = await run_cell(s, "import hashlib, sys\nbig = ''.join(f'{i:09d}\\n' for i in range(500_000))\n"
+                          "sys.stdout.write(big)\nprint(hashlib.sha256(big.encode()).hexdigest(), file=sys.stderr)")
+    stdout_links = [c for c in r.content if c.type == "resource_link" and c.uri.endswith("/stdout")]
+    assert stdout_links and stdout_links[0].size == 5_000_000, r.content
+    assert len(text_of(r)) < opts.max_chars + 2000, len(text_of(r))
+    whole = (await s.read_resource(stdout_links[0].uri)).contents[0].text
+    assert sha256(whole.encode()) in r.structured_content["stderr"], "the whole stream differs"
     r = await s.call_tool("delete_file", {"path": "out.parquet"})
     assert not r.is_error, text_of(r)
     r = await run_cell(s, "import os; print(os.path.exists('out.parquet'))")

@@ -687,6 +687,25 @@ async def files(opts):
     return {"listed": listed}
 
 
+@scenario
+async def output_link(opts):
+    """A cut stream's resource_link, read through the server from the task's kernel."""
+    task = {"task": opts.task, "plan": opts.plan}
+    async with Client(opts) as s:
+        r = await s.call_tool("execute_code", {"code": "print('x' * 300_000)", **task})
+        links = [c for c in r.content if c.type == "resource_link"]
+        assert links and links[0].uri.endswith("/stdout"), r.content
+        whole = (await s.read_resource(links[0].uri)).contents[0].text
+        assert whole == "x" * 300_000 + "\n", len(whole)
+        await s.call_tool("stop_kernel", task)
+        try:
+            await s.read_resource(links[0].uri)
+            raise AssertionError("a stopped kernel's output was read")
+        except MCPError as e:
+            stopped = str(e)
+    return {"stopped": stopped}
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", choices=sorted(SCENARIOS))

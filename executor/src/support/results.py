@@ -47,8 +47,15 @@ def _render_figure(fig, max_pixels):
     return buf.getvalue()
 
 
+# Figures rendered past the per-cell limit: the MCP front keeps them and answers with a link
+# to each (a resource the client reads when it wants it).
+LINKED_IMAGES = 32
+
+
 def collect_images(value, max_images, max_pixels):
     """MCP mode, after a cell: ([(source, base64 png, width, height, bytes)], [notes]).
+
+    Up to max_images are returned in the result, and up to LINKED_IMAGES more as links.
 
     The final value's _repr_png_() (or a matplotlib Figure value) comes first, then every
     figure pyplot still has open, which are closed: a figure is returned once.
@@ -96,7 +103,7 @@ def collect_images(value, max_images, max_pixels):
             fig = manager.canvas.figure
             if id(fig) in shown:
                 continue
-            if len(images) >= max_images:
+            if len(images) >= max_images + LINKED_IMAGES:
                 skipped += 1
                 continue
             try:
@@ -105,13 +112,13 @@ def collect_images(value, max_images, max_pixels):
                 notes.append(f"figure {num}: rendering raised {type(e).__name__}: {e}")
         if skipped:
             notes.append(f"{skipped} more open figure(s) were closed without being returned "
-                         f"(limit: {max_images} images per cell)")
+                         f"(limit: {max_images} images per cell, and {LINKED_IMAGES} more as links)")
         if managers:
             try:
                 pyplot.close("all")
             except Exception as e:
                 notes.append(f"closing figures raised {type(e).__name__}: {e}")
-    return images[:max_images], notes
+    return images, notes
 
 
 def list_variables(ns, max_repr=120):

@@ -39,8 +39,8 @@ use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams,
     GetTaskResult, InitializeResult, JsonObject, ListResourceTemplatesResult, ListResourcesResult,
-    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, RequestMetaObject,
-    UpdateTaskParams,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    RequestMetaObject, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, Peer, RoleServer, ServerHandler};
@@ -146,6 +146,43 @@ impl KernelServer {
         tokio::task::spawn_blocking(move || op(&ws, &task))
             .await
             .map_err(|_| internal("the file operation failed"))
+    }
+
+    /// `resources/read` of a cell's whole output: a stream the budget cut (text), or a figure
+    /// past the image limit (a PNG blob), while the kernel still holds it.
+    fn read_output_resource(&self, uri: &str) -> Result<ReadResourceResult, ErrorData> {
+        use rmcp::model::ResourceContents;
+        let (task, cell, part) = crate::files::parse_output_uri(uri)?;
+        if task != self.shared.task {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "this kernel serves task {:?} of plan {:?}, not the URI's",
+                    self.shared.task.task, self.shared.task.plan
+                ),
+                None,
+            ));
+        }
+        let store = self.shared.store();
+        let held = |e: ReadError| {
+            ErrorData::resource_not_found(format!("{e}. Task log: {}", self.shared.log_file), None)
+        };
+        let contents = match part.strip_prefix("figure-") {
+            Some(n) => {
+                let n = n
+                    .parse()
+                    .map_err(|_| ErrorData::invalid_params(format!("no part {part:?}"), None))?;
+                ResourceContents::blob(store.figure(cell, n).map_err(held)?, uri)
+                    .with_mime_type("image/png")
+            }
+            None => {
+                let stream: super::store::StreamName = serde_json::from_value(
+                    serde_json::Value::String(part.clone()),
+                )
+                .map_err(|_| ErrorData::invalid_params(format!("no part {part:?}"), None))?;
+                ResourceContents::text(store.whole(cell, stream).map_err(held)?, uri)
+            }
+        };
+        Ok(ReadResourceResult::new(vec![contents]))
     }
 
     /// Runs `call` on the main thread (after the cells queued before it).
@@ -498,6 +535,9 @@ impl ServerHandler for KernelServer {
         request: ReadResourceRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        if request.uri.starts_with(crate::files::OUTPUT_URI) {
+            return self.read_output_resource(&request.uri).map(Into::into);
+        }
         let (task, path) = crate::files::parse_uri(&request.uri)?;
         if task != self.shared.task {
             return Err(ErrorData::invalid_params(

@@ -27,6 +27,26 @@ impl Child {
         }
     }
 
+    /// Relays `resources/read` of `uri` (a cell's output, which the kernel holds): its result,
+    /// or its error as the kernel gave it.
+    pub async fn read_resource(
+        &self,
+        uri: &str,
+    ) -> Result<Result<rmcp::model::ReadResourceResult, rmcp::ErrorData>, ChildError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let rx = self.register(id);
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": "resources/read", "params": {"uri": uri}}))
+            .await?;
+        let mut reply = rx.await.map_err(|_| self.exited("before it answered"))?;
+        let bad = |e: serde_json::Error| {
+            ChildError::Rpc(format!("the kernel's answer to resources/read: {e}"))
+        };
+        Ok(match reply.get_mut("error") {
+            Some(e) => Err(serde_json::from_value(e.take()).map_err(bad)?),
+            None => Ok(serde_json::from_value(reply["result"].take()).map_err(bad)?),
+        })
+    }
+
     /// It exited `when`: with what it said last on stderr, when that names an error.
     pub(super) fn exited(&self, when: &str) -> ChildError {
         let words = lock(&self.last_words);

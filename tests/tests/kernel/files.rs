@@ -93,12 +93,15 @@ fn files_go_in_and_out_over_json_rpc_and_nothing_leads_outside() {
         assert_eq!(del["result"]["deleted"], true, "{del}");
         assert!(!ws.join("out.parquet").exists());
 
-        // What a cell can plant: a link and a hard link to a host file, a linked folder, a FIFO.
+        // What a cell can plant: links to a host file and folder, a FIFO; and a hard link to
+        // a host file (made here: a sandboxed cell cannot see the file to link it, an
+        // unsandboxed one can).
         k.ok(&format!(
-            "import os\nos.symlink({s:?}, 'leak')\nos.link({s:?}, 'hard')\nos.symlink({o:?}, 'linkdir')\nos.mkfifo('pipe')\nos.makedirs('sub', exist_ok=True)",
+            "import os\nos.symlink({s:?}, 'leak')\nos.symlink({o:?}, 'linkdir')\nos.mkfifo('pipe')\nos.makedirs('sub', exist_ok=True)",
             s = secret.display().to_string(),
             o = outside.path().display().to_string(),
         ));
+        std::fs::hard_link(&secret, ws.join("hard")).unwrap();
         // Without the confinement (the same paths opened by path): each gets through.
         assert_eq!(
             std::fs::read_to_string(ws.join("leak")).unwrap(),
@@ -536,4 +539,11 @@ fn serve_moves_files_over_http_streamed_while_the_kernel_is_stopped() {
         "{files:?}"
     );
     std::fs::remove_file(ws.join("big.bin")).unwrap();
+
+    // A cut stream's link is read through the server from the task's kernel.
+    let facts = server.run("output_link", &["--task", "t1", "--plan", "p1"]);
+    assert!(
+        facts["stopped"].as_str().unwrap().contains("task log"),
+        "{facts}"
+    );
 }
