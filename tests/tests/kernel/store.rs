@@ -670,3 +670,69 @@ fn a_kernel_of_the_same_server_takes_over_from_one_that_died_at_once() {
         "waited for the dead kernel's lease: {took:?}"
     );
 }
+
+/// The paths of the workspace files in the task's newest state in the store.
+fn stored_files(s3: &S3Server, prefix: &str, plan: &str, task: &str) -> Vec<String> {
+    let head = head_of(s3, prefix, plan, task);
+    let Some(manifest) = head["state"]
+        .as_str()
+        .and_then(|state| s3.get(&format!("{prefix}/{state}")))
+    else {
+        return Vec::new();
+    };
+    let manifest: Value = serde_json::from_str(&manifest).unwrap();
+    manifest["workspace"]["files"]
+        .as_object()
+        .map(|f| f.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// A client's upload reaches the store's workspace without a cell or a checkpoint after it,
+/// from the kernel and from `serve` (whose change first takes the task's lease), and a
+/// kernel on another disk gets it.
+#[test]
+fn uploads_land_in_the_stored_workspace() {
+    let s3 = S3Server::start();
+    let mut a = stored("in_process", &s3, s3.port, "u", "upload", 2).start();
+    a.ok("x = 1");
+    wait_stored(&mut a, &s3, "u", "upload", 1);
+    let up = a.call("upload_file", json!({"path": "in/data.csv", "text": "a\n1\n"}));
+    assert_eq!(up["result"]["bytes"], 4, "{up}");
+    assert!(
+        wait_for(Duration::from_secs(10), || stored_files(&s3, "u", PLAN, "upload")
+            .contains(&"in/data.csv".to_owned())),
+        "the upload did not reach the store: {:?}",
+        stored_files(&s3, "u", PLAN, "upload")
+    );
+    a.close();
+    let mut b = stored("in_process", &s3, s3.port, "u", "upload", 2)
+        .arg("--resume")
+        .start();
+    assert_eq!(
+        std::fs::read_to_string(b.workspace().join("in/data.csv")).unwrap(),
+        "a\n1\n"
+    );
+    b.close();
+
+    // serve, with no kernel running for the task: the PUT starts it (the lease), and the
+    // file goes up with the next state.
+    let port = free_port();
+    let url = s3.url("su");
+    let server = serve_on(port, &s3, &url);
+    let mut http = flowrepl_tests::serve::RawHttp::connect(&server.url);
+    let (status, _, body) = http.exchange(
+        &format!(
+            "PUT /files/{PLAN}/via-serve/notes.txt HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}",
+            server.host(),
+            flowrepl_tests::serve::TOKEN
+        ),
+        "hello",
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        wait_for(Duration::from_secs(15), || stored_files(&s3, "su", PLAN, "via-serve")
+            .contains(&"notes.txt".to_owned())),
+        "serve's upload did not reach the store: {}",
+        server.stderr()
+    );
+}
