@@ -547,3 +547,99 @@ fn serve_moves_files_over_http_streamed_while_the_kernel_is_stopped() {
         "{facts}"
     );
 }
+
+/// The MCP Inspector's CLI (npm, run with Node 22 through npx as the conformance suite is),
+/// one call per run against `flowrepl mcp` on stdio: a file uploaded, listed, read back
+/// through the resource template.
+#[test]
+fn the_inspector_cli_moves_files() {
+    let work = tempfile::tempdir().unwrap();
+    let logs = work.path().join("logs");
+    // A tool result with isError makes the CLI exit 1; the refusal is then read from its output.
+    let run = |args: &[&str], refused: bool| -> Value {
+        let out = std::process::Command::new("timeout")
+            .args(["-k", "10", "180", "npx", "-y", "-p", "node@22", "-p"])
+            .arg("@modelcontextprotocol/inspector@2.12.0")
+            .args(["--", "mcp-inspector", "--cli"])
+            .arg(flowrepl_tests::flowrepl_bin())
+            .arg("mcp")
+            .args(args)
+            .current_dir(work.path())
+            .env("FLOWREPL_LOG_DIR", &logs)
+            .env("FLOWREPL_LOG", "warn")
+            .env_remove("FLOW_PLAN_ID")
+            .env_remove("FLOW_TASK_ID")
+            .output()
+            .expect("npx (Node.js) runs the MCP Inspector");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() != refused,
+            "inspector {args:?}: {stderr}\n{stdout}"
+        );
+        if refused {
+            return Value::String(format!("{stdout}{stderr}"));
+        }
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+    };
+    let inspector = |args: &[&str]| run(args, false);
+    let up = inspector(&[
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "upload_file",
+        "--tool-arg",
+        "path=in/hello.txt",
+        "--tool-arg",
+        "text=hello from the inspector",
+    ]);
+    assert_eq!(up["isError"], false, "{up}");
+    assert_eq!(
+        std::fs::read_to_string(work.path().join("in/hello.txt")).unwrap(),
+        "hello from the inspector"
+    );
+    let listed = inspector(&[
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "list_files",
+        "--tool-arg",
+        "path=in",
+    ]);
+    assert_eq!(
+        listed["structuredContent"]["entries"][0]["name"], "hello.txt",
+        "{listed}"
+    );
+    let templates = inspector(&["--method", "resources/templates/list"]);
+    assert_eq!(
+        templates["resourceTemplates"][0]["uriTemplate"], "flowrepl://files/{plan}/{task}/{path}",
+        "{templates}"
+    );
+    let read = inspector(&[
+        "--method",
+        "resources/read",
+        "--uri",
+        "flowrepl://files/local/adhoc/in/hello.txt",
+    ]);
+    assert_eq!(
+        read["contents"][0]["text"], "hello from the inspector",
+        "{read}"
+    );
+    let refused = run(
+        &[
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "download_file",
+            "--tool-arg",
+            "path=../../etc/passwd",
+        ],
+        true,
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("not a path inside the workspace"),
+        "{refused}"
+    );
+}

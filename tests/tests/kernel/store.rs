@@ -696,11 +696,16 @@ fn uploads_land_in_the_stored_workspace() {
     let mut a = stored("in_process", &s3, s3.port, "u", "upload", 2).start();
     a.ok("x = 1");
     wait_stored(&mut a, &s3, "u", "upload", 1);
-    let up = a.call("upload_file", json!({"path": "in/data.csv", "text": "a\n1\n"}));
+    let up = a.call(
+        "upload_file",
+        json!({"path": "in/data.csv", "text": "a\n1\n"}),
+    );
     assert_eq!(up["result"]["bytes"], 4, "{up}");
     assert!(
-        wait_for(Duration::from_secs(10), || stored_files(&s3, "u", PLAN, "upload")
-            .contains(&"in/data.csv".to_owned())),
+        wait_for(Duration::from_secs(10), || stored_files(
+            &s3, "u", PLAN, "upload"
+        )
+        .contains(&"in/data.csv".to_owned())),
         "the upload did not reach the store: {:?}",
         stored_files(&s3, "u", PLAN, "upload")
     );
@@ -730,8 +735,13 @@ fn uploads_land_in_the_stored_workspace() {
     );
     assert_eq!(status, 200, "{body}");
     assert!(
-        wait_for(Duration::from_secs(15), || stored_files(&s3, "su", PLAN, "via-serve")
-            .contains(&"notes.txt".to_owned())),
+        wait_for(Duration::from_secs(15), || stored_files(
+            &s3,
+            "su",
+            PLAN,
+            "via-serve"
+        )
+        .contains(&"notes.txt".to_owned())),
         "serve's upload did not reach the store: {}",
         server.stderr()
     );
