@@ -743,6 +743,43 @@ impl Download {
     }
 }
 
+impl Download {
+    /// A second handle on the open file, for a thread that reads while this one hashes
+    /// ([`read_into`] there, [`Download::hash`] here, every byte in order).
+    pub fn reader(&self) -> std::io::Result<std::fs::File> {
+        self.file.try_clone()
+    }
+
+    /// Counts and hashes bytes read through [`Download::reader`].
+    pub fn hash(&mut self, bytes: &[u8]) {
+        self.hasher.update(bytes);
+        self.read += bytes.len() as u64;
+    }
+}
+
+/// Reads up to `max` bytes of `file` onto the end of `buf`, straight into its spare room (no
+/// zeroing pass first).
+pub fn read_into(
+    file: &std::fs::File,
+    buf: &mut bytes::BytesMut,
+    max: usize,
+) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    buf.reserve(max);
+    let spare = buf.spare_capacity_mut();
+    let len = spare.len().min(max);
+    // SAFETY: read(2) writes at most `len` bytes into the spare room, which `reserve` made at
+    // least that long; it never reads from it.
+    let n = unsafe { libc::read(file.as_raw_fd(), spare.as_mut_ptr().cast(), len) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let n = n as usize;
+    // SAFETY: the first `n` bytes of the spare room were just written by read(2).
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
 impl Read for Download {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.file.read(buf)?;

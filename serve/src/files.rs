@@ -24,7 +24,6 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use flowrepl_files::{FileError, Kind, Limits, Recorder, Via, Workspace};
 use http_body::Frame;
-use std::io::Read;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -33,10 +32,10 @@ use std::task::{Context, Poll};
 /// The route of a task's files.
 pub const FILES_ROUTE: &str = "/files/{plan}/{task}/{*path}";
 
-/// How much of an upload is gathered before it is written (fewer, larger writes).
-const WRITE_BATCH: usize = 1 << 20;
+/// Body frames waiting for the upload's writer.
+const PIECES_AHEAD: usize = 64;
 /// The size of a download's chunks, and how many wait in line for the client.
-const READ_CHUNK: usize = 256 << 10;
+const READ_CHUNK: usize = 1 << 20;
 const CHUNKS_AHEAD: usize = 8;
 
 /// Where the tasks' workspaces and logs are, and their limits.
@@ -174,7 +173,15 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// The body's bytes into the file as they come, a batch at a time.
+/// What the body's reader hands the upload's writer.
+enum Piece {
+    Data(Bytes),
+    /// The body ended whole: put the file in place.
+    End,
+}
+
+/// The body's bytes into the file as they come: this task reads the socket, a blocking
+/// thread writes and hashes (the two run at once); the bytes are handed over, not copied.
 async fn put(ws: Workspace, path: &str, request: Request) -> Response {
     use http_body_util::BodyExt;
     let length = content_length(request.headers());
@@ -182,72 +189,114 @@ async fn put(ws: Workspace, path: &str, request: Request) -> Response {
         Ok(u) => u,
         Err(e) => return refusal(&e),
     };
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Piece>(PIECES_AHEAD);
+    let writer = tokio::task::spawn_blocking(move || {
+        while let Some(piece) = rx.blocking_recv() {
+            match piece {
+                Piece::Data(d) => up.write(&d)?,
+                Piece::End => return up.finish().map(Some),
+            }
+        }
+        // The body was cut: the upload is dropped (nothing written; the cut recorded).
+        Ok(None)
+    });
     let mut body = request.into_body();
-    let mut batch: Vec<u8> = Vec::with_capacity(WRITE_BATCH);
-    loop {
+    let cut = loop {
         let frame = match body.frame().await {
             Some(Ok(f)) => f,
-            // The client went away or the body timed out: the upload is dropped (nothing
-            // written; the cut is recorded).
-            Some(Err(e)) => {
-                return (StatusCode::BAD_REQUEST, format!("the body was cut: {e}\n"))
-                    .into_response()
+            // The client went away or the body timed out.
+            Some(Err(e)) => break Some(e.to_string()),
+            None => {
+                let _ = tx.send(Piece::End).await;
+                break None;
             }
-            None => break,
         };
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        batch.extend_from_slice(&data);
-        if batch.len() >= WRITE_BATCH {
-            if let Err(e) = tokio::task::block_in_place(|| up.write(&batch)) {
-                return refusal(&e);
-            }
-            batch.clear();
+        if tx.send(Piece::Data(data)).await.is_err() {
+            break None; // the writer stopped: its error is the answer
         }
-    }
-    let done = tokio::task::block_in_place(|| {
-        up.write(&batch)?;
-        up.finish()
-    });
-    match done {
-        Ok(info) => (
+    };
+    drop(tx);
+    match (writer.await, cut) {
+        (Ok(Err(e)), _) => refusal(&e),
+        (Ok(Ok(Some(info))), _) => (
             [(header::CONTENT_TYPE, "application/json")],
             serde_json::to_string(&info).unwrap_or_default() + "\n",
         )
             .into_response(),
-        Err(e) => refusal(&e),
+        (Ok(Ok(None)), Some(why)) => (
+            StatusCode::BAD_REQUEST,
+            format!("the body was cut: {why}\n"),
+        )
+            .into_response(),
+        (Ok(Ok(None)), None) | (Err(_), _) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
 }
 
-/// The file's bytes to the client, read on a blocking thread a chunk ahead.
+/// What the download's reader hands its hasher.
+enum Read {
+    Chunk(Bytes),
+    /// The whole file was sent: record it.
+    Done,
+}
+
+/// The file's bytes to the client: one blocking thread reads them a chunk ahead and hands
+/// each to the response and to a second thread that hashes (SHA-256, which bounds the speed,
+/// runs beside the copying), which records the download once every byte was sent.
 async fn get(ws: Workspace, path: &str) -> Response {
     let download = match ws.download(path, Via::Http) {
         Ok(d) => d,
         Err(e) => return refusal(&e),
     };
+    let file = match download.reader() {
+        Ok(f) => f,
+        Err(source) => {
+            return refusal(&FileError::Io {
+                path: path.to_owned(),
+                source,
+            })
+        }
+    };
     let size = download.size();
     let mime = download.mime_type();
     let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_AHEAD);
+    let (to_hash, hashing) = std::sync::mpsc::sync_channel::<Read>(CHUNKS_AHEAD);
     tokio::task::spawn_blocking(move || {
         let mut download = download;
-        loop {
-            let mut chunk = vec![0u8; READ_CHUNK];
-            match download.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => {
-                    chunk.truncate(n);
-                    if tx.blocking_send(Ok(Bytes::from(chunk))).is_err() {
-                        return; // the client went away: recorded as cut short
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.blocking_send(Err(e));
+        while let Ok(piece) = hashing.recv() {
+            match piece {
+                Read::Chunk(c) => download.hash(&c),
+                Read::Done => {
+                    download.finish();
                     return;
                 }
             }
         }
-        download.finish();
+        // Dropped unfinished: recorded as cut short.
+    });
+    tokio::task::spawn_blocking(move || loop {
+        let mut chunk = bytes::BytesMut::with_capacity(READ_CHUNK);
+        match flowrepl_files::read_into(&file, &mut chunk, READ_CHUNK) {
+            Ok(0) => {
+                let _ = to_hash.send(Read::Done);
+                return;
+            }
+            Ok(_) => {
+                let chunk = chunk.freeze();
+                if tx.blocking_send(Ok(chunk.clone())).is_err() {
+                    return; // the client went away
+                }
+                if to_hash.send(Read::Chunk(chunk)).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                return;
+            }
+        }
     });
     let mut r = Response::new(Body::new(Chunks { rx }));
     let h = r.headers_mut();
