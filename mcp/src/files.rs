@@ -398,6 +398,11 @@ pub fn resources(
     (listed, next)
 }
 
+/// `resources/templates/list`: the template of workspace files.
+pub fn templates() -> rmcp::model::ListResourceTemplatesResult {
+    rmcp::model::ListResourceTemplatesResult::with_all_items(vec![template()])
+}
+
 /// The resource template of workspace files.
 pub fn template() -> ResourceTemplate {
     let mut t = ResourceTemplate::new(FILES_TEMPLATE, "workspace-file");

@@ -207,13 +207,7 @@ impl Serve {
         context: &RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResult, ErrorData> {
         let (task, _, _) = flowrepl_mcp::files::parse_output_uri(uri)?;
-        let key = match super::route::bound(context) {
-            Some(bound) => super::route::check(&bound, Some(&task.task), Some(&task.plan))?,
-            None => TaskKey {
-                plan: task.plan,
-                task: task.task,
-            },
-        };
+        let key = uri_task(context, task)?;
         let Some(kernel) = self.pool.running_kernel(&key) else {
             return Err(ErrorData::resource_not_found(
                 format!(
@@ -330,6 +324,23 @@ async fn relayed(
     }
 }
 
+/// A resource URI's task, checked against the task the request's path names (if any).
+fn uri_task(
+    context: &RequestContext<RoleServer>,
+    task: flowrepl_mcp::files::TaskRef,
+) -> Result<TaskKey, ErrorData> {
+    let key = match super::route::bound(context) {
+        Some(bound) => super::route::check(&bound, Some(&task.task), Some(&task.plan))?,
+        None => TaskKey {
+            plan: task.plan,
+            task: task.task,
+        },
+    };
+    super::route::check_ids(&key.plan, &key.task)
+        .map_err(|why| ErrorData::invalid_params(why, None))?;
+    Ok(key)
+}
+
 fn empty_object() -> JsonObject {
     serde_json::from_value(json!({"type": "object", "properties": {}})).expect("an object")
 }
@@ -389,9 +400,7 @@ impl ServerHandler for Serve {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        Ok(ListResourceTemplatesResult::with_all_items(vec![
-            flowrepl_mcp::files::template(),
-        ]))
+        Ok(flowrepl_mcp::files::templates())
     }
 
     async fn list_resources(
@@ -435,15 +444,7 @@ impl ServerHandler for Serve {
                 .map(Into::into);
         }
         let (task, path) = flowrepl_mcp::files::parse_uri(&request.uri)?;
-        let key = match super::route::bound(&context) {
-            Some(bound) => super::route::check(&bound, Some(&task.task), Some(&task.plan))?,
-            None => TaskKey {
-                plan: task.plan,
-                task: task.task,
-            },
-        };
-        super::route::check_ids(&key.plan, &key.task)
-            .map_err(|why| ErrorData::invalid_params(why, None))?;
+        let key = uri_task(&context, task)?;
         let places = Arc::clone(&self.files.places);
         let uri = request.uri;
         tokio::task::spawn_blocking(move || {

@@ -148,20 +148,26 @@ impl KernelServer {
             .map_err(|_| internal("the file operation failed"))
     }
 
+    /// A resource URI's task must be this kernel's.
+    fn own_task(&self, task: &crate::files::TaskRef) -> Result<(), ErrorData> {
+        if *task == self.shared.task {
+            return Ok(());
+        }
+        Err(ErrorData::invalid_params(
+            format!(
+                "this kernel serves task {:?} of plan {:?}, not the URI's",
+                self.shared.task.task, self.shared.task.plan
+            ),
+            None,
+        ))
+    }
+
     /// `resources/read` of a cell's whole output: a stream the budget cut (text), or a figure
     /// past the image limit (a PNG blob), while the kernel still holds it.
     fn read_output_resource(&self, uri: &str) -> Result<ReadResourceResult, ErrorData> {
         use rmcp::model::ResourceContents;
         let (task, cell, part) = crate::files::parse_output_uri(uri)?;
-        if task != self.shared.task {
-            return Err(ErrorData::invalid_params(
-                format!(
-                    "this kernel serves task {:?} of plan {:?}, not the URI's",
-                    self.shared.task.task, self.shared.task.plan
-                ),
-                None,
-            ));
-        }
+        self.own_task(&task)?;
         let store = self.shared.store();
         let held = |e: ReadError| {
             ErrorData::resource_not_found(format!("{e}. Task log: {}", self.shared.log_file), None)
@@ -525,9 +531,7 @@ impl ServerHandler for KernelServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        Ok(ListResourceTemplatesResult::with_all_items(vec![
-            crate::files::template(),
-        ]))
+        Ok(crate::files::templates())
     }
 
     async fn read_resource(
@@ -539,15 +543,7 @@ impl ServerHandler for KernelServer {
             return self.read_output_resource(&request.uri).map(Into::into);
         }
         let (task, path) = crate::files::parse_uri(&request.uri)?;
-        if task != self.shared.task {
-            return Err(ErrorData::invalid_params(
-                format!(
-                    "this kernel serves task {:?} of plan {:?}, not the URI's",
-                    self.shared.task.task, self.shared.task.plan
-                ),
-                None,
-            ));
-        }
+        self.own_task(&task)?;
         let ws = match &self.shared.files {
             Ok(ws) => Arc::clone(ws),
             Err(why) => return Err(internal(why.clone())),
