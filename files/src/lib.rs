@@ -83,6 +83,14 @@ pub enum FileError {
         /// The limit.
         limit: u64,
     },
+    /// The file is within `--max-file-bytes` but larger than one message may carry.
+    #[error("{path:?}: larger than the {limit} bytes one answer carries here; take it over HTTP instead (flowrepl serve: GET /files/<plan>/<task>/<path>)")]
+    TooBigForOneMessage {
+        /// The path.
+        path: String,
+        /// What one message carries.
+        limit: u64,
+    },
     /// The upload would take the workspace past its cap.
     #[error("{path:?}: the workspace holds {used} bytes and may hold {cap} (--max-workspace-mb); this file does not fit, and nothing was written")]
     WorkspaceFull {
@@ -137,7 +145,7 @@ impl FileError {
             | FileError::Own(_) => Kind::Forbidden,
             FileError::Path(BeneathError::NotFound(_)) => Kind::NotFound,
             FileError::Path(BeneathError::NotAFile(_)) => Kind::Conflict,
-            FileError::TooBig { .. } => Kind::TooLarge,
+            FileError::TooBig { .. } | FileError::TooBigForOneMessage { .. } => Kind::TooLarge,
             FileError::WorkspaceFull { .. } => Kind::Full,
             FileError::Path(BeneathError::Unsupported) => Kind::Unsupported,
             FileError::Path(_) | FileError::Io { .. } => Kind::Internal,
@@ -366,7 +374,7 @@ impl Workspace {
         let mut d = self.download(path, via)?;
         if d.size() > max {
             d.ended = true;
-            let e = FileError::TooBig {
+            let e = FileError::TooBigForOneMessage {
                 path: path.to_owned(),
                 limit: max,
             };

@@ -224,6 +224,9 @@ pub struct Session {
     session_id: String,
     /// The task's workspace for clients' files (or why it cannot be used).
     files: Result<Arc<flowrepl_files::Workspace>, String>,
+    /// The largest file `download_file` answers on the JSON-RPC front: one message, as base64
+    /// within the longest request line (`--max-request-bytes`).
+    max_download_bytes: u64,
 }
 
 /// The task's workspace for clients' files, recording into the task log (unless `--no-log`).
@@ -333,6 +336,8 @@ impl Session {
             log_file: config.log_file.clone(),
             session_id: config.identity.session_id.clone(),
             files: open_files(config),
+            max_download_bytes: (config.max_request_bytes as u64 / 4 * 3)
+                .min(config.file_limits.max_file_bytes),
             checkpoint_policy: config
                 .checkpoints
                 .as_ref()
@@ -471,7 +476,7 @@ impl Session {
             .files
             .as_ref()
             .map_err(|why| RpcError::new(ErrorCode::InternalError, why.clone()))?;
-        let max = files.limits().max_file_bytes;
+        let max = self.max_download_bytes;
         let answer = match call {
             Call::UploadFile(p) => files.upload_params(&p, Via::JsonRpc).map(Answer::Uploaded),
             Call::DownloadFile(p) => files

@@ -264,6 +264,17 @@ fn limits_refuse_a_file_whole_and_write_nothing() {
     assert!(!ws.join("small.txt").exists());
     let why = refused(&k.call("download_file", json!({"path": "filler"})));
     assert!(why.contains("--max-file-bytes"), "{why}");
+    k.close();
+    // One JSON-RPC answer carries at most 3/4 of the longest request line (base64 fits it).
+    let mut k = Kernel::options()
+        .env("FLOWREPL_MAX_REQUEST_BYTES", "4000")
+        .start();
+    k.ok("open('three.txt', 'w').write('x' * 3001)");
+    let why = refused(&k.call("download_file", json!({"path": "three.txt"})));
+    assert!(why.contains("one answer carries"), "{why}");
+    k.ok("open('three.txt', 'w').write('x' * 3000)");
+    let d = k.call("download_file", json!({"path": "three.txt"}));
+    assert_eq!(d["result"]["bytes"], 3000, "{d}");
     // Nothing half-written is left, and the temporary names are never listed.
     let names: Vec<String> = std::fs::read_dir(&ws)
         .unwrap()
