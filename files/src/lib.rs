@@ -567,7 +567,8 @@ fn touch(marker: Option<&Path>) {
     }
 }
 
-fn hex(digest: &[u8]) -> String {
+/// Lower-case hex (of a digest).
+pub fn hex(digest: &[u8]) -> String {
     use std::fmt::Write as _;
     let mut s = String::with_capacity(digest.len() * 2);
     for b in digest {

@@ -1,7 +1,7 @@
 //! The `file` records of a task's log: one per transfer, or per refusal.
 
 use chrono::{SecondsFormat, Utc};
-use flowrepl_task_logger::{FileRecord, TaskHead, TaskLog, FORMAT_VERSION, RECORD_TYPE_FILE};
+use flowrepl_task_logger::{FileRecord, TaskHead, TaskLog, RECORD_TYPE_FILE};
 use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -101,14 +101,13 @@ impl Recorder {
     pub(crate) fn write(&self, e: Entry<'_>) {
         let path: String = e.path.chars().take(MAX_RECORDED_PATH).collect();
         let record = FileRecord {
-            head: TaskHead {
-                kind: Cow::Borrowed(RECORD_TYPE_FILE),
-                version: FORMAT_VERSION,
-                plan_id: Cow::Borrowed(&self.plan_id),
-                task_id: Cow::Borrowed(&self.task_id),
-                task_name: self.task_name.as_deref().map(Cow::Borrowed),
-                session_id: Cow::Borrowed(&self.session_id),
-            },
+            head: TaskHead::new(
+                RECORD_TYPE_FILE,
+                &self.plan_id,
+                &self.task_id,
+                self.task_name.as_deref(),
+                &self.session_id,
+            ),
             timestamp: Utc::now()
                 .to_rfc3339_opts(SecondsFormat::Millis, true)
                 .into(),

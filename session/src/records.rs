@@ -22,7 +22,7 @@ use flowrepl_os::chain;
 use flowrepl_protocol::{ExecuteParams, ExecuteResult};
 use flowrepl_task_logger::{
     ContextRecord, EventRecord, ExecutionRecord, LogError, RecordHead, SessionRecord, TaskHead,
-    TaskLog, FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
+    TaskLog, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
 };
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -358,14 +358,13 @@ fn write_one(shared: &Shared, job: &Job) {
 
 /// The first fields of a record of type `kind` of this session.
 pub fn task_head<'a>(id: &'a Identity, kind: &'static str) -> TaskHead<'a> {
-    TaskHead {
-        kind: Cow::Borrowed(kind),
-        version: FORMAT_VERSION,
-        plan_id: Cow::Borrowed(&id.plan_id),
-        task_id: Cow::Borrowed(&id.task_id),
-        task_name: id.task_name.as_deref().map(Cow::Borrowed),
-        session_id: Cow::Borrowed(&id.session_id),
-    }
+    TaskHead::new(
+        kind,
+        &id.plan_id,
+        &id.task_id,
+        id.task_name.as_deref(),
+        &id.session_id,
+    )
 }
 
 /// The head of a small record of cell `execution_count`.

@@ -218,15 +218,7 @@ pub fn hash_file(path: &Path) -> Result<Segment, StateError> {
     })
 }
 
-/// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
+pub use flowrepl_files::hex;
 
 /// Checks a manifest read from the store before anything of it is written locally.
 pub fn check(manifest: &Manifest) -> Result<(), StateError> {

@@ -221,6 +221,26 @@ pub struct TaskHead<'a> {
     pub session_id: Cow<'a, str>,
 }
 
+impl<'a> TaskHead<'a> {
+    /// The head of a record of type `kind` (this format version) of a task's session.
+    pub fn new(
+        kind: &'static str,
+        plan_id: &'a str,
+        task_id: &'a str,
+        task_name: Option<&'a str>,
+        session_id: &'a str,
+    ) -> TaskHead<'a> {
+        TaskHead {
+            kind: Cow::Borrowed(kind),
+            version: FORMAT_VERSION,
+            plan_id: Cow::Borrowed(plan_id),
+            task_id: Cow::Borrowed(task_id),
+            task_name: task_name.map(Cow::Borrowed),
+            session_id: Cow::Borrowed(session_id),
+        }
+    }
+}
+
 /// The fields every record of a cell starts with. The execution record spells them out
 /// itself instead of flattening this: a flattened struct is buffered whole when read, and
 /// execution records can hold megabytes of output.
