@@ -204,6 +204,49 @@ pub struct Cli {
     )]
     pub max_workspace_mb: u64,
 
+    /// Whether clients may install packages into a task's package layer (install_packages,
+    /// JSON-RPC `install`): on (the default) or off (also FLOWREPL_PACKAGES). See
+    /// docs/packages.md.
+    #[arg(global = true, long, env = "FLOWREPL_PACKAGES", default_value = "on",
+          value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub packages: bool,
+
+    /// The uv that installs packages (also FLOWREPL_UV); default: `uv` on PATH, else pip in
+    /// the task's interpreter.
+    #[arg(global = true, long, env = "FLOWREPL_UV")]
+    pub uv: Option<PathBuf>,
+
+    /// The package index installs use (also FLOWREPL_INDEX_URL); default: the installer's
+    /// (PyPI). Callers cannot name another.
+    #[arg(global = true, long, env = "FLOWREPL_INDEX_URL")]
+    pub index_url: Option<String>,
+
+    /// More package indexes, searched after --index-url (repeatable).
+    #[arg(global = true, long)]
+    pub extra_index_url: Vec<String>,
+
+    /// A file of the package names (or patterns with `*`) clients may install, one per line;
+    /// anything else, dependencies included, is refused (also FLOWREPL_PACKAGES_ALLOW).
+    #[arg(global = true, long, env = "FLOWREPL_PACKAGES_ALLOW")]
+    pub packages_allow: Option<PathBuf>,
+
+    /// Let installs build packages from source (sdists); their build runs confined by the
+    /// sandbox. Without it, wheels only: a build backend is arbitrary code.
+    #[arg(global = true, long, env = "FLOWREPL_PACKAGES_BUILD", action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub packages_build: bool,
+
+    /// How long one install may take, in seconds; then its processes are killed and the
+    /// layer stays as it was (also FLOWREPL_PACKAGES_TIMEOUT_S).
+    #[arg(global = true, long, env = "FLOWREPL_PACKAGES_TIMEOUT_S", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub packages_timeout_s: u64,
+
+    /// The wheel cache every task's installs share (also FLOWREPL_PACKAGES_CACHE); default:
+    /// uv's own (~/.cache/uv).
+    #[arg(global = true, long, env = "FLOWREPL_PACKAGES_CACHE")]
+    pub packages_cache: Option<PathBuf>,
+
     /// `serve`: the global flags and `mcp` settings given on its command line, as flags again,
     /// for the kernels it starts (which also inherit its environment).
     #[arg(skip)]

@@ -51,6 +51,10 @@ pub struct SessionSetup {
     /// Python files run in the namespace, in order (`$PYTHONSTARTUP`, `--startup`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub startup: Vec<PathBuf>,
+    /// The task's package layer (`<task>.packages/current`): on `sys.path` before the
+    /// interpreter's site-packages, its `.pth` files run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packages: Option<PathBuf>,
     /// What `flow` starts with: the task's ids and its context.
     #[serde(default)]
     pub flow: FlowSetup,

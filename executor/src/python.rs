@@ -50,6 +50,10 @@ impl PythonExecutor for Executor {
         Executor::reset_namespace(self)
     }
 
+    fn layer_changed(&mut self, modules: &[String]) -> Result<Vec<String>, CallError> {
+        Executor::layer_changed(self, modules)
+    }
+
     fn checkpoint(&mut self, name: &str) -> Result<CheckpointSummary, CheckpointError> {
         Executor::checkpoint(self, name)
     }

@@ -107,6 +107,8 @@ pub fn run(cli: Cli) -> ExitCode {
         // worker starts, while this process has no other thread that reads the environment.
         std::env::set_var("MPLBACKEND", "Agg");
     }
+    // Before the engine: a restore may unpickle objects of the layer's packages.
+    let packages = flowrepl_session::packages::prepare(&config);
     let approvals = approvals::Approvals::new();
     if config.json_repl_client {
         approvals.set_unavailable(
@@ -134,7 +136,7 @@ pub fn run(cli: Cli) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let mut session = match session::Session::new(engine, &config, approvals, store) {
+    let mut session = match session::Session::new(engine, &config, approvals, store, packages) {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the record writer");

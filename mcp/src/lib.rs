@@ -436,7 +436,7 @@ impl Responder for McpReply<'_> {
 fn instructions(config: &Config, sandbox: Option<&SandboxReport>) -> String {
     let mcp = config.mcp.as_ref();
     let mut text = format!(
-        "A persistent Python {mode} session (flowrepl). Code runs with execute_code; variables and imports persist between calls until restart_session. Output over {chars} characters per call is cut in the middle; read the rest with read_output, or whole with resources/read of its resource_link. Files move in and out of the working directory with upload_file, download_file, list_files and delete_file. Default cell timeout: {timeout} ms. Figures: up to {images} matplotlib figures per cell are returned as PNG images. Every cell is logged to {log}.",
+        "A persistent Python {mode} session (flowrepl). Code runs with execute_code; variables and imports persist between calls until restart_session. Output over {chars} characters per call is cut in the middle; read the rest with read_output, or whole with resources/read of its resource_link. Files move in and out of the working directory with upload_file, download_file, list_files and delete_file; install_packages installs packages (not pip in a cell). Default cell timeout: {timeout} ms. Figures: up to {images} matplotlib figures per cell are returned as PNG images. Every cell is logged to {log}.",
         mode = if config.worker.is_some() { "(worker subprocess)" } else { "(in-process)" },
         chars = mcp.map_or(0, |m| m.max_chars),
         timeout = config.default_timeout_ms,

@@ -16,6 +16,7 @@
 //! | `download_file` | [`PathParams`] | [`Downloaded`]: a workspace file and its content |
 //! | `list_files` | [`ListParams`] (optional) | [`Listing`]: a page of a workspace folder |
 //! | `delete_file` | [`PathParams`] | [`Deleted`] |
+//! | `install` | [`InstallParams`] | [`InstallReply`]: packages installed into the task's layer; the next cell imports them |
 //!
 //! `status`, `interrupt` and `approve` are answered at once even while a cell runs;
 //! everything else is answered in order.
@@ -28,6 +29,9 @@ use crate::checkpoint::{CheckpointSummary, CheckpointsReply};
 use crate::files::{Deleted, Downloaded, FileInfo, Listing};
 use crate::files::{ListParams, PathParams, UploadParams};
 use crate::jsonrpc::{ErrorCode, Request, RpcError};
+use crate::packages::InstallParams;
+#[cfg(doc)]
+use crate::packages::InstallReply;
 use serde::{Deserialize, Serialize};
 
 /// A cell's timeout when neither the call nor the kernel's flags give one: 5 minutes.
@@ -91,6 +95,8 @@ pub enum Call {
     ListFiles(ListParams),
     /// `delete_file`: remove a file of the task's workspace.
     DeleteFile(PathParams),
+    /// `install`: install packages into the task's package layer.
+    Install(InstallParams),
 }
 
 impl Call {
@@ -145,6 +151,7 @@ impl Call {
             }
             "download_file" => required_params(req, "{\"path\": string}").map(Call::DownloadFile),
             "delete_file" => required_params(req, "{\"path\": string}").map(Call::DeleteFile),
+            "install" => required_params(req, "{\"packages\": [string]}").map(Call::Install),
             "list_files" => optional_params(
                 req,
                 "{\"path\"?: string, \"cursor\"?: string, \"limit\"?: int}",
@@ -162,7 +169,7 @@ impl Call {
             other => Err(RpcError::new(
                 ErrorCode::MethodNotFound,
                 format!(
-                    "method not found: {other:?} (methods: execute_code, execute, status, ping, interrupt, restart, list_variables, shutdown, approve, checkpoint, restore, checkpoints, upload_file, download_file, list_files, delete_file)"
+                    "method not found: {other:?} (methods: execute_code, execute, status, ping, interrupt, restart, list_variables, shutdown, approve, checkpoint, restore, checkpoints, upload_file, download_file, list_files, delete_file, install)"
                 ),
             )),
         }

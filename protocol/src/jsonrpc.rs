@@ -62,6 +62,9 @@ pub enum ErrorCode {
     /// -32002: a file operation was refused: a path that leads outside the workspace or into
     /// flowrepl's own folder, nothing there, not a regular file, over a limit.
     FileRefused,
+    /// -32003: an install was refused or failed: packages are off, a requirement the policy
+    /// does not allow, a resolution that failed; the layer is as it was.
+    PackagesRefused,
 }
 
 impl ErrorCode {
@@ -75,6 +78,7 @@ impl ErrorCode {
             ErrorCode::InternalError => -32603,
             ErrorCode::RequestTooLarge => -32001,
             ErrorCode::FileRefused => -32002,
+            ErrorCode::PackagesRefused => -32003,
         }
     }
 }

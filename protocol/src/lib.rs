@@ -34,6 +34,7 @@ pub mod frame;
 pub mod json;
 pub mod jsonrpc;
 pub mod limits;
+pub mod packages;
 pub mod sandbox;
 pub mod status;
 

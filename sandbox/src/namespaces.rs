@@ -211,10 +211,13 @@ fn plan(policy: &SandboxPolicy) -> Result<Vec<(PathBuf, Op)>, String> {
             .any(|s| p.starts_with(s))
     };
     let readable: Vec<PathBuf> = policy.readable.iter().filter_map(|p| real(p)).collect();
+    let hidden: Vec<PathBuf> = policy.hidden.iter().filter_map(|p| real(p)).collect();
     for p in &readable {
         // Already visible: inside a system folder, or inside a writable folder (where it
-        // stays writable, as Landlock's rules are a union).
-        if system_ro(p) || writable.iter().any(|w| p.starts_with(w)) {
+        // stays writable, as Landlock's rules are a union), unless a hidden folder covers it
+        // there (the task's package layer inside the log folder inside the workspace).
+        let covered = hidden.iter().any(|h| p.starts_with(h));
+        if system_ro(p) || (!covered && writable.iter().any(|w| p.starts_with(w))) {
             continue;
         }
         ops.push((p.clone(), Op::ReadOnly(open(p)?)));
@@ -224,7 +227,7 @@ fn plan(policy: &SandboxPolicy) -> Result<Vec<(PathBuf, Op)>, String> {
     }
     // The log folder, where it is inside a folder bound here (the default layout puts it in
     // the workspace): covered, and the checkpoint folder inside it bound back after.
-    for h in policy.hidden.iter().filter_map(|p| real(p)) {
+    for h in hidden {
         if writable
             .iter()
             .chain(&readable)

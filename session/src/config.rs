@@ -105,6 +105,8 @@ pub struct Config {
     /// Checkpoints a sandboxed session wrote may be restored: this session is sandboxed too,
     /// or `--trust-sandboxed-checkpoints`.
     pub trust_sandboxed_checkpoints: bool,
+    /// The operator's package policy (`--packages`, `--uv`, `--index-url`, ...).
+    pub packages: flowrepl_packages::Policy,
 }
 
 impl Config {
@@ -179,6 +181,9 @@ pub enum ConfigError {
     /// A `--startup` file is missing.
     #[error("startup file {0} not found")]
     StartupMissing(String),
+    /// The package policy cannot be used (an allow list that cannot be read).
+    #[error(transparent)]
+    Packages(#[from] flowrepl_packages::PolicyError),
 }
 
 impl Config {
@@ -330,6 +335,10 @@ impl Config {
                 std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())
             }),
             startup,
+            packages: cli.packages.then(|| {
+                flowrepl_task_logger::path::packages_root(&log_file)
+                    .join(flowrepl_packages::layer::CURRENT)
+            }),
             flow: flowrepl_exec::setup::FlowSetup {
                 plan_id: Some(identity.plan_id.clone()),
                 task_id: Some(identity.task_id.clone()),
@@ -368,7 +377,22 @@ impl Config {
             .as_ref()
             .and_then(|w| w.sandbox.as_ref())
             .map(|s| s.workspace.clone());
+        let packages = flowrepl_packages::Policy {
+            enabled: cli.packages,
+            uv: cli.uv.clone(),
+            index_url: cli.index_url.clone(),
+            extra_index_urls: cli.extra_index_url.clone(),
+            allow: cli
+                .packages_allow
+                .as_deref()
+                .map(flowrepl_packages::AllowList::load)
+                .transpose()?,
+            build: cli.packages_build,
+            timeout: std::time::Duration::from_secs(cli.packages_timeout_s),
+            cache_dir: cli.packages_cache.clone(),
+        };
         let mut config = Config {
+            packages,
             checkpoints,
             checkpoint_root,
             resume: cli.resume,

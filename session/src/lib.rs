@@ -26,6 +26,7 @@ pub mod config;
 pub mod engine;
 pub mod events;
 pub mod ledger;
+pub mod packages;
 pub mod records;
 pub mod session;
 pub mod stored;

@@ -58,6 +58,8 @@ pub enum Answer {
     Listing(flowrepl_protocol::files::Listing),
     /// `delete_file`.
     Deleted(flowrepl_protocol::files::Deleted),
+    /// `install`.
+    Installed(flowrepl_protocol::packages::InstallReply),
 }
 
 /// How a front answers the calls the dispatcher runs.
@@ -227,6 +229,11 @@ pub struct Session {
     /// The largest file `download_file` answers on the JSON-RPC front: one message, as base64
     /// within the longest request line (`--max-request-bytes`).
     max_download_bytes: u64,
+    /// The task's package installer.
+    packages: crate::packages::Packages,
+    /// Whose records the installs write, and whether they are written.
+    identity: Identity,
+    logging: bool,
 }
 
 /// The task's workspace for clients' files, recording into the task log (unless `--no-log`).
@@ -273,6 +280,7 @@ impl Session {
         config: &Config,
         approvals: Arc<Approvals>,
         store: Option<Arc<flowrepl_store::mirror::Mirror>>,
+        packages: crate::packages::Packages,
     ) -> io::Result<Session> {
         let mode = engine.mode();
         let records = RecordWriter::start(
@@ -336,6 +344,9 @@ impl Session {
             log_file: config.log_file.clone(),
             session_id: config.identity.session_id.clone(),
             files: open_files(config),
+            packages,
+            identity: config.identity.clone(),
+            logging: config.logging,
             max_download_bytes: (config.max_request_bytes as u64 / 4 * 3)
                 .min(config.file_limits.max_file_bytes),
             checkpoint_policy: config
@@ -459,6 +470,10 @@ impl Session {
                 Ok(answer) => to.answer(answer)?,
                 Err(e) => to.failed(e)?,
             },
+            Call::Install(p) => match self.install(&p.packages) {
+                Ok(reply) => to.answer(Answer::Installed(reply))?,
+                Err(e) => to.failed(e)?,
+            },
             Call::Shutdown => {
                 to.answer(Answer::Shutdown(ShutdownReply {
                     shutting_down: true,
@@ -467,6 +482,62 @@ impl Session {
             }
         }
         Ok(Flow::Continue)
+    }
+
+    /// `install`: the packages into the task's layer, then the engine takes the layer in (its
+    /// new `.pth` files, fresh import caches) and says which replaced modules are imported.
+    fn install(
+        &mut self,
+        packages: &[String],
+    ) -> Result<flowrepl_protocol::packages::InstallReply, RpcError> {
+        let started = Instant::now();
+        let installer = match &self.packages {
+            None => {
+                return Err(RpcError::new(
+                    ErrorCode::PackagesRefused,
+                    flowrepl_packages::InstallError::Off.to_string(),
+                ))
+            }
+            Some(Err(why)) => return Err(RpcError::new(ErrorCode::InternalError, why.clone())),
+            Some(Ok(i)) => i,
+        };
+        let result = installer.install(packages);
+        let restart_needed = match &result {
+            Ok(i) => self.engine.layer_changed(&i.modules).unwrap_or_else(|e| {
+                tracing::warn!(error = %flowrepl_os::chain(&e), "the engine did not take the package layer in");
+                Vec::new()
+            }),
+            Err(_) => Vec::new(),
+        };
+        if self.logging {
+            installer.record(
+                &self.log_file,
+                crate::packages::who(&self.identity),
+                flowrepl_packages::Trigger::Call,
+                packages,
+                &result,
+                &restart_needed,
+                started.elapsed(),
+            );
+        }
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+        match result {
+            Ok(i) => Ok(crate::packages::reply(
+                installer,
+                i,
+                restart_needed,
+                self.mode(),
+                elapsed_ms,
+            )),
+            Err(e) => Err(RpcError::new(
+                if e.is_refusal() {
+                    ErrorCode::PackagesRefused
+                } else {
+                    ErrorCode::InternalError
+                },
+                e.to_string(),
+            )),
+        }
     }
 
     /// A file operation of the JSON-RPC front.

@@ -29,12 +29,12 @@ pub mod writer;
 
 pub use path::{safe_component, task_log_path, PLAN_ID_ENV, TASK_ID_ENV, TASK_NAME_ENV};
 pub use reader::{
-    context_path, for_each_line, last_context, load_context, parse_line, read_records,
+    context_path, for_each_line, last_context, last_line, load_context, parse_line, read_records,
     save_context, ReadOutcome, Record, SkippedLine,
 };
 pub use record::{
-    ContextRecord, EventRecord, ExecutionRecord, FileRecord, RecordHead, SessionLimits,
-    SessionRecord, TaskHead, FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT,
-    RECORD_TYPE_EXECUTION, RECORD_TYPE_FILE, RECORD_TYPE_SESSION,
+    ContextRecord, EventRecord, ExecutionRecord, FileRecord, InstallRecord, RecordHead,
+    SessionLimits, SessionRecord, TaskHead, FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT,
+    RECORD_TYPE_EXECUTION, RECORD_TYPE_FILE, RECORD_TYPE_INSTALL, RECORD_TYPE_SESSION,
 };
 pub use writer::{LogError, TaskLog};

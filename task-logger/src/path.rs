@@ -98,6 +98,19 @@ pub fn workspace_marker(log_file: &Path) -> PathBuf {
     log_file.with_extension("files")
 }
 
+/// `<log_dir>/<plan>/<task>.packages`: the task's package layer (its generations and the
+/// `current` link cells import from). Beside the log, so hidden from cells with it; the
+/// sandbox binds it back read-only.
+pub fn packages_root(log_file: &Path) -> PathBuf {
+    log_file.with_extension("packages")
+}
+
+/// `<log_dir>/<plan>/<task>.packages.json`: what the task's layer was resolved from and to
+/// (written after each install; the log's last install record says the same).
+pub fn packages_state(log_file: &Path) -> PathBuf {
+    log_file.with_extension("packages.json")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

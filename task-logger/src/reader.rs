@@ -5,9 +5,9 @@
 //! without `\n` (a write in progress) is skipped too.
 
 use crate::record::{
-    ContextRecord, EventRecord, ExecutionRecord, FileRecord, SessionRecord, FORMAT_VERSION,
-    RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION, RECORD_TYPE_FILE,
-    RECORD_TYPE_SESSION,
+    ContextRecord, EventRecord, ExecutionRecord, FileRecord, InstallRecord, SessionRecord,
+    FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
+    RECORD_TYPE_FILE, RECORD_TYPE_INSTALL, RECORD_TYPE_SESSION,
 };
 use std::io;
 use std::path::Path;
@@ -34,6 +34,8 @@ pub struct ReadOutcome {
     pub sessions: Vec<SessionRecord<'static>>,
     /// The file records, in file order.
     pub files: Vec<FileRecord<'static>>,
+    /// The install records, in file order.
+    pub installs: Vec<InstallRecord<'static>>,
     /// Lines that were not returned, with the reason.
     pub skipped: Vec<SkippedLine>,
 }
@@ -57,6 +59,8 @@ pub enum Record {
     Session(Box<SessionRecord<'static>>),
     /// `type: "file"`.
     File(Box<FileRecord<'static>>),
+    /// `type: "install"`.
+    Install(Box<InstallRecord<'static>>),
 }
 
 /// Parses one line (without its `\n`): a record, or why it is not one this reader returns
@@ -100,6 +104,9 @@ pub fn parse_line(line: &[u8]) -> Result<Record, String> {
             Record::Session(Box::new(serde_json::from_slice(line).map_err(bad)?))
         }
         RECORD_TYPE_FILE => Record::File(Box::new(serde_json::from_slice(line).map_err(bad)?)),
+        RECORD_TYPE_INSTALL => {
+            Record::Install(Box::new(serde_json::from_slice(line).map_err(bad)?))
+        }
         other => return Err(format!("record type {other:?}")),
     })
 }
@@ -170,6 +177,7 @@ impl ReadOutcome {
             Ok(Record::Context(r)) => self.contexts.push(*r),
             Ok(Record::Session(r)) => self.sessions.push(*r),
             Ok(Record::File(r)) => self.files.push(*r),
+            Ok(Record::Install(r)) => self.installs.push(*r),
             Err(reason) => self.skipped.push(SkippedLine {
                 line: line_no,
                 reason,
@@ -221,9 +229,28 @@ pub fn load_context(log: &Path) -> io::Result<Option<String>> {
 /// end, looking at most `limit` bytes back. `None` when the file or such a record does not
 /// exist there; a torn or unreadable line is passed over.
 pub fn last_context(path: &Path, limit: u64) -> io::Result<Option<String>> {
+    #[derive(serde::Deserialize)]
+    struct Ctx {
+        version: u32,
+        context: serde_json::Value,
+    }
+    last_line(path, b"{\"type\":\"context\"", limit, |line| {
+        let c = serde_json::from_slice::<Ctx>(line).ok()?;
+        (c.version <= FORMAT_VERSION && c.context.is_object()).then(|| c.context.to_string())
+    })
+}
+
+/// The last line of the log at `path` that starts with `prefix` and that `accept` takes,
+/// read backwards from the end, looking at most `limit` bytes back. `None` when the file or
+/// such a line does not exist there; a torn line is passed over.
+pub fn last_line<T>(
+    path: &Path,
+    prefix: &[u8],
+    limit: u64,
+    mut accept: impl FnMut(&[u8]) -> Option<T>,
+) -> io::Result<Option<T>> {
     use std::io::{Read, Seek, SeekFrom};
     const CHUNK: u64 = 1 << 20;
-    const PREFIX: &[u8] = b"{\"type\":\"context\"";
     let mut file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -247,17 +274,9 @@ pub fn last_context(path: &Path, limit: u64) -> io::Result<Option<String>> {
         };
         let body_from = first_nl.map_or(0, |i| i + 1);
         for line in buf[body_from..].split(|&b| b == b'\n').rev() {
-            if !line.starts_with(PREFIX) {
-                continue;
-            }
-            #[derive(serde::Deserialize)]
-            struct Ctx {
-                version: u32,
-                context: serde_json::Value,
-            }
-            if let Ok(c) = serde_json::from_slice::<Ctx>(line) {
-                if c.version <= FORMAT_VERSION && c.context.is_object() {
-                    return Ok(Some(c.context.to_string()));
+            if line.starts_with(prefix) {
+                if let Some(found) = accept(line) {
+                    return Ok(Some(found));
                 }
             }
         }

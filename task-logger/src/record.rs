@@ -355,6 +355,9 @@ pub struct ContextRecord<'a> {
 /// The `type` of a file record.
 pub const RECORD_TYPE_FILE: &str = "file";
 
+/// The `type` of an install record.
+pub const RECORD_TYPE_INSTALL: &str = "install";
+
 /// A client's transfer of a workspace file (`upload_file`, `download_file`, `delete_file`, over
 /// JSON-RPC, MCP, a resource read or `serve`'s HTTP routes), or its refusal. Written by whoever
 /// served it: the kernel, or `flowrepl serve` for a task whose kernel is stopped (its
@@ -377,6 +380,49 @@ pub struct FileRecord<'a> {
     pub sha256: Option<Cow<'a, str>>,
     /// How it came: `jsonrpc`, `mcp`, `resource` (an MCP `resources/read`) or `http`.
     pub via: Cow<'a, str>,
+    /// How long it took, ms.
+    pub elapsed_ms: f64,
+    /// Why it was refused or failed; absent when it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Cow<'a, str>>,
+}
+
+/// An installation into the task's package layer (`install_packages`, JSON-RPC `install`), or
+/// the layer rebuilt from the last one (a kernel starting where the layer is missing), or its
+/// refusal or failure. `type` is its first field, so that a backward scan finds the last one
+/// by its start: a kernel on a fresh machine rebuilds the layer from it. See
+/// `docs/packages.md`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstallRecord<'a> {
+    /// `type: "install"`, the version, plan, task and session.
+    #[serde(flatten)]
+    pub head: TaskHead<'a>,
+    /// When it ended, UTC ISO 8601 with milliseconds and `Z`.
+    pub timestamp: Cow<'a, str>,
+    /// `call` (a client asked) or `rebuild` (the kernel rebuilt a missing or different layer
+    /// from the task's last install as it started).
+    pub trigger: Cow<'a, str>,
+    /// The requirements the call named (a rebuild: the layer's).
+    pub requested: Vec<String>,
+    /// The layer after it, `name==version` sorted by name (on a failure: the layer as it
+    /// stayed). Every requirement the task asked for so far is resolved in it, apart from
+    /// what the task's venv already had.
+    pub resolved: Vec<String>,
+    /// Of [`Self::resolved`], what this install added or changed.
+    pub added: Vec<String>,
+    /// Every requirement the task asked for so far (the layer is resolved from these).
+    pub requirements: Vec<String>,
+    /// The index the operator set (`--index-url`); absent: the installer's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<Cow<'a, str>>,
+    /// `uv` or `pip`.
+    pub installer: Cow<'a, str>,
+    /// `cache`: resolved and installed from the shared cache alone, no index asked;
+    /// `index`: the index was asked; `none`: nothing was resolved (a refusal).
+    pub source: Cow<'a, str>,
+    /// Imported modules the install replaced: they stay as imported until a restart.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restart_needed: Vec<String>,
     /// How long it took, ms.
     pub elapsed_ms: f64,
     /// Why it was refused or failed; absent when it succeeded.

@@ -56,7 +56,8 @@ async def tools(s, opts):
     assert set(listed) == {"execute_code", "read_output", "interrupt", "restart_session",
                            "list_variables", "checkpoint", "restore_checkpoint",
                            "list_checkpoints", "wait_cell", "upload_file", "download_file",
-                           "list_files", "delete_file"}, sorted(listed)
+                           "list_files", "delete_file", "install_packages"}, sorted(listed)
+    assert listed["install_packages"].input_schema["required"] == ["packages"]
     assert listed["restart_session"].input_schema["properties"]["restore"]["type"] == "boolean"
     assert "name" in listed["checkpoint"].input_schema["properties"]
     ex = listed["execute_code"]
@@ -798,6 +799,27 @@ print(json.dumps({n: hashlib.sha256(open(n, 'rb').read()).hexdigest() for n in [
     r = await run_cell(s, "import os; print(os.path.exists('out.parquet'))")
     assert text_of(r).strip() == "False", text_of(r)
     return {"refused": refused, "sha": want}
+
+
+@scenario
+async def packages(s, opts):
+    """install_packages from the test's index (FLOWREPL_INDEX_URL): the next cell imports the
+    package; an unknown name and a URL are isError results with the reason."""
+    r = await s.call_tool("install_packages", {"packages": ["tinypkg==2.0"]})
+    assert not r.is_error, text_of(r)
+    sc = r.structured_content
+    assert sc["installed"] == ["tinydep==1.0", "tinypkg==2.0"], sc
+    assert "the next cell imports them" in text_of(r), text_of(r)
+    r = await run_cell(s, "import tinypkg\nprint(tinypkg.VERSION)")
+    assert text_of(r).strip() == "2.0", text_of(r)
+    refused = {}
+    for bad in ["nosuchpkg", "x @ http://127.0.0.1:9/x.whl"]:
+        r = await s.call_tool("install_packages", {"packages": [bad]})
+        assert r.is_error, text_of(r)
+        refused[bad] = text_of(r)
+    r = await run_cell(s, "import tinypkg\nprint(tinypkg.VERSION)")
+    assert text_of(r).strip() == "2.0", text_of(r)
+    return {"installed": sc["installed"], "source": sc["source"], "refused": refused}
 
 
 async def main():

@@ -688,6 +688,24 @@ async def files(opts):
 
 
 @scenario
+async def packages(opts):
+    """install_packages for one task (its kernel's layer): that task imports the package, the
+    other task does not have it."""
+    task = {"task": opts.task, "plan": opts.plan}
+    other = {"task": opts.other_task, "plan": opts.plan}
+    async with Client(opts) as s:
+        r = await s.call_tool("install_packages", {"packages": ["tinypkg==2.0"], **task})
+        assert not r.is_error, text_of(r)
+        installed = r.structured_content["installed"]
+        assert installed == ["tinydep==1.0", "tinypkg==2.0"], r.structured_content
+        r = await s.call_tool("execute_code", {"code": "import tinypkg; print(tinypkg.VERSION)", **task})
+        assert text_of(r).strip().startswith("2.0"), text_of(r)
+        r = await s.call_tool("execute_code", {"code": "import tinypkg", **other})
+        assert r.is_error and "ModuleNotFoundError" in text_of(r), text_of(r)
+    return {"installed": installed}
+
+
+@scenario
 async def output_link(opts):
     """A cut stream's resource_link, read through the server from the task's kernel."""
     task = {"task": opts.task, "plan": opts.plan}

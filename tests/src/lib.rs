@@ -4,6 +4,7 @@
 //!
 //! Size: the one harness every integration test drives kernels with.
 
+pub mod index;
 pub mod mcp;
 pub mod nginx;
 pub mod pty;

@@ -44,8 +44,11 @@ pub fn log_files(dir: &Path) -> Vec<PathBuf> {
         for e in entries.flatten() {
             let p = e.path();
             if p.is_dir() {
-                // Checkpoint folders (`<task>.checkpoints/`) hold journals, not task logs.
-                if p.extension().is_none_or(|x| x != "checkpoints") {
+                // Checkpoint folders (`<task>.checkpoints/`) hold journals, package layers
+                // (`<task>.packages/`) packages: neither holds task logs.
+                if p.extension()
+                    .is_none_or(|x| x != "checkpoints" && x != "packages")
+                {
                     stack.push(p);
                 }
             } else if p.extension().is_some_and(|x| x == "jsonl")

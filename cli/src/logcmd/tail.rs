@@ -157,6 +157,21 @@ fn print_new(lines: &[u8], json: bool, task: Option<&str>) -> bool {
                         .map(|e| format!("; refused: {e}"))
                         .unwrap_or_default()
                 ),
+                Ok(Record::Install(i)) => format!(
+                    "  install {} ({}, {}, {:.0} ms{})",
+                    if i.added.is_empty() {
+                        i.requested.join(" ")
+                    } else {
+                        i.added.join(" ")
+                    },
+                    i.trigger,
+                    i.source,
+                    i.elapsed_ms,
+                    i.error
+                        .as_deref()
+                        .map(|e| format!("; failed: {}", e.lines().next().unwrap_or_default()))
+                        .unwrap_or_default()
+                ),
                 Ok(Record::Event(_)) | Err(_) => continue,
             }
         };

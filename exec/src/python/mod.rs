@@ -37,6 +37,9 @@ pub trait PythonExecutor {
     fn list_variables(&mut self) -> Result<Vec<VariableInfo>, CallError>;
     /// Empties the namespace as a fresh interpreter has it (modules stay loaded).
     fn reset_namespace(&mut self) -> Result<(), CallError>;
+    /// The task's package layer changed: its new `.pth` files run and the import caches are
+    /// dropped; which of `modules` are imported.
+    fn layer_changed(&mut self, modules: &[String]) -> Result<Vec<String>, CallError>;
     /// Writes checkpoint `name` now, with every name.
     fn checkpoint(&mut self, name: &str) -> Result<CheckpointSummary, CheckpointError>;
     /// Replaces the namespace with checkpoint `name`'s (`fresh`: nothing ran yet).

@@ -72,6 +72,7 @@ support_functions!(
     finish,
     collect_images,
     list_variables,
+    layer_changed,
 );
 
 /// The embedded-Python executor. Lives on the thread that created it (Python's main thread).
@@ -220,9 +221,14 @@ impl Executor {
                 _not_send: std::marker::PhantomData,
             };
             let path0 = config.setup.path0.as_ref().map(|p| p.display().to_string());
+            let layer = config
+                .setup
+                .packages
+                .as_ref()
+                .map(|p| p.display().to_string());
             module
                 .get("apply_setup")
-                .and_then(|f| f.call1((config.setup.argv.clone(), path0)))
+                .and_then(|f| f.call1((config.setup.argv.clone(), path0, layer)))
                 .map_err(support_err)?;
             exec.run_startup(py);
             exec.rebaseline(py);
@@ -341,6 +347,25 @@ impl Executor {
             self.absorb_own_imports(py);
             serde_json::from_str(&json).map_err(|e| CallError(e.to_string()))
         })
+    }
+
+    /// The task's package layer changed: its new `.pth` files run, the import caches are
+    /// dropped; returns which of `modules` are imported (between cells).
+    pub fn layer_changed(&mut self, modules: &[String]) -> Result<Vec<String>, CallError> {
+        let imported = Python::attach(|py| {
+            let r = self
+                .support
+                .layer_changed
+                .bind(py)
+                .call1((modules.to_vec(),))
+                .and_then(|l| l.extract::<Vec<String>>())
+                .map_err(crate::support::py_err);
+            self.absorb_own_imports(py);
+            r
+        });
+        // What a `.pth` file printed is not the next cell's.
+        self.discard_output();
+        imported
     }
 
     /// CPU time of this process so far, in milliseconds.

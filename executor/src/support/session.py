@@ -71,12 +71,47 @@ def setup():
     return __main__.__dict__
 
 
-def apply_setup(argv, path0):
-    """Drop-in mode: `sys.argv` as the REPL script would see it, its folder first on sys.path."""
+def apply_setup(argv, path0, layer):
+    """Drop-in mode: `sys.argv` as the REPL script would see it, its folder first on sys.path.
+    The task's package layer (`layer`): on sys.path before the interpreter's site-packages."""
     if argv is not None:
         sys.argv = list(argv)
     if path0 is not None and (not sys.path or sys.path[0] != path0):
         sys.path.insert(0, path0)
+    if layer is not None:
+        global _LAYER
+        _LAYER = layer
+        if layer not in sys.path:
+            at = next(
+                (i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))),
+                len(sys.path),
+            )
+            sys.path.insert(at, layer)
+        layer_changed([])
+
+
+_LAYER = None
+_LAYER_PTH = set()
+
+
+def layer_changed(modules):
+    """The package layer changed: its new `.pth` files run (as `site` runs them at start, once
+    each), the import caches are dropped, and the names of `modules` already imported are
+    returned (they stay as imported until a restart)."""
+    import importlib
+    import site
+
+    if _LAYER is not None:
+        try:
+            names = sorted(os.listdir(_LAYER))
+        except OSError:
+            names = []
+        for name in names:
+            if name.endswith(".pth") and name not in _LAYER_PTH:
+                _LAYER_PTH.add(name)
+                site.addpackage(_LAYER, name, None)
+    importlib.invalidate_caches()
+    return [m for m in modules if m in sys.modules]
 
 
 def run_startup(ns, files):

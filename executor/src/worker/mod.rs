@@ -265,6 +265,19 @@ fn serve(
                     .map_err(io::Error::other)?;
                 channel.send();
             }
+            Frame::Packages { id, modules } => {
+                let imported = executor.layer_changed(&modules).unwrap_or_else(|e| {
+                    tracing::warn!(error = %e.0, "the package layer's change was not taken in");
+                    Vec::new()
+                });
+                channel
+                    .put(&Frame::PackagesReply {
+                        id,
+                        imported: Cow::Owned(imported),
+                    })
+                    .map_err(io::Error::other)?;
+                channel.send();
+            }
             Frame::Health { id } => {
                 let health = executor
                     .checkpoint_health()

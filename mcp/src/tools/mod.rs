@@ -26,6 +26,7 @@ use super::{Job, Shared, Ticket};
 use args::{checkpoint_args, parse_args, wait_for};
 use flowrepl_protocol::call::MAX_TIMEOUT_MS;
 use flowrepl_protocol::files::{Deleted, FileInfo, ListParams, Listing, PathParams, UploadParams};
+use flowrepl_protocol::packages::{InstallParams, InstallReply};
 use flowrepl_protocol::{
     Call, CheckpointParams, CheckpointSummary, CheckpointsReply, ExecuteMethod, ExecuteParams,
     RestartParams, RestartReply, RestoreReport, VariablesReply,
@@ -385,6 +386,17 @@ impl KernelServer {
         let args: PathParams = parse_args(args)?;
         self.on_files(move |ws, _| crate::files::delete(ws, &args))
             .await
+    }
+
+    #[tool(
+        name = "install_packages",
+        description = "Install Python packages into this task's package layer, e.g. [\"pandas>=2\", \"polars==1.15\"] (names with version specifiers, as pip takes them; no URLs or options): the next cell imports them, no restart needed. Use this instead of pip in a cell (cells have no network and a read-only environment when sandboxed). Resolved from the shared cache first, from the operator's index otherwise, wheels only unless the operator allows builds; the layer keeps every package the task installed and comes back when the task resumes. Modules already imported stay as loaded until a restart; the result lists them in restart_needed. A failed resolution is an error with the installer's message, and the layer is unchanged.",
+        input_schema = schema_for_input::<Parameters<InstallParams>>().expect("an object schema"),
+        output_schema = schema::shallow::<InstallReply>(),
+        annotations(title = "Install packages", destructive_hint = false, idempotent_hint = true, open_world_hint = true)
+    )]
+    async fn install_packages(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
+        self.ask(Call::Install(parse_args(args)?)).await
     }
 
     #[tool(

@@ -62,6 +62,13 @@ pub fn answer_result(answer: Answer) -> CallToolResult {
             structured(text, &c, false)
         }
         Answer::Variables(v) => structured(variables_text(&v.variables), &v, false),
+        Answer::Installed(r) => {
+            let mut text = r.message.clone();
+            if !r.output.trim().is_empty() {
+                let _ = write!(text, "\n{}", r.output.trim_end());
+            }
+            structured(text, &r, false)
+        }
         other => {
             let text = serde_json::to_string(&other).unwrap_or_default();
             structured(text, &other, false)

@@ -95,6 +95,14 @@ codec::frames! {
         /// Matched by the reply.
         id: u64,
     }
+    /// The task's package layer changed (between cells): run its new `.pth` files, drop the
+    /// import caches, and say which of `modules` are imported.
+    0x07 PACKAGES ToWorker Packages {
+        /// Matched by the reply.
+        id: u64,
+        /// Top-level module names the install added or changed.
+        modules: Cow<'a, Vec<String>>,
+    }
     /// The worker is ready: sent once, when Python is up.
     0x81 READY ToKernel Ready {
         /// Who it is and what it restored.
@@ -165,10 +173,17 @@ codec::frames! {
         /// The health.
         health: Cow<'a, CheckpointHealth>,
     }
+    /// What a Packages frame found: the modules of its list that are imported.
+    0x8b PACKAGES_REPLY ToKernel PackagesReply {
+        /// The request.
+        id: u64,
+        /// Imported modules the layer replaced (they need a restart).
+        imported: Cow<'a, Vec<String>>,
+    }
 }
 
 impl Frame<'_> {
-    /// The request a frame belongs to (an Execute's, Variables', Checkpoint's or Health's
+    /// The request a frame belongs to (an Execute's, Variables', Checkpoint's, Health's or Packages'
     /// id); `None` for Ready, Shutdown and ApprovalAnswer. The kernel checks it on every
     /// frame from the worker: a cell can write to the worker's frame pipe, and a frame for a
     /// request not sent yet is forged.
@@ -178,6 +193,8 @@ impl Frame<'_> {
             | Frame::Variables { id }
             | Frame::Checkpoint { id, .. }
             | Frame::Health { id }
+            | Frame::Packages { id, .. }
+            | Frame::PackagesReply { id, .. }
             | Frame::Output { id, .. }
             | Frame::Done { id, .. }
             | Frame::VariablesReply { id, .. }

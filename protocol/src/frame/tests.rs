@@ -123,6 +123,10 @@ fn one_of_each() -> Vec<Frame<'static>> {
             name: "before-merge",
         },
         Frame::Health { id: 8 },
+        Frame::Packages {
+            id: 9,
+            modules: Cow::Owned(vec!["tinypkg".into(), "tinydep".into()]),
+        },
         Frame::Ready {
             hello: Cow::Owned(hello),
         },
@@ -172,6 +176,10 @@ fn one_of_each() -> Vec<Frame<'static>> {
         Frame::HealthReply {
             id: 8,
             health: Cow::Owned(health),
+        },
+        Frame::PackagesReply {
+            id: 9,
+            imported: Cow::Owned(vec!["tinypkg".into()]),
         },
     ]
 }

@@ -88,6 +88,10 @@ impl Engine for InProcess {
         Ok(self.executor.list_variables()?)
     }
 
+    fn layer_changed(&mut self, modules: &[String]) -> Result<Vec<String>, EngineError> {
+        Ok(self.executor.layer_changed(modules)?)
+    }
+
     fn restart(&mut self, restore: bool) -> Result<RestartReply, EngineError> {
         // The session's last state is what `restore` gets.
         self.executor.write_pending_checkpoint();

@@ -115,6 +115,10 @@ pub trait Engine {
     fn run(&mut self, code: &str, timeout: Duration, execution_count: u64) -> CellRun;
     /// The namespace's names with type, short repr and size (between cells).
     fn list_variables(&mut self) -> Result<Vec<VariableInfo>, EngineError>;
+    /// The task's package layer changed (between cells): which of `modules` (the top-level
+    /// modules the install added or changed) are imported, and so stay as they are until a
+    /// restart.
+    fn layer_changed(&mut self, modules: &[String]) -> Result<Vec<String>, EngineError>;
     /// Drops all state: a fresh worker, or an empty namespace in-process; with `restore`,
     /// the fresh session starts from the automatic checkpoint.
     fn restart(&mut self, restore: bool) -> Result<RestartReply, EngineError>;

@@ -14,6 +14,7 @@ mod isolation;
 mod limits;
 mod log_cli;
 mod mcp;
+mod packages;
 mod protocol;
 mod python_env;
 mod results;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 fn tools_are_listed_with_schemas_for_a_model() {
     let (facts, _, _logs) = Scenario::default().run("tools");
     let tools = facts["tools"].as_array().unwrap();
-    assert_eq!(tools.len(), 13);
+    assert_eq!(tools.len(), 14);
     // The description states the server's own settings.
     let said = facts["execute_code"].as_str().unwrap();
     assert!(

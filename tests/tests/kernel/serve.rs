@@ -21,7 +21,7 @@ fn every_kernel_tool_takes_a_task_and_the_server_lists_and_stops_kernels() {
     let server = Server::start(&[]);
     let facts = server.run("tools", &[]);
     let tools = facts["tools"].as_array().unwrap();
-    assert_eq!(tools.len(), 15, "{facts}");
+    assert_eq!(tools.len(), 16, "{facts}");
     flowrepl_tests::assert_help_lists_tools("serve", tools);
 }
 

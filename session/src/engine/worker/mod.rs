@@ -298,6 +298,24 @@ impl Engine for Worker {
         }
     }
 
+    fn layer_changed(&mut self, modules: &[String]) -> Result<Vec<String>, EngineError> {
+        let list = modules.to_vec();
+        self.ask(
+            |id| Frame::Packages {
+                id,
+                modules: std::borrow::Cow::Borrowed(&list),
+            },
+            LIST_TIMEOUT,
+            "while taking in the package layer",
+            |frame, id| match frame {
+                Frame::PackagesReply { id: got, imported } if got == id => {
+                    Some(imported.into_owned())
+                }
+                _ => None,
+            },
+        )
+    }
+
     fn refresh_checkpoint_health(&mut self) {
         if self.control.lock().checkpoint.is_none() {
             return; // checkpoints are off

@@ -53,6 +53,16 @@ fn readable(python: &Path, python_lib: Option<&Path>, setup: &SessionSetup) -> V
     out.extend(flowrepl_exec::setup::support_cache_dir().filter(|d| d.is_dir()));
     out.extend(setup.startup.iter().cloned());
     out.extend(setup.path0.iter().cloned());
+    // The task's package layer, read-only: its whole folder (not the `current` link, which a
+    // bind would follow to the generation of the moment), so that each install's switch is
+    // seen inside.
+    out.extend(
+        setup
+            .packages
+            .as_deref()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf),
+    );
     if let Some(pp) = std::env::var_os("PYTHONPATH") {
         out.extend(std::env::split_paths(&pp).filter(|p| p.is_absolute()));
     }

@@ -1,0 +1,564 @@
+//! One install: requirements checked, resolved (the shared cache first, the index only when
+//! the cache cannot answer), installed into a new generation, switched in whole.
+
+use crate::layer::{modules_of, read_state, write_json, Layer, LayerState, STATE_VERSION};
+use crate::policy::{normalize, Policy, PolicyError, Requirement};
+use crate::run::{run, Ran};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// What installs the packages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tool {
+    /// uv at this path.
+    Uv(PathBuf),
+    /// pip, in the task's interpreter (`python -m pip`): no uv was found.
+    Pip,
+}
+
+impl Tool {
+    /// Its name in replies and records.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Tool::Uv(_) => "uv",
+            Tool::Pip => "pip",
+        }
+    }
+}
+
+/// Why an install did not happen. The layer is as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    /// `--packages off`.
+    #[error("installing packages is off on this kernel (the operator's --packages off)")]
+    Off,
+    /// A requirement the policy refuses.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// Nothing asked for.
+    #[error("no packages named: pass packages, e.g. [\"pandas>=2\"]")]
+    Empty,
+    /// Too many requirements in one call.
+    #[error("{0} requirements in one call; at most {max}", max = flowrepl_protocol::packages::MAX_REQUIREMENTS)]
+    TooMany(usize),
+    /// The requirements could not be resolved (unknown names, conflicts, no wheel).
+    #[error("the packages could not be resolved; the layer is unchanged.\n{0}")]
+    Resolve(String),
+    /// The installer failed.
+    #[error("the install failed; the layer is unchanged.\n{0}")]
+    Install(String),
+    /// The deadline passed; the installer's processes were killed.
+    #[error("the install did not finish within {0:?} (the operator's --packages-timeout-s) and was stopped; the layer is unchanged")]
+    Timeout(Duration),
+    /// The installer could not be started.
+    #[error("cannot run {0}: {1}")]
+    Spawn(String, std::io::Error),
+    /// The layer's folder could not be written.
+    #[error("the package layer: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl InstallError {
+    /// The caller's doing (a refusal or a resolution that failed), not the kernel's.
+    pub fn is_refusal(&self) -> bool {
+        !matches!(self, InstallError::Io(_) | InstallError::Spawn(..))
+    }
+}
+
+/// What an install did.
+#[derive(Debug, Clone)]
+pub struct Installed {
+    /// The layer now.
+    pub state: LayerState,
+    /// What it added or changed, `name==version`.
+    pub added: Vec<String>,
+    /// The top-level modules of what it added or changed.
+    pub modules: Vec<String>,
+    /// Resolved from the shared cache alone.
+    pub from_cache: bool,
+    /// The installer's output.
+    pub output: String,
+}
+
+/// Installs into one task's layer.
+#[derive(Debug)]
+pub struct Installer {
+    policy: Policy,
+    tool: Tool,
+    python: PathBuf,
+    layer: Layer,
+    state_file: PathBuf,
+}
+
+/// The task's interpreter's own `site-packages` folders (a venv's, or the installation's).
+fn site_packages(python: &Path) -> Vec<PathBuf> {
+    let Some(prefix) = python.parent().and_then(Path::parent) else {
+        return Vec::new();
+    };
+    let Ok(libs) = std::fs::read_dir(prefix.join("lib")) else {
+        return Vec::new();
+    };
+    libs.flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+        .map(|e| e.path().join("site-packages"))
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+/// The distributions installed in `folders`: normalized name → version.
+fn installed_in(folders: &[PathBuf]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for f in folders {
+        for e in std::fs::read_dir(f).into_iter().flatten().flatten() {
+            let file = e.file_name();
+            let Some(dist) = file.to_str().and_then(|n| n.strip_suffix(".dist-info")) else {
+                continue;
+            };
+            if let Some((name, version)) = dist.rsplit_once('-') {
+                out.entry(normalize(name))
+                    .or_insert_with(|| version.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// A pin `name==version`, split (name normalized).
+fn pin(line: &str) -> Option<(String, String)> {
+    let (name, version) = line.split_once("==")?;
+    let (name, version) = (name.trim(), version.trim());
+    (Requirement::parse(name).is_ok_and(|r| r.text == name)
+        && !version.is_empty()
+        && version
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '!' | '-' | '_')))
+    .then(|| (normalize(name), version.to_owned()))
+}
+
+impl Installer {
+    /// An installer for the task whose log is `log_file`, installing for `python` (the
+    /// task's interpreter). Finds the installer: `--uv`, else `uv` on `PATH`, else pip.
+    pub fn new(policy: Policy, python: PathBuf, log_file: &Path) -> std::io::Result<Installer> {
+        let tool = match &policy.uv {
+            Some(p) if p.is_file() => Tool::Uv(p.clone()),
+            Some(p) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("--uv {}: no such file", p.display()),
+                ))
+            }
+            None => find_on_path("uv").map_or(Tool::Pip, Tool::Uv),
+        };
+        let layer = Layer::open(flowrepl_task_logger::path::packages_root(log_file))?;
+        Ok(Installer {
+            policy,
+            tool,
+            python,
+            layer,
+            state_file: flowrepl_task_logger::path::packages_state(log_file),
+        })
+    }
+
+    /// The layer.
+    pub fn layer(&self) -> &Layer {
+        &self.layer
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// uv or pip.
+    pub fn tool(&self) -> &Tool {
+        &self.tool
+    }
+
+    /// The task's state: the state file, else the last successful install record of the log
+    /// (a task brought to a fresh machine by its log).
+    pub fn task_state(&self, log_file: &Path) -> Result<Option<LayerState>, String> {
+        match read_state(&self.state_file) {
+            Ok(Some(s)) => return Ok(Some(s)),
+            Ok(None) => {}
+            Err(e) => return Err(format!("{}: {e}", self.state_file.display())),
+        }
+        let prefix = format!(
+            "{{\"type\":\"{}\"",
+            flowrepl_task_logger::RECORD_TYPE_INSTALL
+        );
+        flowrepl_task_logger::last_line(log_file, prefix.as_bytes(), 64 << 20, |line| {
+            let r: flowrepl_task_logger::InstallRecord<'_> = serde_json::from_slice(line).ok()?;
+            r.error.is_none().then_some(LayerState {
+                version: STATE_VERSION,
+                requirements: r.requirements,
+                resolved: r.resolved,
+            })
+        })
+        .map_err(|e| format!("{}: {e}", log_file.display()))
+    }
+
+    /// Installs `packages` (with every requirement asked for before) into a new generation
+    /// and switches to it.
+    pub fn install(&self, packages: &[String]) -> Result<Installed, InstallError> {
+        let deadline = Instant::now() + self.policy.timeout;
+        if !self.policy.enabled {
+            return Err(InstallError::Off);
+        }
+        if packages.is_empty() {
+            return Err(InstallError::Empty);
+        }
+        if packages.len() > flowrepl_protocol::packages::MAX_REQUIREMENTS {
+            return Err(InstallError::TooMany(packages.len()));
+        }
+        let asked = packages
+            .iter()
+            .map(|p| Requirement::parse(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(allow) = &self.policy.allow {
+            for r in &asked {
+                allow.check(&r.name)?;
+            }
+        }
+        let before = self.layer.state().unwrap_or_default();
+        let mut requirements: Vec<Requirement> = before
+            .requirements
+            .iter()
+            .filter_map(|t| Requirement::parse(t).ok())
+            .filter(|r| !asked.iter().any(|a| a.name == r.name))
+            .collect();
+        requirements.extend(asked);
+        let venv = installed_in(&site_packages(&self.python));
+        let (pins, mut from_cache) = self.resolve(&requirements, &venv, deadline)?;
+        // What the venv has at the resolved version stays the venv's.
+        let layer_pins: Vec<(String, String)> = pins
+            .into_iter()
+            .filter(|(n, v)| venv.get(n) != Some(v))
+            .collect();
+        if let Some(allow) = &self.policy.allow {
+            for (n, _) in &layer_pins {
+                allow.check(n).map_err(|e| match e {
+                    PolicyError::NotAllowed(n, list) => PolicyError::NotAllowed(
+                        format!("{n} (a dependency of what was asked for)"),
+                        list,
+                    ),
+                    other => other,
+                })?;
+            }
+        }
+        let resolved: Vec<String> = layer_pins
+            .iter()
+            .map(|(n, v)| format!("{n}=={v}"))
+            .collect();
+        let (output, cached) = self.populate(&resolved, deadline)?;
+        from_cache &= cached;
+        let state = LayerState {
+            version: STATE_VERSION,
+            requirements: requirements.into_iter().map(|r| r.text).collect(),
+            resolved,
+        };
+        self.commit(output.0, &before, state, from_cache, output.1)
+    }
+
+    /// Builds the layer `state` says (a task whose layer is missing or differs), installing
+    /// its pins as they are. The pins are checked as a caller's would be.
+    pub fn rebuild(&self, state: &LayerState) -> Result<Installed, InstallError> {
+        let deadline = Instant::now() + self.policy.timeout;
+        if !self.policy.enabled {
+            return Err(InstallError::Off);
+        }
+        for r in &state.requirements {
+            Requirement::parse(r)?;
+        }
+        let mut pins = Vec::new();
+        for p in &state.resolved {
+            let (n, _) = pin(p).ok_or_else(|| {
+                InstallError::Policy(PolicyError::Bad(
+                    p.clone(),
+                    "a layer's entry is name==version",
+                ))
+            })?;
+            if let Some(allow) = &self.policy.allow {
+                allow.check(&n)?;
+            }
+            pins.push(p.clone());
+        }
+        let before = self.layer.state().unwrap_or_default();
+        let ((generation, output), cached) = self.populate(&pins, deadline)?;
+        let state = LayerState {
+            version: STATE_VERSION,
+            requirements: state.requirements.clone(),
+            resolved: pins,
+        };
+        self.commit(generation, &before, state, cached, output)
+    }
+
+    /// Switches to `generation` and writes the task's state.
+    fn commit(
+        &self,
+        generation: PathBuf,
+        before: &LayerState,
+        mut state: LayerState,
+        from_cache: bool,
+        output: String,
+    ) -> Result<Installed, InstallError> {
+        state.resolved.sort();
+        let added: Vec<String> = state
+            .resolved
+            .iter()
+            .filter(|p| !before.resolved.contains(p))
+            .cloned()
+            .collect();
+        let names: Vec<String> = added
+            .iter()
+            .filter_map(|p| pin(p))
+            .map(|(n, _)| n)
+            .collect();
+        let modules = modules_of(&generation, &names);
+        if let Err(e) = self.layer.switch(&generation, &state) {
+            self.layer.discard(&generation);
+            return Err(e.into());
+        }
+        if let Err(e) = write_json(&self.state_file, &state) {
+            tracing::warn!(error = %e, "the task's package state file was not written; its log's install record keeps the same");
+        }
+        Ok(Installed {
+            state,
+            added,
+            modules,
+            from_cache,
+            output,
+        })
+    }
+
+    /// The pins for `requirements`: from the cache alone first, then from the index; with
+    /// the venv's versions preferred (as constraints), then without them (an upgrade of a
+    /// package the venv has). Whether the cache answered.
+    fn resolve(
+        &self,
+        requirements: &[Requirement],
+        venv: &BTreeMap<String, String>,
+        deadline: Instant,
+    ) -> Result<(Vec<(String, String)>, bool), InstallError> {
+        let input: String = requirements
+            .iter()
+            .map(|r| format!("{}\n", r.text))
+            .collect();
+        let constraints = self.layer.work().join("venv-constraints.txt");
+        let venv_pins: String = venv.iter().map(|(n, v)| format!("{n}=={v}\n")).collect();
+        std::fs::write(&constraints, venv_pins)?;
+        let mut last = String::new();
+        let tries: &[(bool, bool)] = if venv.is_empty() {
+            &[(true, false), (false, false)]
+        } else {
+            &[(true, true), (false, true), (false, false)]
+        };
+        for &(offline, constrained) in tries {
+            if offline && self.tool == Tool::Pip {
+                continue;
+            }
+            let ran = match &self.tool {
+                Tool::Uv(uv) => {
+                    let mut cmd = self.uv(uv, "compile", offline);
+                    cmd.args(["--quiet", "--no-header", "--no-annotate", "-"]);
+                    if constrained {
+                        cmd.arg("--constraints").arg(&constraints);
+                    }
+                    self.run(cmd, Some(&input), deadline)?
+                }
+                Tool::Pip => {
+                    let report = self.layer.work().join("report.json");
+                    let mut cmd = self.pip();
+                    cmd.args(["--dry-run", "--ignore-installed", "--quiet", "--report"])
+                        .arg(&report);
+                    if constrained {
+                        cmd.arg("--constraint").arg(&constraints);
+                    }
+                    cmd.args(requirements.iter().map(|r| &r.text));
+                    let mut ran = self.run(cmd, None, deadline)?;
+                    if ran.ok {
+                        ran.stdout = pip_report_pins(&report).unwrap_or_default();
+                    }
+                    ran
+                }
+            };
+            if ran.ok {
+                let pins: Option<Vec<_>> = ran
+                    .stdout
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(pin)
+                    .collect();
+                return pins.map(|p| (p, offline)).ok_or_else(|| {
+                    InstallError::Resolve(format!(
+                        "unexpected output from {}:\n{}",
+                        self.tool.name(),
+                        ran.stdout
+                    ))
+                });
+            }
+            last = ran.stderr;
+        }
+        Err(InstallError::Resolve(last.trim().to_owned()))
+    }
+
+    /// A new generation holding exactly `pins` (no dependencies added): from the cache alone
+    /// first, then from the index. The generation, the output, whether the cache answered.
+    fn populate(
+        &self,
+        pins: &[String],
+        deadline: Instant,
+    ) -> Result<((PathBuf, String), bool), InstallError> {
+        let generation = self.layer.new_generation()?;
+        if pins.is_empty() {
+            return Ok(((generation, String::new()), true));
+        }
+        let mut last = String::new();
+        for offline in [true, false] {
+            let mut cmd = match &self.tool {
+                Tool::Uv(uv) => {
+                    let mut cmd = self.uv(uv, "install", offline);
+                    cmd.arg("--target").arg(&generation).arg("--no-deps");
+                    cmd
+                }
+                Tool::Pip if offline => continue,
+                Tool::Pip => {
+                    let mut cmd = self.pip();
+                    cmd.arg("--target").arg(&generation).arg("--no-deps");
+                    cmd
+                }
+            };
+            cmd.args(pins);
+            let ran = match self.run(cmd, None, deadline) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.layer.discard(&generation);
+                    return Err(e);
+                }
+            };
+            if ran.ok {
+                let _ = std::fs::remove_file(generation.join(".lock"));
+                return Ok(((generation, ran.stderr), offline));
+            }
+            last = ran.stderr;
+            // A half-written generation is not reused.
+            self.layer.discard(&generation);
+            std::fs::create_dir(&generation)?;
+        }
+        self.layer.discard(&generation);
+        Err(InstallError::Install(last.trim().to_owned()))
+    }
+
+    /// `uv pip <sub>`, with the operator's settings and nothing of the caller's: no config
+    /// files (`--no-config`: a cell could write a `uv.toml` where uv would look), run in the
+    /// layer's scratch folder, sdists refused unless builds are allowed.
+    fn uv(&self, uv: &Path, sub: &str, offline: bool) -> Command {
+        let mut cmd = Command::new(uv);
+        cmd.args(["pip", sub, "--no-config", "--python"])
+            .arg(&self.python)
+            .current_dir(self.layer.work())
+            .env("NO_COLOR", "1");
+        if !self.policy.build {
+            cmd.arg("--no-build");
+        }
+        if offline {
+            cmd.arg("--offline");
+        }
+        if let Some(u) = &self.policy.index_url {
+            cmd.args(["--index-url", u]);
+        }
+        for u in &self.policy.extra_index_urls {
+            cmd.args(["--extra-index-url", u]);
+        }
+        if let Some(c) = &self.policy.cache_dir {
+            cmd.arg("--cache-dir").arg(c);
+        }
+        cmd
+    }
+
+    /// `python -m pip install`, isolated from the user's pip configuration.
+    fn pip(&self) -> Command {
+        let mut cmd = Command::new(&self.python);
+        cmd.args([
+            "-m",
+            "pip",
+            "install",
+            "--isolated",
+            "--disable-pip-version-check",
+            "--no-input",
+        ])
+        .current_dir(self.layer.work());
+        if !self.policy.build {
+            cmd.args(["--only-binary", ":all:"]);
+        }
+        if let Some(u) = &self.policy.index_url {
+            cmd.args(["--index-url", u]);
+        }
+        for u in &self.policy.extra_index_urls {
+            cmd.args(["--extra-index-url", u]);
+        }
+        if let Some(c) = &self.policy.cache_dir {
+            cmd.arg("--cache-dir").arg(c);
+        }
+        cmd
+    }
+
+    fn run(
+        &self,
+        cmd: Command,
+        input: Option<&str>,
+        deadline: Instant,
+    ) -> Result<Ran, InstallError> {
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        let ran = run(cmd, input, deadline).map_err(|e| InstallError::Spawn(program, e))?;
+        if ran.timed_out {
+            return Err(InstallError::Timeout(self.policy.timeout));
+        }
+        Ok(ran)
+    }
+}
+
+/// The `name==version` lines of a pip `--report`.
+fn pip_report_pins(report: &Path) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(report).ok()?).ok()?;
+    let mut out = String::new();
+    for item in v.get("install")?.as_array()? {
+        let meta = item.get("metadata")?;
+        out.push_str(&format!(
+            "{}=={}\n",
+            meta.get("name")?.as_str()?,
+            meta.get("version")?.as_str()?
+        ));
+    }
+    Some(out)
+}
+
+/// `name` in a folder of `PATH`.
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pins_are_names_and_versions() {
+        assert_eq!(
+            pin("Tiny_Pkg==2.0"),
+            Some(("tiny-pkg".into(), "2.0".into()))
+        );
+        assert_eq!(
+            pin("x==1.0+local.1"),
+            Some(("x".into(), "1.0+local.1".into()))
+        );
+        for bad in ["x", "x>=1", "x==", "-x==1", "x==1 ; y", "x @ http://a==1"] {
+            assert_eq!(pin(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! The task's package layer on disk (`<log_dir>/<plan>/<task>.packages/`):
+//!
+//! ```text
+//! <task>.packages/
+//!   current -> gen-3         the folder cells import from (on sys.path as .../current)
+//!   gen-3/                   one generation: the packages, installed whole by one install
+//!     .flowrepl-layer.json   what it holds (LayerState)
+//!   work/                    the installer's scratch files
+//! <task>.packages.json       the task's state: every requirement asked for and the layer
+//! ```
+//!
+//! An install writes a new generation beside the current one and switches `current` to it
+//! with one `rename` of a symlink: cells see the old layer or the new one, never a half of
+//! either, and a failed install leaves `current` as it was. The folder is bound read-only
+//! into the sandbox at start (so it exists from the kernel's start), beside the hidden log.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The link cells import from.
+pub const CURRENT: &str = "current";
+/// What a generation holds, inside it.
+pub const MARKER: &str = ".flowrepl-layer.json";
+/// A generation's name prefix.
+const GENERATION: &str = "gen-";
+/// The format of [`LayerState`].
+pub const STATE_VERSION: u32 = 1;
+/// The largest state file read (a hostile or broken one is refused, not read whole).
+const MAX_STATE_BYTES: u64 = 1 << 20;
+
+/// What a layer was resolved from and to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerState {
+    /// [`STATE_VERSION`].
+    pub version: u32,
+    /// Every requirement the task asked for, in order, the latest for each name.
+    pub requirements: Vec<String>,
+    /// The layer: `name==version`, sorted by name.
+    pub resolved: Vec<String>,
+}
+
+/// A task's layer folder.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    root: PathBuf,
+}
+
+impl Layer {
+    /// The layer at `root` (made when missing).
+    pub fn open(root: PathBuf) -> std::io::Result<Layer> {
+        std::fs::create_dir_all(root.join("work"))?;
+        Ok(Layer { root })
+    }
+
+    /// Its folder (bound read-only into the sandbox).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The path cells put on `sys.path`: `<root>/current`.
+    pub fn current(&self) -> PathBuf {
+        self.root.join(CURRENT)
+    }
+
+    /// The installer's scratch folder.
+    pub fn work(&self) -> PathBuf {
+        self.root.join("work")
+    }
+
+    /// What the current generation holds (`None`: no generation, or an unreadable marker).
+    pub fn state(&self) -> Option<LayerState> {
+        read_state(&self.current().join(MARKER)).ok().flatten()
+    }
+
+    /// A new, empty generation folder.
+    pub fn new_generation(&self) -> std::io::Result<PathBuf> {
+        let next = self
+            .generations()?
+            .into_iter()
+            .map(|(n, _)| n)
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let dir = self.root.join(format!("{GENERATION}{next}"));
+        std::fs::create_dir(&dir)?;
+        Ok(dir)
+    }
+
+    /// Makes `generation` (holding `state`) the current one, then removes the others.
+    pub fn switch(&self, generation: &Path, state: &LayerState) -> std::io::Result<()> {
+        write_json(&generation.join(MARKER), state)?;
+        let name = generation
+            .file_name()
+            .ok_or_else(|| std::io::Error::other("a generation has a name"))?;
+        let tmp = self.root.join(format!(".{CURRENT}.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(name, &tmp)?;
+        std::fs::rename(&tmp, self.current())?;
+        for (_, dir) in self.generations()? {
+            if dir.file_name() != Some(name) {
+                self.discard(&dir);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a generation that will not be used (best effort).
+    pub fn discard(&self, generation: &Path) {
+        if let Err(e) = std::fs::remove_dir_all(generation) {
+            tracing::warn!(error = %e, folder = %generation.display(), "an unused package generation was not removed");
+        }
+    }
+
+    fn generations(&self) -> std::io::Result<Vec<(u64, PathBuf)>> {
+        Ok(std::fs::read_dir(&self.root)?
+            .flatten()
+            .filter_map(|e| {
+                let n = e
+                    .file_name()
+                    .to_str()?
+                    .strip_prefix(GENERATION)?
+                    .parse()
+                    .ok()?;
+                Some((n, e.path()))
+            })
+            .collect())
+    }
+}
+
+/// The top-level modules the distributions `names` (normalized) installed in `generation`,
+/// from their `RECORD`s: what a cell imports them as.
+pub fn modules_of(generation: &Path, names: &[String]) -> Vec<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let Ok(entries) = std::fs::read_dir(generation) else {
+        return Vec::new();
+    };
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(dist) = file.to_str().and_then(|f| f.strip_suffix(".dist-info")) else {
+            continue;
+        };
+        let name = dist.rsplit_once('-').map_or(dist, |(n, _)| n);
+        if !names.iter().any(|n| *n == crate::policy::normalize(name)) {
+            continue;
+        }
+        let Ok(record) = std::fs::read_to_string(e.path().join("RECORD")) else {
+            continue;
+        };
+        for line in record.lines() {
+            let path = line.split(',').next().unwrap_or("");
+            let Some((first, rest)) = path.split_once('/').or(Some((path, ""))) else {
+                continue;
+            };
+            if first.is_empty()
+                || first == ".."
+                || first.ends_with(".dist-info")
+                || first.ends_with(".data")
+                || first == "__pycache__"
+                || first.ends_with(".pth")
+            {
+                continue;
+            }
+            let module = if rest.is_empty() {
+                // A module file: `six.py`, `_cffi.cpython-311-x86_64-linux-gnu.so`.
+                match first.split_once('.') {
+                    Some((m, ext)) if ext == "py" || ext.ends_with("so") => m,
+                    _ => continue,
+                }
+            } else {
+                first
+            };
+            if module.chars().all(|c| c.is_alphanumeric() || c == '_') {
+                out.insert(module.to_owned());
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// Reads a state file (`None`: there is none). A file over 1 MiB, not JSON, or of another
+/// version is an error.
+pub fn read_state(path: &Path) -> std::io::Result<Option<LayerState>> {
+    use std::io::Read;
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut text = String::new();
+    file.take(MAX_STATE_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_STATE_BYTES {
+        return Err(std::io::Error::other("over 1 MiB"));
+    }
+    let state: LayerState = serde_json::from_str(&text).map_err(std::io::Error::other)?;
+    if state.version != STATE_VERSION {
+        return Err(std::io::Error::other(format!(
+            "format version {} (this kernel reads {STATE_VERSION})",
+            state.version
+        )));
+    }
+    Ok(Some(state))
+}
+
+/// Writes `value` as JSON to `path` through a temporary file and a rename.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec(value).map_err(std::io::Error::other)?,
+    )?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_switch_is_one_rename_and_leaves_one_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let layer = Layer::open(dir.path().join("t.packages")).unwrap();
+        assert_eq!(layer.state(), None);
+        let one = layer.new_generation().unwrap();
+        std::fs::write(one.join("a.py"), "A = 1\n").unwrap();
+        let s1 = LayerState {
+            version: STATE_VERSION,
+            requirements: vec!["a".into()],
+            resolved: vec!["a==1".into()],
+        };
+        layer.switch(&one, &s1).unwrap();
+        assert_eq!(layer.state(), Some(s1));
+        assert!(layer.current().join("a.py").is_file());
+        let two = layer.new_generation().unwrap();
+        assert_ne!(one, two);
+        let s2 = LayerState {
+            version: STATE_VERSION,
+            requirements: vec!["b".into()],
+            resolved: vec!["b==2".into()],
+        };
+        layer.switch(&two, &s2).unwrap();
+        assert_eq!(layer.state(), Some(s2));
+        assert!(!one.exists(), "the old generation is removed");
+        assert!(!layer.current().join("a.py").exists());
+    }
+
+    #[test]
+    fn modules_come_from_the_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = dir.path();
+        std::fs::create_dir_all(g.join("Tiny_Pkg-2.0.dist-info")).unwrap();
+        std::fs::write(
+            g.join("Tiny_Pkg-2.0.dist-info/RECORD"),
+            "tinypkg/__init__.py,sha256=x,1\ntinypkg/sub/x.py,,\nsix.py,,\n_speed.cpython-311-x86_64-linux-gnu.so,,\nx.pth,,\nTiny_Pkg-2.0.dist-info/METADATA,,\n../../bin/evil,,\n",
+        )
+        .unwrap();
+        assert_eq!(
+            modules_of(g, &["tiny-pkg".into()]),
+            ["_speed", "six", "tinypkg"]
+        );
+        assert!(modules_of(g, &["other".into()]).is_empty());
+    }
+
+    #[test]
+    fn a_state_file_of_another_version_or_too_big_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.json");
+        assert!(read_state(&p).unwrap().is_none());
+        std::fs::write(&p, r#"{"version":9,"requirements":[],"resolved":[]}"#).unwrap();
+        assert!(read_state(&p).is_err());
+        std::fs::write(&p, " ".repeat(2 << 20)).unwrap();
+        assert!(read_state(&p).is_err());
+    }
+}

@@ -1,0 +1,64 @@
+//! A package index on 127.0.0.1 for the package tests: `tests/packages/index.py` builds tiny
+//! wheels and an sdist into a folder of the test's and serves it as a PEP 503 simple index,
+//! counting the requests it answers.
+
+use crate::mcp::mcp_venv;
+use crate::workspace_root;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+
+/// A running index; killed when dropped.
+pub struct Index {
+    child: Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Index {
+    /// Builds the packages and starts serving them.
+    pub fn start() -> Index {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(mcp_venv().join("bin/python"))
+            .arg(workspace_root().join("tests/packages/index.py"))
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start tests/packages/index.py");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().expect("the index's port");
+        Index {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/", self.port)
+    }
+
+    /// How many requests it answered so far.
+    pub fn requests(&self) -> u64 {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.write_all(b"GET /_requests HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body.rsplit("\r\n\r\n")
+            .next()
+            .and_then(|b| b.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the index's count: {body}"))
+    }
+}
+
+impl Drop for Index {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,392 @@
+//! Packages installed into a task's layer (`install`, `install_packages`): from a package
+//! index the test serves on 127.0.0.1 (tests/packages/index.py), never a public one. Each
+//! refusal is shown, and where a protection is what stops an attempt, the same attempt is
+//! shown getting through without it.
+
+use flowrepl_tests::index::Index;
+use flowrepl_tests::mcp::{mcp_venv, Scenario};
+use flowrepl_tests::serve::Server;
+use flowrepl_tests::{read_log_all, Kernel, KernelOptions, MODES};
+use serde_json::{json, Value};
+use std::path::Path;
+
+fn uv() -> String {
+    mcp_venv().join("bin/uv").display().to_string()
+}
+
+/// A kernel installing from `index` into layers that share the wheel cache `cache`.
+fn kernel(mode: &str, index: &Index, cache: &Path) -> KernelOptions {
+    Kernel::options()
+        .mode(mode)
+        .arg("--python")
+        .arg(mcp_venv().join("bin/python").display().to_string())
+        .arg("--uv")
+        .arg(uv())
+        .arg("--index-url")
+        .arg(index.url())
+        .arg("--packages-cache")
+        .arg(cache.display().to_string())
+}
+
+fn install(k: &mut Kernel, packages: &[&str]) -> Value {
+    k.call("install", json!({ "packages": packages }))
+}
+
+/// The error of a refused install (panics on a result).
+fn refused(reply: &Value) -> String {
+    assert_eq!(reply["error"]["code"], -32003, "not refused: {reply}");
+    reply["error"]["message"].as_str().unwrap().to_owned()
+}
+
+/// What the task's layer holds, as its current generation says.
+fn layer(k: &Kernel) -> Value {
+    let marker = k
+        .log_file()
+        .with_extension("packages")
+        .join("current/.flowrepl-layer.json");
+    serde_json::from_slice(&std::fs::read(&marker).unwrap()).unwrap()
+}
+
+#[test]
+fn a_package_installs_into_the_layer_and_the_next_cell_imports_it() {
+    let index = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    for mode in MODES {
+        let mut k = kernel(mode, &index, cache.path()).start();
+        let r = install(&mut k, &["tinypkg==2.0"]);
+        let res = &r["result"];
+        assert_eq!(
+            res["installed"],
+            json!(["tinydep==1.0", "tinypkg==2.0"]),
+            "{mode}: {r}"
+        );
+        assert_eq!(res["added"], res["installed"]);
+        assert_eq!(res["installer"], "uv");
+        assert_eq!(res["restart_needed"], json!([]));
+        let r = k.ok("import tinypkg, tinydep\nprint(tinypkg.VERSION, tinydep.DEP)");
+        assert_eq!(r["stdout"], "2.0 1\n", "{mode}: {r}");
+        // Another version: the layer is resolved again whole (tinydep is not needed now), and
+        // the imported module is named: it stays as loaded until a restart.
+        let r = install(&mut k, &["tinypkg==1.0"]);
+        assert_eq!(r["result"]["installed"], json!(["tinypkg==1.0"]), "{r}");
+        assert_eq!(r["result"]["restart_needed"], json!(["tinypkg"]), "{r}");
+        if mode == "worker" {
+            k.call("restart", Value::Null);
+            assert_eq!(
+                k.ok("import tinypkg\nprint(tinypkg.VERSION)")["stdout"],
+                "1.0\n"
+            );
+        }
+        // Asking again for what the layer has: nothing new, at once.
+        let r = install(&mut k, &["tinypkg==1.0"]);
+        assert_eq!(r["result"]["added"], json!([]), "{r}");
+        let log = k.log_file();
+        k.close();
+        let installs = read_log_all(&log).installs;
+        assert_eq!(installs.len(), 3, "{mode}");
+        assert!(installs
+            .iter()
+            .all(|i| i.error.is_none() && i.trigger == "call"));
+        assert_eq!(installs[0].resolved, ["tinydep==1.0", "tinypkg==2.0"]);
+        assert_eq!(installs[1].requirements, ["tinypkg==1.0"]);
+        assert_eq!(installs[0].index.as_deref(), Some(index.url().as_str()));
+    }
+}
+
+/// The second task installs the same wheels from the shared cache: no request reaches the
+/// index.
+#[test]
+fn a_second_task_installs_from_the_shared_cache_without_the_index() {
+    let index = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    let mut first = kernel("worker", &index, cache.path())
+        .env("FLOW_TASK_ID", "first")
+        .start();
+    let r = install(&mut first, &["tinypkg==2.0"]);
+    assert_eq!(r["result"]["source"], "index", "{r}");
+    let asked = index.requests();
+    assert!(asked > 0);
+    let mut second = kernel("worker", &index, cache.path())
+        .env("FLOW_TASK_ID", "second")
+        .start();
+    let r = install(&mut second, &["tinypkg==2.0"]);
+    assert_eq!(r["result"]["source"], "cache", "{r}");
+    assert_eq!(
+        r["result"]["installed"],
+        json!(["tinydep==1.0", "tinypkg==2.0"])
+    );
+    assert_eq!(index.requests(), asked, "the index was asked again");
+    assert_eq!(
+        second.ok("import tinypkg\nprint(tinypkg.VERSION)")["stdout"],
+        "2.0\n"
+    );
+    // A different cache: the index is asked.
+    let other = tempfile::tempdir().unwrap();
+    let mut third = kernel("worker", &index, other.path())
+        .env("FLOW_TASK_ID", "third")
+        .start();
+    assert_eq!(
+        install(&mut third, &["tinypkg==2.0"])["result"]["source"],
+        "index"
+    );
+    assert!(index.requests() > asked);
+}
+
+/// Unknown names, conflicts, sdists (their build is code), URLs and options, names off the
+/// allow list, `--packages off`: each a clear error, the layer as it was, the kernel up.
+#[test]
+fn refusals_leave_the_layer_as_it_was() {
+    let index = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    let marker_dir = tempfile::tempdir().unwrap();
+    let marker = marker_dir.path().join("evil-marker");
+    let mut k = kernel("worker", &index, cache.path())
+        .env("EVIL_MARKER", marker.display().to_string())
+        .start();
+    install(&mut k, &["tinypkg==1.0"]);
+    let before = layer(&k);
+    for (packages, says) in [
+        (vec!["nosuchpkg"], "nosuchpkg was not found"),
+        (vec!["needsold", "tinypkg==2.0"], "No solution found"),
+        (vec!["evilsdist"], "building from source is disabled"),
+        (vec!["x @ http://127.0.0.1:9/x.whl"], "direct references"),
+        (
+            vec!["--index-url=http://169.254.169.254/"],
+            "options are not taken",
+        ),
+        (vec!["tinypkg; os.system('x')"], "environment marker"),
+        (vec![], "no packages named"),
+    ] {
+        let r = install(&mut k, &packages);
+        let e = refused(&r);
+        assert!(e.contains(says), "{packages:?}: {e}");
+        assert_eq!(layer(&k), before, "{packages:?} changed the layer");
+        assert_eq!(
+            k.ok("import tinypkg\nprint(tinypkg.VERSION)")["stdout"],
+            "1.0\n"
+        );
+    }
+    assert!(!marker.exists(), "the sdist's build backend ran");
+    // Without --no-build (uv as the kernel runs it, the flag left out), the same sdist's
+    // backend runs with the installer's rights and writes outside.
+    let target = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(uv())
+        .args([
+            "pip",
+            "install",
+            "--no-config",
+            "--index-url",
+            &index.url(),
+            "--target",
+        ])
+        .arg(target.path())
+        .arg("--python")
+        .arg(mcp_venv().join("bin/python"))
+        .arg("--cache-dir")
+        .arg(cache.path())
+        .arg("evilsdist")
+        .env("EVIL_MARKER", marker.display().to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        marker.exists(),
+        "without --no-build the backend runs outside"
+    );
+    let log = k.log_file();
+    k.close();
+    let installs = read_log_all(&log).installs;
+    assert_eq!(installs.len(), 8);
+    assert!(installs[1..]
+        .iter()
+        .all(|i| i.error.is_some() && i.source == "none"));
+    assert!(installs[1..].iter().all(|i| i.resolved == ["tinypkg==1.0"]));
+
+    // The allow list: dependencies count too; without the list the same install works
+    // (a_package_installs_into_the_layer_and_the_next_cell_imports_it).
+    let allow = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(allow.path(), "# what tasks may install\nTinyPkg\nneed*\n").unwrap();
+    let mut k = kernel("in_process", &index, cache.path())
+        .arg("--packages-allow")
+        .arg(allow.path().display().to_string())
+        .start();
+    let e = refused(&install(&mut k, &["tinydep"]));
+    assert!(
+        e.contains("tinydep is not on the operator's allow list"),
+        "{e}"
+    );
+    let e = refused(&install(&mut k, &["tinypkg==2.0"]));
+    assert!(
+        e.contains("tinydep (a dependency of what was asked for)"),
+        "{e}"
+    );
+    let r = install(&mut k, &["tinypkg==1.0", "needsold"]);
+    assert_eq!(
+        r["result"]["installed"],
+        json!(["needsold==1.0", "tinypkg==1.0"]),
+        "{r}"
+    );
+
+    let mut k = kernel("in_process", &index, cache.path())
+        .arg("--packages=off")
+        .start();
+    let e = refused(&install(&mut k, &["tinypkg"]));
+    assert!(e.contains("--packages off"), "{e}");
+}
+
+/// Sandboxed: the kernel installs (outside, with the index), the cell imports; the cell's own
+/// `pip install` and sockets still fail, and the layer is read-only to it. The same attempts
+/// from outside the sandbox get through.
+#[test]
+fn a_sandboxed_task_installs_while_its_cells_stay_without_network() {
+    let index = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut k = kernel("in_process", &index, cache.path())
+        .log_dir(logs.path())
+        .arg("--sandbox")
+        .arg("--workspace")
+        .arg(ws.path().display().to_string())
+        .start();
+    assert_eq!(k.ready["sandbox"]["network"], "none", "{}", k.ready);
+    let r = install(&mut k, &["tinypkg==2.0"]);
+    assert_eq!(
+        r["result"]["added"],
+        json!(["tinydep==1.0", "tinypkg==2.0"]),
+        "{r}"
+    );
+    let r = k.ok(&format!(
+        r##"import tinypkg, socket, subprocess, sys
+print(tinypkg.VERSION)
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2)
+    print("connected")
+except OSError as e:
+    print("socket refused", type(e).__name__)
+p = subprocess.run([sys.executable, "-m", "pip", "install", "--index-url", "{url}", "--target", "t", "tinydep"], capture_output=True, text=True)
+print("pip exit", p.returncode)
+try:
+    open(tinypkg.__file__, "a").write("# planted")
+    print("layer written")
+except OSError as e:
+    print("layer read-only", type(e).__name__)
+"##,
+        port = index.port,
+        url = index.url(),
+    ));
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.starts_with("2.0\nsocket refused"), "{out}");
+    assert!(!out.contains("pip exit 0"), "{out}");
+    assert!(out.contains("layer read-only"), "{out}");
+    // Outside the sandbox: the index answers, and the layer's files can be written.
+    std::net::TcpStream::connect(("127.0.0.1", index.port)).unwrap();
+    let file = logs
+        .path()
+        .join("local/adhoc.packages/current/tinypkg/__init__.py");
+    assert!(std::fs::OpenOptions::new().append(true).open(&file).is_ok());
+}
+
+/// A task resumed elsewhere (its layer and state file gone, its log kept) gets its layer back
+/// from the log's last install before its checkpoint is restored: an object of the installed
+/// package's class comes back. A killed worker's fresh one finds the layer too.
+#[test]
+fn a_resumed_task_gets_its_layer_back_before_the_restore() {
+    let index = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let start = |resume: bool| {
+        let o = kernel("worker", &index, cache.path())
+            .log_dir(logs.path())
+            .env("FLOW_PLAN_ID", "p")
+            .env("FLOW_TASK_ID", "resumed");
+        if resume { o.arg("--resume") } else { o }.start()
+    };
+    let mut k = start(false);
+    install(&mut k, &["tinypkg==2.0"]);
+    k.ok("import tinypkg\nthing = tinypkg.Thing(41)");
+    k.wait_checkpoint(1);
+    // The worker killed: a fresh one restores, the layer is there.
+    let pid = k.ready["worker_pid"].as_u64().unwrap() as u32;
+    flowrepl_tests::kill(pid, 9);
+    // (The cell that meets the dead worker says so, unless the kernel saw it die first.)
+    let r = k.execute("1");
+    assert!(
+        r["success"] == true || r["error"]["type"] == "WorkerDied",
+        "{r:#}"
+    );
+    let r = k.execute("print(type(thing).__module__, thing.v)");
+    assert_eq!(r["stdout"], "tinypkg 41\n", "{r:#}");
+    let log = k.log_file();
+    assert!(k.close().success());
+    // A fresh machine: no layer, no state file, the log and the checkpoints.
+    std::fs::remove_dir_all(log.with_extension("packages")).unwrap();
+    std::fs::remove_file(log.with_extension("packages.json")).unwrap();
+    let mut k = start(true);
+    let r = k.execute("print(type(thing).__module__, thing.v, tinypkg.VERSION)");
+    assert_eq!(r["stdout"], "tinypkg 41 2.0\n", "{r:#}");
+    assert_eq!(r["restored"], true);
+    k.close();
+    let installs = read_log_all(&log).installs;
+    let rebuilt = installs.last().unwrap();
+    assert_eq!(rebuilt.trigger, "rebuild");
+    assert_eq!(rebuilt.resolved, ["tinydep==1.0", "tinypkg==2.0"]);
+    assert_eq!(rebuilt.source, "cache");
+    assert!(rebuilt.error.is_none());
+}
+
+/// `install_packages` over MCP (the official Python SDK's client), on `flowrepl mcp` and on
+/// `serve` (whose kernels are sandboxed), where one task's layer is not another's.
+#[test]
+fn install_packages_over_mcp_and_through_serve() {
+    let index = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    let cache_dir = cache.path().display().to_string();
+    for mode in MODES {
+        let (facts, log, _logs) = Scenario::mode(mode)
+            .env("FLOWREPL_UV", uv())
+            .env("FLOWREPL_INDEX_URL", index.url())
+            .env("FLOWREPL_PACKAGES_CACHE", &cache_dir)
+            .run("packages");
+        assert!(
+            facts["refused"]["nosuchpkg"]
+                .as_str()
+                .unwrap()
+                .contains("nosuchpkg was not found"),
+            "{facts}"
+        );
+        assert!(facts["refused"]["x @ http://127.0.0.1:9/x.whl"]
+            .as_str()
+            .unwrap()
+            .contains("direct references"));
+        let installs = read_log_all(&log).installs;
+        assert_eq!(installs.len(), 3, "{mode}");
+    }
+    let url = index.url();
+    let server = Server::start(&[
+        "--uv",
+        &uv(),
+        "--index-url",
+        &url,
+        "--packages-cache",
+        &cache_dir,
+    ]);
+    server.run(
+        "packages",
+        &[
+            "--task",
+            "with",
+            "--other-task",
+            "without",
+            "--plan",
+            "local",
+        ],
+    );
+    let installs = read_log_all(&server.log_of("with")).installs;
+    assert_eq!(installs.len(), 1);
+    assert_eq!(installs[0].source, "cache", "the tasks share the cache");
+}
