@@ -28,6 +28,30 @@ impl Tool {
     }
 }
 
+/// Runs a command confined: the builds of `--packages-build` (a build backend is arbitrary
+/// code). The kernel's is the sandbox's worker binary (`flowrepl-worker --confined-exec`).
+pub trait Confine: Send + Sync + std::fmt::Debug {
+    /// `cmd` (program and arguments) wrapped to run confined, in `workdir`, writing there and
+    /// to `writable` only; `Err`: it cannot be confined on this host (why).
+    fn confine(
+        &self,
+        cmd: &Command,
+        workdir: &Path,
+        writable: &[PathBuf],
+    ) -> Result<Command, String>;
+}
+
+/// One try of the installer: from the cache alone or the index; with the venv's versions
+/// as constraints or not; wheels only (outside, with the shared cache) or builds allowed
+/// (confined, with a cache of the task's own, so that a build cannot plant wheels in the
+/// shared one).
+#[derive(Debug, Clone, Copy)]
+struct Try {
+    offline: bool,
+    constrained: bool,
+    build: bool,
+}
+
 /// Why an install did not happen. The layer is as it was.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
@@ -55,6 +79,9 @@ pub enum InstallError {
     /// The installer could not be started.
     #[error("cannot run {0}: {1}")]
     Spawn(String, std::io::Error),
+    /// Builds are allowed but cannot be confined here.
+    #[error("a build needs the sandbox, which cannot be applied here: {0}")]
+    Unconfined(String),
     /// The layer's folder could not be written.
     #[error("the package layer: {0}")]
     Io(#[from] std::io::Error),
@@ -63,7 +90,10 @@ pub enum InstallError {
 impl InstallError {
     /// The caller's doing (a refusal or a resolution that failed), not the kernel's.
     pub fn is_refusal(&self) -> bool {
-        !matches!(self, InstallError::Io(_) | InstallError::Spawn(..))
+        !matches!(
+            self,
+            InstallError::Io(_) | InstallError::Spawn(..) | InstallError::Unconfined(_)
+        )
     }
 }
 
@@ -90,6 +120,7 @@ pub struct Installer {
     python: PathBuf,
     layer: Layer,
     state_file: PathBuf,
+    confine: Option<Box<dyn Confine>>,
 }
 
 /// The task's interpreter's own `site-packages` folders (a venv's, or the installation's).
@@ -140,7 +171,13 @@ fn pin(line: &str) -> Option<(String, String)> {
 impl Installer {
     /// An installer for the task whose log is `log_file`, installing for `python` (the
     /// task's interpreter). Finds the installer: `--uv`, else `uv` on `PATH`, else pip.
-    pub fn new(policy: Policy, python: PathBuf, log_file: &Path) -> std::io::Result<Installer> {
+    /// Builds (`--packages-build`) run through `confine`.
+    pub fn new(
+        policy: Policy,
+        python: PathBuf,
+        log_file: &Path,
+        confine: Option<Box<dyn Confine>>,
+    ) -> std::io::Result<Installer> {
         let tool = match &policy.uv {
             Some(p) if p.is_file() => Tool::Uv(p.clone()),
             Some(p) => {
@@ -158,6 +195,7 @@ impl Installer {
             python,
             layer,
             state_file: flowrepl_task_logger::path::packages_state(log_file),
+            confine,
         })
     }
 
@@ -220,6 +258,9 @@ impl Installer {
             for r in &asked {
                 allow.check(&r.name)?;
             }
+        }
+        if self.policy.build {
+            self.layer.fresh_build_dir()?;
         }
         let before = self.layer.state().unwrap_or_default();
         let mut requirements: Vec<Requirement> = before
@@ -284,6 +325,9 @@ impl Installer {
             }
             pins.push(p.clone());
         }
+        if self.policy.build {
+            self.layer.fresh_build_dir()?;
+        }
         let before = self.layer.state().unwrap_or_default();
         let ((generation, output), cached) = self.populate(&pins, deadline)?;
         let state = LayerState {
@@ -332,9 +376,39 @@ impl Installer {
         })
     }
 
-    /// The pins for `requirements`: from the cache alone first, then from the index; with
-    /// the venv's versions preferred (as constraints), then without them (an upgrade of a
-    /// package the venv has). Whether the cache answered.
+    /// The tries, in order: wheels from the cache alone, then from the index (the venv's
+    /// versions preferred, then not); with `--packages-build`, then builds, confined.
+    fn tries(&self, constrain: bool) -> Vec<Try> {
+        let mut out = Vec::new();
+        let builds: &[bool] = if self.policy.build {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for &build in builds {
+            // The cache alone only for wheels (pip has no such mode): a build goes online.
+            if !build && self.tool != Tool::Pip {
+                out.push(Try {
+                    offline: true,
+                    constrained: constrain,
+                    build,
+                });
+            }
+            for constrained in [true, false] {
+                if constrained && !constrain {
+                    continue;
+                }
+                out.push(Try {
+                    offline: false,
+                    constrained,
+                    build,
+                });
+            }
+        }
+        out
+    }
+
+    /// The pins for `requirements` (see [`Installer::tries`]). Whether the cache answered.
     fn resolve(
         &self,
         requirements: &[Requirement],
@@ -345,38 +419,38 @@ impl Installer {
             .iter()
             .map(|r| format!("{}\n", r.text))
             .collect();
-        let constraints = self.layer.work().join("venv-constraints.txt");
         let venv_pins: String = venv.iter().map(|(n, v)| format!("{n}=={v}\n")).collect();
-        std::fs::write(&constraints, venv_pins)?;
         let mut last = String::new();
-        let tries: &[(bool, bool)] = if venv.is_empty() {
-            &[(true, false), (false, false)]
-        } else {
-            &[(true, true), (false, true), (false, false)]
-        };
-        for &(offline, constrained) in tries {
-            if offline && self.tool == Tool::Pip {
-                continue;
+        for t in self.tries(!venv.is_empty()) {
+            // A build's copy is in its own folder (all it can read of the kernel's files).
+            let folder = if t.build {
+                self.layer.build_dir()
+            } else {
+                self.layer.work()
+            };
+            let constraints = folder.join("venv-constraints.txt");
+            if t.constrained {
+                replace_file(&constraints, venv_pins.as_bytes())?;
             }
             let ran = match &self.tool {
                 Tool::Uv(uv) => {
-                    let mut cmd = self.uv(uv, "compile", offline);
+                    let mut cmd = self.uv(uv, "compile", t);
                     cmd.args(["--quiet", "--no-header", "--no-annotate", "-"]);
-                    if constrained {
+                    if t.constrained {
                         cmd.arg("--constraints").arg(&constraints);
                     }
-                    self.run(cmd, Some(&input), deadline)?
+                    self.run(cmd, Some(&input), deadline, t, &[])?
                 }
                 Tool::Pip => {
-                    let report = self.layer.work().join("report.json");
-                    let mut cmd = self.pip();
+                    let report = folder.join("report.json");
+                    let mut cmd = self.pip(t);
                     cmd.args(["--dry-run", "--ignore-installed", "--quiet", "--report"])
                         .arg(&report);
-                    if constrained {
+                    if t.constrained {
                         cmd.arg("--constraint").arg(&constraints);
                     }
                     cmd.args(requirements.iter().map(|r| &r.text));
-                    let mut ran = self.run(cmd, None, deadline)?;
+                    let mut ran = self.run(cmd, None, deadline, t, &[])?;
                     if ran.ok {
                         ran.stdout = pip_report_pins(&report).unwrap_or_default();
                     }
@@ -391,7 +465,7 @@ impl Installer {
                     .filter(|l| !l.is_empty() && !l.starts_with('#'))
                     .map(pin)
                     .collect();
-                return pins.map(|p| (p, offline)).ok_or_else(|| {
+                return pins.map(|p| (p, t.offline)).ok_or_else(|| {
                     InstallError::Resolve(format!(
                         "unexpected output from {}:\n{}",
                         self.tool.name(),
@@ -404,8 +478,8 @@ impl Installer {
         Err(InstallError::Resolve(last.trim().to_owned()))
     }
 
-    /// A new generation holding exactly `pins` (no dependencies added): from the cache alone
-    /// first, then from the index. The generation, the output, whether the cache answered.
+    /// A new generation holding exactly `pins` (no dependencies added), by the same tries.
+    /// The generation, the output, whether the cache answered.
     fn populate(
         &self,
         pins: &[String],
@@ -416,22 +490,23 @@ impl Installer {
             return Ok(((generation, String::new()), true));
         }
         let mut last = String::new();
-        for offline in [true, false] {
+        for t in self.tries(false) {
             let mut cmd = match &self.tool {
                 Tool::Uv(uv) => {
-                    let mut cmd = self.uv(uv, "install", offline);
-                    cmd.arg("--target").arg(&generation).arg("--no-deps");
+                    let mut cmd = self.uv(uv, "install", t);
+                    if t.build {
+                        // The task's cache and the generation are separate mounts inside.
+                        cmd.args(["--link-mode", "copy"]);
+                    }
                     cmd
                 }
-                Tool::Pip if offline => continue,
-                Tool::Pip => {
-                    let mut cmd = self.pip();
-                    cmd.arg("--target").arg(&generation).arg("--no-deps");
-                    cmd
-                }
+                Tool::Pip => self.pip(t),
             };
-            cmd.args(pins);
-            let ran = match self.run(cmd, None, deadline) {
+            cmd.arg("--target")
+                .arg(&generation)
+                .arg("--no-deps")
+                .args(pins);
+            let ran = match self.run(cmd, None, deadline, t, std::slice::from_ref(&generation)) {
                 Ok(r) => r,
                 Err(e) => {
                     self.layer.discard(&generation);
@@ -440,7 +515,7 @@ impl Installer {
             };
             if ran.ok {
                 let _ = std::fs::remove_file(generation.join(".lock"));
-                return Ok(((generation, ran.stderr), offline));
+                return Ok(((generation, ran.stderr), t.offline));
             }
             last = ran.stderr;
             // A half-written generation is not reused.
@@ -451,19 +526,27 @@ impl Installer {
         Err(InstallError::Install(last.trim().to_owned()))
     }
 
+    /// The cache a try uses: the operator's shared one, or for builds the task's own.
+    fn cache(&self, t: Try) -> Option<PathBuf> {
+        if t.build {
+            Some(self.layer.build_dir().join("cache"))
+        } else {
+            self.policy.cache_dir.clone()
+        }
+    }
+
     /// `uv pip <sub>`, with the operator's settings and nothing of the caller's: no config
     /// files (`--no-config`: a cell could write a `uv.toml` where uv would look), run in the
     /// layer's scratch folder, sdists refused unless builds are allowed.
-    fn uv(&self, uv: &Path, sub: &str, offline: bool) -> Command {
+    fn uv(&self, uv: &Path, sub: &str, t: Try) -> Command {
         let mut cmd = Command::new(uv);
         cmd.args(["pip", sub, "--no-config", "--python"])
             .arg(&self.python)
-            .current_dir(self.layer.work())
-            .env("NO_COLOR", "1");
-        if !self.policy.build {
+            .current_dir(self.layer.work());
+        if !t.build {
             cmd.arg("--no-build");
         }
-        if offline {
+        if t.offline {
             cmd.arg("--offline");
         }
         if let Some(u) = &self.policy.index_url {
@@ -472,14 +555,14 @@ impl Installer {
         for u in &self.policy.extra_index_urls {
             cmd.args(["--extra-index-url", u]);
         }
-        if let Some(c) = &self.policy.cache_dir {
+        if let Some(c) = self.cache(t) {
             cmd.arg("--cache-dir").arg(c);
         }
         cmd
     }
 
     /// `python -m pip install`, isolated from the user's pip configuration.
-    fn pip(&self) -> Command {
+    fn pip(&self, t: Try) -> Command {
         let mut cmd = Command::new(&self.python);
         cmd.args([
             "-m",
@@ -490,7 +573,7 @@ impl Installer {
             "--no-input",
         ])
         .current_dir(self.layer.work());
-        if !self.policy.build {
+        if !t.build {
             cmd.args(["--only-binary", ":all:"]);
         }
         if let Some(u) = &self.policy.index_url {
@@ -499,19 +582,33 @@ impl Installer {
         for u in &self.policy.extra_index_urls {
             cmd.args(["--extra-index-url", u]);
         }
-        if let Some(c) = &self.policy.cache_dir {
+        if let Some(c) = self.cache(t) {
             cmd.arg("--cache-dir").arg(c);
         }
         cmd
     }
 
+    /// Runs one try's command (a build's confined, writing `writable` besides the scratch
+    /// folder and its cache).
     fn run(
         &self,
         cmd: Command,
         input: Option<&str>,
         deadline: Instant,
+        t: Try,
+        writable: &[PathBuf],
     ) -> Result<Ran, InstallError> {
         let program = cmd.get_program().to_string_lossy().into_owned();
+        let cmd = if t.build {
+            let confine = self.confine.as_ref().ok_or_else(|| {
+                InstallError::Unconfined("this kernel has no sandbox to run builds in".into())
+            })?;
+            confine
+                .confine(&cmd, &self.layer.build_dir(), writable)
+                .map_err(InstallError::Unconfined)?
+        } else {
+            cmd
+        };
         let ran = run(cmd, input, deadline).map_err(|e| InstallError::Spawn(program, e))?;
         if ran.timed_out {
             return Err(InstallError::Timeout(self.policy.timeout));
@@ -520,9 +617,32 @@ impl Installer {
     }
 }
 
+/// Writes `bytes` to `path` as a new file: whatever was there (a link a build planted among
+/// them) is removed first, never followed.
+fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc_nofollow())
+        .open(path)?
+        .write_all(bytes)
+}
+
+fn libc_nofollow() -> i32 {
+    nix::fcntl::OFlag::O_NOFOLLOW.bits()
+}
+
 /// The `name==version` lines of a pip `--report`.
 fn pip_report_pins(report: &Path) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(report).ok()?).ok()?;
+    let text = crate::layer::read_untrusted(report, 64 << 20)?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     let mut out = String::new();
     for item in v.get("install")?.as_array()? {
         let meta = item.get("metadata")?;

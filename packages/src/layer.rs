@@ -62,9 +62,28 @@ impl Layer {
         self.root.join(CURRENT)
     }
 
-    /// The installer's scratch folder.
+    /// The installer's scratch folder (never writable to a build).
     pub fn work(&self) -> PathBuf {
         self.root.join("work")
+    }
+
+    /// A confined build's folder (its working folder, its cache, its `/tmp`): the only part
+    /// of the layer a build may write besides the generation it installs into. Hostile to
+    /// the kernel: nothing here is read by the kernel, only by confined builds.
+    pub fn build_dir(&self) -> PathBuf {
+        self.work().join("build")
+    }
+
+    /// Empties [`Layer::build_dir`] (at the start of an install that may build).
+    pub fn fresh_build_dir(&self) -> std::io::Result<PathBuf> {
+        let dir = self.build_dir();
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        std::fs::create_dir_all(dir.join("cache"))?;
+        Ok(dir)
     }
 
     /// What the current generation holds (`None`: no generation, or an unreadable marker).
@@ -86,9 +105,18 @@ impl Layer {
         Ok(dir)
     }
 
-    /// Makes `generation` (holding `state`) the current one, then removes the others.
+    /// Makes `generation` (holding `state`) the current one, then removes the others. The
+    /// marker is written beneath the generation without following links (a build wrote
+    /// there).
     pub fn switch(&self, generation: &Path, state: &LayerState) -> std::io::Result<()> {
-        write_json(&generation.join(MARKER), state)?;
+        let beneath =
+            flowrepl_os::beneath::Beneath::open(generation).map_err(std::io::Error::other)?;
+        let mut w = beneath.write(MARKER).map_err(std::io::Error::other)?;
+        std::io::Write::write_all(
+            w.file(),
+            &serde_json::to_vec(state).map_err(std::io::Error::other)?,
+        )?;
+        w.commit().map_err(std::io::Error::other)?;
         let name = generation
             .file_name()
             .ok_or_else(|| std::io::Error::other("a generation has a name"))?;
@@ -143,7 +171,7 @@ pub fn modules_of(generation: &Path, names: &[String]) -> Vec<String> {
         if !names.iter().any(|n| *n == crate::policy::normalize(name)) {
             continue;
         }
-        let Ok(record) = std::fs::read_to_string(e.path().join("RECORD")) else {
+        let Some(record) = read_record(&e.path()) else {
             continue;
         };
         for line in record.lines() {
@@ -175,6 +203,42 @@ pub fn modules_of(generation: &Path, names: &[String]) -> Vec<String> {
         }
     }
     out.into_iter().collect()
+}
+
+/// The `RECORD` of a `.dist-info` folder (a build may have written it).
+fn read_record(dist_info: &Path) -> Option<String> {
+    read_untrusted(&dist_info.join("RECORD"), 4 << 20)
+}
+
+/// A file a build may have written, read as hostile input: neither it nor its folder through
+/// a link, never a FIFO or a device (opened non-blocking, then checked), at most `max` bytes.
+pub fn read_untrusted(path: &Path, max: u64) -> Option<String> {
+    use nix::fcntl::{open, openat, OFlag};
+    use nix::sys::stat::{fstat, Mode, SFlag};
+    use std::io::Read;
+    let dir = open(
+        path.parent()?,
+        OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let fd = openat(
+        &dir,
+        path.file_name()?,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let st = fstat(&fd).ok()?;
+    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+        return None;
+    }
+    let mut text = String::new();
+    std::fs::File::from(fd)
+        .take(max)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
 }
 
 /// Reads a state file (`None`: there is none). A file over 1 MiB, not JSON, or of another
@@ -260,6 +324,42 @@ mod tests {
             ["_speed", "six", "tinypkg"]
         );
         assert!(modules_of(g, &["other".into()]).is_empty());
+    }
+
+    #[test]
+    fn what_a_build_wrote_is_read_through_no_link_and_no_fifo() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("secret"), "host secret").unwrap();
+        std::fs::write(d.join("plain"), "ok").unwrap();
+        std::os::unix::fs::symlink(d.join("secret"), d.join("link")).unwrap();
+        std::os::unix::fs::symlink(d, d.join("linkdir")).unwrap();
+        nix::unistd::mkfifo(&d.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert_eq!(read_untrusted(&d.join("plain"), 100).as_deref(), Some("ok"));
+        // Opened by path, the link leads to the secret; read as hostile input, nothing.
+        assert_eq!(
+            std::fs::read_to_string(d.join("link")).unwrap(),
+            "host secret"
+        );
+        assert_eq!(read_untrusted(&d.join("link"), 100), None);
+        assert_eq!(read_untrusted(&d.join("linkdir/secret"), 100), None);
+        let started = std::time::Instant::now();
+        assert_eq!(read_untrusted(&d.join("fifo"), 100), None);
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        // A switch writes its marker beside a planted link without following it.
+        let layer = Layer::open(d.join("t.packages")).unwrap();
+        let g = layer.new_generation().unwrap();
+        std::os::unix::fs::symlink(d.join("secret"), g.join(MARKER)).unwrap();
+        let state = LayerState {
+            version: STATE_VERSION,
+            ..LayerState::default()
+        };
+        layer.switch(&g, &state).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(d.join("secret")).unwrap(),
+            "host secret"
+        );
+        assert_eq!(layer.state(), Some(state));
     }
 
     #[test]

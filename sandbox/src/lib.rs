@@ -30,6 +30,7 @@
 
 pub mod capabilities;
 pub mod environment;
+pub mod exec;
 pub mod files;
 pub mod namespaces;
 pub mod processes;

@@ -107,6 +107,9 @@ pub struct Config {
     pub trust_sandboxed_checkpoints: bool,
     /// The operator's package policy (`--packages`, `--uv`, `--index-url`, ...).
     pub packages: flowrepl_packages::Policy,
+    /// The `flowrepl-worker` executable (worker mode's, and the one that runs package builds
+    /// confined), whether or not worker mode is on.
+    pub worker_exe: PathBuf,
 }
 
 impl Config {
@@ -278,14 +281,15 @@ impl Config {
         let mut max_request_bytes = cli.max_request_bytes;
         let sandbox = Self::sandbox(cli, &log_dir)?;
         let sandboxed = sandbox.is_some();
+        let worker_exe = match &cli.worker_bin {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(|d| d.join("flowrepl-worker")))
+                .unwrap_or_else(|| PathBuf::from("flowrepl-worker")),
+        };
         let worker = if cli.worker || worker_env || sandbox.is_some() {
-            let exe = match &cli.worker_bin {
-                Some(p) => p.clone(),
-                None => std::env::current_exe()
-                    .ok()
-                    .and_then(|e| e.parent().map(|d| d.join("flowrepl-worker")))
-                    .unwrap_or_else(|| PathBuf::from("flowrepl-worker")),
-            };
+            let exe = worker_exe.clone();
             if !exe.is_file() {
                 return Err(ConfigError::WorkerMissing(exe.display().to_string()));
             }
@@ -393,6 +397,7 @@ impl Config {
         };
         let mut config = Config {
             packages,
+            worker_exe,
             checkpoints,
             checkpoint_root,
             resume: cli.resume,

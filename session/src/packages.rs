@@ -6,7 +6,76 @@ use crate::config::Config;
 use flowrepl_packages::{Installed, Installer, Trigger, Who};
 use flowrepl_protocol::packages::InstallReply;
 use flowrepl_protocol::Mode;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Instant;
+
+/// Runs the installer's builds in the sandbox (`flowrepl-worker --confined-exec`), whatever
+/// the task's own `--sandbox`: every layer or no build (strict), the host's network kept (the
+/// index), nothing writable but the installer's scratch folder (with the task's own build
+/// cache) and the generation being written; the log folder hidden, the shared cache not
+/// there at all.
+#[derive(Debug)]
+struct WorkerConfine {
+    worker_exe: PathBuf,
+    readable: Vec<PathBuf>,
+    log_dir: PathBuf,
+}
+
+/// What a build may read: what a sandboxed worker of the task may, and the installer.
+fn readable(config: &Config) -> Vec<PathBuf> {
+    let mut out = crate::engine::worker::sandbox::readable(&config.python, None, &config.setup);
+    if let Some(dir) = config
+        .packages
+        .uv
+        .as_deref()
+        .and_then(|uv| std::fs::canonicalize(uv).ok())
+        .and_then(|uv| uv.parent().map(Path::to_path_buf))
+        .filter(|d| flowrepl_sandbox::files::too_wide(d).is_none())
+    {
+        out.push(dir);
+    }
+    out
+}
+
+impl flowrepl_packages::install::Confine for WorkerConfine {
+    fn confine(
+        &self,
+        cmd: &Command,
+        workdir: &Path,
+        writable: &[PathBuf],
+    ) -> Result<Command, String> {
+        if !self.worker_exe.is_file() {
+            return Err(format!("{} not found", self.worker_exe.display()));
+        }
+        // Its /tmp: fresh for each build.
+        let tmp = workdir.join("build-tmp");
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        let policy = flowrepl_protocol::sandbox::SandboxPolicy {
+            strict: true,
+            network: true,
+            workspace: workdir.to_path_buf(),
+            writable: writable.to_vec(),
+            readable: self.readable.clone(),
+            hidden: vec![self.log_dir.clone()],
+            tmp,
+            skip: Vec::new(),
+        };
+        let args: Vec<std::ffi::OsString> = cmd.get_args().map(Into::into).collect();
+        let mut confined = Command::new(&self.worker_exe);
+        confined
+            .args(flowrepl_sandbox::exec::args(
+                &policy,
+                Path::new(cmd.get_program()),
+                &args,
+            ))
+            .current_dir(workdir)
+            .env_clear()
+            .envs(flowrepl_sandbox::environment::kept());
+        Ok(confined)
+    }
+}
 
 /// The task's installer: `None` with `--packages off`; an error when it cannot be used (a
 /// `--uv` that does not exist, a layer folder that cannot be made), said to each caller.
@@ -29,10 +98,21 @@ pub fn prepare(config: &Config) -> Packages {
     if !config.packages.enabled {
         return None;
     }
+    let confine: Option<Box<dyn flowrepl_packages::install::Confine>> =
+        config.packages.build.then(|| {
+            Box::new(WorkerConfine {
+                worker_exe: config.worker_exe.clone(),
+                readable: readable(config),
+                log_dir: flowrepl_task_logger::path::log_dir_of(&config.log_file)
+                    .map(Path::to_path_buf)
+                    .unwrap_or_default(),
+            }) as Box<dyn flowrepl_packages::install::Confine>
+        });
     let installer = match Installer::new(
         config.packages.clone(),
         config.python.clone(),
         &config.log_file,
+        confine,
     ) {
         Ok(i) => i,
         Err(e) => {

@@ -1,7 +1,7 @@
 """A package index for the tests, on 127.0.0.1 only: builds tiny wheels and sdists into a
 folder laid out as a PEP 503 simple repository and serves it, counting requests.
 
-Usage: index.py FOLDER            builds the packages (below) into FOLDER, serves it, prints
+Usage: index.py FOLDER MARKER     builds the packages (below) into FOLDER, serves it, prints
                                   the port on stdout's first line, then serves until killed.
        GET /_requests             how many requests the index answered (this one not counted).
 
@@ -10,11 +10,9 @@ Packages built (all pure Python, no dependency on anything outside this file):
 - tinydep 1.0.
 - needsold 1.0: depends on `tinypkg<2` (with `tinypkg==2.0` requested: a conflict).
 - evilsdist 1.0: an sdist only; its build backend (in the archive, PEP 517 `backend-path`)
-  writes the marker file named by $EVIL_MARKER (default /tmp/flowrepl-evil-marker) when it
-  builds, then builds a wheel. Installing it runs its code: the test of `--no-build` and of
-  the confined build.
-- dotpth 1.0: a wheel with a `.pth` file that writes the marker named by $PTH_MARKER when a
-  Python starts with the folder on its site path.
+  writes the file MARKER (an absolute path outside everything the installer should write)
+  when it runs, then builds a wheel. Installing it runs its code: the test of `--no-build`
+  and of the confined build.
 """
 
 import base64
@@ -59,10 +57,13 @@ def wheel(folder, name, version, files, requires=()):
 
 BACKEND = '''
 import os, zipfile, base64, hashlib
-marker = os.environ.get("EVIL_MARKER", "/tmp/flowrepl-evil-marker")
+marker = MARKER
 def _mark():
-    with open(marker, "w") as f:
-        f.write("the build backend of evilsdist ran here")
+    try:
+        with open(marker, "w") as f:
+            f.write("the build backend of evilsdist ran here")
+    except OSError as e:
+        print("evilsdist: the marker was not written:", e)
 def get_requires_for_build_wheel(config_settings=None):
     _mark()
     return []
@@ -92,14 +93,14 @@ def build_wheel(d, config_settings=None, metadata_directory=None):
 '''
 
 
-def sdist(folder):
+def sdist(folder, marker):
     files = {
         "evilsdist-1.0/PKG-INFO": "Metadata-Version: 2.1\nName: evilsdist\nVersion: 1.0\n",
         "evilsdist-1.0/pyproject.toml": (
             '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
             '[project]\nname = "evilsdist"\nversion = "1.0"\n'
         ),
-        "evilsdist-1.0/backend.py": BACKEND,
+        "evilsdist-1.0/backend.py": BACKEND.replace("MARKER", repr(marker), 1),
     }
     path = os.path.join(folder, "evilsdist", "evilsdist-1.0.tar.gz")
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -111,15 +112,13 @@ def sdist(folder):
             t.addfile(info, io.BytesIO(data))
 
 
-def build(folder):
+def build(folder, marker):
     thing = "VERSION = {v!r}\n\nclass Thing:\n    def __init__(self, v):\n        self.v = v\n"
     wheel(folder, "tinypkg", "1.0", {"tinypkg/__init__.py": thing.format(v="1.0")})
     wheel(folder, "tinypkg", "2.0", {"tinypkg/__init__.py": thing.format(v="2.0")}, ["tinydep"])
     wheel(folder, "tinydep", "1.0", {"tinydep.py": "DEP = 1\n"})
     wheel(folder, "needsold", "1.0", {"needsold/__init__.py": ""}, ["tinypkg<2"])
-    pth = "import os; p = os.environ.get('PTH_MARKER'); p and open(p, 'w').write('pth ran')\n"
-    wheel(folder, "dotpth", "1.0", {"dotpth/__init__.py": "", "dotpth.pth": pth})
-    sdist(folder)
+    sdist(folder, marker)
     for name in sorted(os.listdir(folder)):
         files = sorted(os.listdir(os.path.join(folder, name)))
         links = "".join(f'<a href="{f}">{f}</a>\n' for f in files if f != "index.html")
@@ -153,7 +152,7 @@ class Handler(http.server.SimpleHTTPRequestHandler):
 def main():
     folder = os.path.abspath(sys.argv[1])
     os.makedirs(folder, exist_ok=True)
-    build(folder)
+    build(folder, os.path.abspath(sys.argv[2]))
     handler = lambda *a, **k: Handler(*a, directory=folder, **k)  # noqa: E731
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     print(server.server_address[1], flush=True)

@@ -12,6 +12,9 @@ pub struct Index {
     child: Child,
     /// Its port on 127.0.0.1.
     pub port: u16,
+    /// Where the sdist's build backend writes when it runs (a folder of its own, outside
+    /// everything an installer writes).
+    pub marker: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -19,9 +22,12 @@ impl Index {
     /// Builds the packages and starts serving them.
     pub fn start() -> Index {
         let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("outside/evil-marker");
+        std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
         let mut child = Command::new(mcp_venv().join("bin/python"))
             .arg(workspace_root().join("tests/packages/index.py"))
-            .arg(dir.path())
+            .arg(dir.path().join("simple"))
+            .arg(&marker)
             .stdout(Stdio::piped())
             .spawn()
             .expect("start tests/packages/index.py");
@@ -33,6 +39,7 @@ impl Index {
         Index {
             child,
             port,
+            marker,
             _dir: dir,
         }
     }

@@ -4,6 +4,9 @@
 //! with `--sandbox`, confines itself (`flowrepl_sandbox::apply`) before Python starts: the
 //! library and libpython are mapped by then, and nothing of Python has run.
 //!
+//! `flowrepl-worker --confined-exec POLICY -- PROGRAM ARGS...` runs another program under the
+//! same confinement instead (`flowrepl_sandbox::exec`): the package installer's builds.
+//!
 //! It uses nothing of the session or the fronts (only the engine's `linked.rs`, as a source
 //! file), so that its link (thin LTO) takes in only the executor's interface and the sandbox.
 
@@ -15,6 +18,17 @@ use flowrepl_exec::worker_args::WorkerArgs;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if argv
+        .first()
+        .is_some_and(|a| a == flowrepl_sandbox::exec::CONFINED_EXEC)
+    {
+        // Another program, confined (the package installer's builds): see
+        // flowrepl_sandbox::exec. Returns only when it could not be run.
+        let (code, why) = flowrepl_sandbox::exec::run(&argv[1..]);
+        eprintln!("flowrepl-worker: {why}");
+        return ExitCode::from(code);
+    }
     let mut args = WorkerArgs::parse();
     if let Err(e) = args.take_context() {
         eprintln!("flowrepl-worker: {e}; the session starts from an empty context");

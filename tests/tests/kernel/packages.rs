@@ -138,11 +138,8 @@ fn a_second_task_installs_from_the_shared_cache_without_the_index() {
 fn refusals_leave_the_layer_as_it_was() {
     let index = Index::start();
     let cache = tempfile::tempdir().unwrap();
-    let marker_dir = tempfile::tempdir().unwrap();
-    let marker = marker_dir.path().join("evil-marker");
-    let mut k = kernel("worker", &index, cache.path())
-        .env("EVIL_MARKER", marker.display().to_string())
-        .start();
+    let marker = &index.marker;
+    let mut k = kernel("worker", &index, cache.path()).start();
     install(&mut k, &["tinypkg==1.0"]);
     let before = layer(&k);
     for (packages, says) in [
@@ -185,7 +182,6 @@ fn refusals_leave_the_layer_as_it_was() {
         .arg("--cache-dir")
         .arg(cache.path())
         .arg("evilsdist")
-        .env("EVIL_MARKER", marker.display().to_string())
         .output()
         .unwrap();
     assert!(
@@ -389,4 +385,34 @@ fn install_packages_over_mcp_and_through_serve() {
     let installs = read_log_all(&server.log_of("with")).installs;
     assert_eq!(installs.len(), 1);
     assert_eq!(installs[0].source, "cache", "the tasks share the cache");
+}
+
+/// `--packages-build`: an sdist is built, in the sandbox (whatever the task's own setting):
+/// its backend cannot write outside, the package imports, and the shared cache holds nothing
+/// of it (a task without builds is still refused it). Without the confinement the same
+/// backend writes outside (refusals_leave_the_layer_as_it_was runs it through uv directly).
+#[test]
+fn with_packages_build_an_sdist_is_built_confined() {
+    let index = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    for mode in MODES {
+        let mut k = kernel(mode, &index, cache.path())
+            .arg("--packages-build")
+            .start();
+        let r = install(&mut k, &["evilsdist"]);
+        assert_eq!(
+            r["result"]["installed"],
+            json!(["evilsdist==1.0"]),
+            "{mode}: {r}"
+        );
+        assert!(
+            !index.marker.exists(),
+            "{mode}: the build wrote outside the sandbox"
+        );
+        let r = k.ok("import evilsdist\nprint(evilsdist.BUILT)");
+        assert_eq!(r["stdout"], "True\n", "{mode}: {r}");
+    }
+    let mut k = kernel("in_process", &index, cache.path()).start();
+    let e = refused(&install(&mut k, &["evilsdist"]));
+    assert!(e.contains("building from source is disabled"), "{e}");
 }

@@ -40,7 +40,7 @@ mod control;
 mod lifecycle;
 mod output;
 mod pipe;
-mod sandbox;
+pub(crate) mod sandbox;
 
 pub use control::WorkerControl;
 pub use lifecycle::State;

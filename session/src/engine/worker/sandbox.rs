@@ -17,7 +17,11 @@ use std::process::Command;
 /// `PYTHONPATH`. Never `/`, the user's home or a folder above it
 /// ([`flowrepl_sandbox::files::too_wide`]): those are
 /// left out, with a warning.
-fn readable(python: &Path, python_lib: Option<&Path>, setup: &SessionSetup) -> Vec<PathBuf> {
+pub(crate) fn readable(
+    python: &Path,
+    python_lib: Option<&Path>,
+    setup: &SessionSetup,
+) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let venv = if python.is_dir() {
         Some(python.to_path_buf())
