@@ -189,6 +189,8 @@ pub struct Shared {
     asking: std::sync::Once,
     /// The task's workspace for clients' files (or why it cannot be used).
     pub files: Result<Arc<flowrepl_files::Workspace>, String>,
+    /// The last line of the running install's output, for `install_packages`' progress.
+    pub install_progress: Option<Arc<std::sync::Mutex<String>>>,
     /// The task, as resource URIs name it.
     pub task: files::TaskRef,
 }
@@ -280,6 +282,7 @@ pub fn run(
         approvals: Arc::clone(session.approvals()),
         asking: std::sync::Once::new(),
         files: session.files(),
+        install_progress: session.install_progress(),
         task: files::TaskRef {
             plan: config.identity.plan_id.clone(),
             task: config.identity.task_id.clone(),

@@ -7,6 +7,7 @@ use crate::run::{run, Ran};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What installs the packages.
@@ -121,6 +122,7 @@ pub struct Installer {
     layer: Layer,
     state_file: PathBuf,
     confine: Option<Box<dyn Confine>>,
+    progress: Arc<Mutex<String>>,
 }
 
 /// The task's interpreter's own `site-packages` folders (a venv's, or the installation's).
@@ -196,7 +198,13 @@ impl Installer {
             layer,
             state_file: flowrepl_task_logger::path::packages_state(log_file),
             confine,
+            progress: Arc::default(),
         })
+    }
+
+    /// The last line the running install's installer wrote (for progress reports).
+    pub fn progress(&self) -> Arc<Mutex<String>> {
+        Arc::clone(&self.progress)
     }
 
     /// The layer.
@@ -241,6 +249,7 @@ impl Installer {
     /// and switches to it.
     pub fn install(&self, packages: &[String]) -> Result<Installed, InstallError> {
         let deadline = Instant::now() + self.policy.timeout;
+        flowrepl_os::lock(&self.progress).clear();
         if !self.policy.enabled {
             return Err(InstallError::Off);
         }
@@ -609,7 +618,8 @@ impl Installer {
         } else {
             cmd
         };
-        let ran = run(cmd, input, deadline).map_err(|e| InstallError::Spawn(program, e))?;
+        let ran = run(cmd, input, deadline, &self.progress)
+            .map_err(|e| InstallError::Spawn(program, e))?;
         if ran.timed_out {
             return Err(InstallError::Timeout(self.policy.timeout));
         }

@@ -1,4 +1,5 @@
-//! The task's package layer on disk (`<log_dir>/<plan>/<task>.packages/`):
+//! The task's package layer on disk: its generations, the `current` link cells import from,
+//! and what each holds (`<log_dir>/<plan>/<task>.packages/`).
 //!
 //! ```text
 //! <task>.packages/

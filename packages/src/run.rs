@@ -3,8 +3,9 @@
 
 use flowrepl_os::process::{Group, Supervision, Supervisor};
 use nix::sys::signal::Signal;
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How one run ended.
@@ -21,10 +22,12 @@ pub(crate) struct Ran {
 }
 
 /// Runs `cmd` (stdin from `input`) until it ends or `deadline`; then its group is killed.
+/// Each line it writes to stderr becomes `progress`'s text as it comes.
 pub(crate) fn run(
     mut cmd: Command,
     input: Option<&str>,
     deadline: Instant,
+    progress: &Arc<Mutex<String>>,
 ) -> std::io::Result<Ran> {
     cmd.stdin(if input.is_some() {
         Stdio::piped()
@@ -57,10 +60,28 @@ pub(crate) fn run(
         ),
     ] {
         let tx = tx.clone();
-        let mut pipe = pipe.expect("piped");
+        let pipe = pipe.expect("piped");
+        let progress = Arc::clone(progress);
         std::thread::spawn(move || {
             let mut buf = Vec::new();
-            let _ = pipe.read_to_end(&mut buf);
+            if is_out {
+                let _ = { pipe }.read_to_end(&mut buf);
+            } else {
+                let mut lines = std::io::BufReader::new(pipe);
+                loop {
+                    let start = buf.len();
+                    match lines.read_until(b'\n', &mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {
+                            let line = String::from_utf8_lossy(&buf[start..]);
+                            let line = line.trim();
+                            if !line.is_empty() {
+                                *flowrepl_os::lock(&progress) = line.chars().take(200).collect();
+                            }
+                        }
+                    }
+                }
+            }
             let _ = tx.send((is_out, buf));
         });
     }

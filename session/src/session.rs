@@ -366,6 +366,14 @@ impl Session {
         self.files.clone()
     }
 
+    /// The last line of the running install's output (`None`: packages are off or unusable).
+    pub fn install_progress(&self) -> Option<Arc<std::sync::Mutex<String>>> {
+        match &self.packages {
+            Some(Ok(i)) => Some(i.progress()),
+            _ => None,
+        }
+    }
+
     /// The cells' approval requests.
     pub fn approvals(&self) -> &Arc<Approvals> {
         &self.approvals

@@ -819,7 +819,18 @@ async def packages(s, opts):
         refused[bad] = text_of(r)
     r = await run_cell(s, "import tinypkg\nprint(tinypkg.VERSION)")
     assert text_of(r).strip() == "2.0", text_of(r)
-    return {"installed": sc["installed"], "source": sc["source"], "refused": refused}
+    # A long install (the index stalls on slowpkg) reports progress, and is stopped at the
+    # operator's timeout (FLOWREPL_PACKAGES_TIMEOUT_S) as an isError result.
+    seen = []
+
+    async def on_progress(progress, total, message):
+        seen.append(message)
+
+    r = await s.call_tool("install_packages", {"packages": ["slowpkg"]}, progress_callback=on_progress)
+    assert r.is_error and "did not finish within" in text_of(r), text_of(r)
+    assert seen and all(m.startswith("installing for") for m in seen), seen
+    return {"installed": sc["installed"], "source": sc["source"], "refused": refused,
+            "progress": seen}
 
 
 async def main():

@@ -4,6 +4,7 @@ folder laid out as a PEP 503 simple repository and serves it, counting requests.
 Usage: index.py FOLDER MARKER     builds the packages (below) into FOLDER, serves it, prints
                                   the port on stdout's first line, then serves until killed.
        GET /_requests             how many requests the index answered (this one not counted).
+       GET /slowpkg/...           answered after 60 s: an install that must time out.
 
 Packages built (all pure Python, no dependency on anything outside this file):
 - tinypkg 1.0 and 2.0: `tinypkg.Thing(v)`, `tinypkg.VERSION`; 2.0 depends on `tinydep`.
@@ -23,6 +24,7 @@ import os
 import sys
 import tarfile
 import threading
+import time
 import zipfile
 
 REQUESTS = 0
@@ -143,6 +145,8 @@ class Handler(http.server.SimpleHTTPRequestHandler):
             return
         with LOCK:
             REQUESTS += 1
+        if self.path.startswith("/slowpkg"):
+            time.sleep(60)
         super().do_GET()
 
     def log_message(self, *args):

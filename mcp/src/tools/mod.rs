@@ -395,8 +395,47 @@ impl KernelServer {
         output_schema = schema::shallow::<InstallReply>(),
         annotations(title = "Install packages", destructive_hint = false, idempotent_hint = true, open_world_hint = true)
     )]
-    async fn install_packages(&self, args: JsonObject) -> Result<CallToolResult, ErrorData> {
-        self.ask(Call::Install(parse_args(args)?)).await
+    async fn install_packages(
+        &self,
+        args: JsonObject,
+        meta: RequestMetaObject,
+        peer: Peer<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let ask = self.ask(Call::Install(parse_args(args)?));
+        let (Some(token), Some(last)) = (
+            meta.get_progress_token(),
+            self.shared.install_progress.clone(),
+        ) else {
+            return ask.await;
+        };
+        // A heartbeat while it installs: the time so far and the installer's last line.
+        tokio::pin!(ask);
+        let started = Instant::now();
+        let mut beat = tokio::time::interval_at(
+            tokio::time::Instant::now() + follow::HEARTBEAT,
+            follow::HEARTBEAT,
+        );
+        loop {
+            tokio::select! {
+                answer = &mut ask => return answer,
+                _ = beat.tick() => {
+                    let elapsed = started.elapsed().as_secs_f64();
+                    let mut message = format!("installing for {elapsed:.0} s");
+                    let line = flowrepl_os::lock(&last).clone();
+                    if !line.is_empty() {
+                        message.push_str(&format!("; last output: {line}"));
+                    }
+                    let p = rmcp::model::ProgressNotificationParam::new(
+                        token.clone(),
+                        (elapsed * 10.0).round() / 10.0,
+                    )
+                    .with_message(message);
+                    if let Err(e) = peer.notify_progress(p).await {
+                        tracing::debug!(error = %e, "progress notification not sent");
+                    }
+                }
+            }
+        }
     }
 
     #[tool(

@@ -347,7 +347,9 @@ fn install_packages_over_mcp_and_through_serve() {
             .env("FLOWREPL_UV", uv())
             .env("FLOWREPL_INDEX_URL", index.url())
             .env("FLOWREPL_PACKAGES_CACHE", &cache_dir)
+            .env("FLOWREPL_PACKAGES_TIMEOUT_S", "3")
             .run("packages");
+        assert!(!facts["progress"].as_array().unwrap().is_empty(), "{facts}");
         assert!(
             facts["refused"]["nosuchpkg"]
                 .as_str()
@@ -360,7 +362,7 @@ fn install_packages_over_mcp_and_through_serve() {
             .unwrap()
             .contains("direct references"));
         let installs = read_log_all(&log).installs;
-        assert_eq!(installs.len(), 3, "{mode}");
+        assert_eq!(installs.len(), 4, "{mode}");
     }
     let url = index.url();
     let server = Server::start(&[
@@ -415,4 +417,69 @@ fn with_packages_build_an_sdist_is_built_confined() {
     let mut k = kernel("in_process", &index, cache.path()).start();
     let e = refused(&install(&mut k, &["evilsdist"]));
     assert!(e.contains("building from source is disabled"), "{e}");
+}
+
+/// An install that does not end in time is stopped (the installer's whole process group
+/// killed) at `--packages-timeout-s`, with the layer as it was; the kernel goes on.
+#[test]
+fn an_install_over_its_timeout_is_stopped_and_changes_nothing() {
+    let index = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    let mut k = kernel("worker", &index, cache.path())
+        .arg("--packages-timeout-s")
+        .arg("2")
+        .start();
+    install(&mut k, &["tinydep"]);
+    let before = layer(&k);
+    let started = std::time::Instant::now();
+    let e = refused(&install(&mut k, &["slowpkg"]));
+    assert!(e.contains("did not finish within 2s"), "{e}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(layer(&k), before);
+    // No process of the installer's (`uv pip ...` naming this index) is left.
+    let url = index.url();
+    let left: Vec<u32> = flowrepl_tests::all_pids()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                args.contains(&b"pip".as_slice()) && args.contains(&url.as_bytes())
+            })
+        })
+        .collect();
+    assert!(left.is_empty(), "the installer was left running: {left:?}");
+    assert_eq!(k.ok("import tinydep\nprint(tinydep.DEP)")["stdout"], "1\n");
+}
+
+/// Without uv (none on PATH, no --uv), pip in the task's interpreter installs, and the reply
+/// and the record say so.
+#[test]
+fn without_uv_pip_installs_and_says_so() {
+    let index = Index::start();
+    let mut k = Kernel::options()
+        .arg("--python")
+        .arg(mcp_venv().join("bin/python").display().to_string())
+        .arg("--index-url")
+        .arg(index.url())
+        .env("PATH", "/usr/bin:/bin")
+        .start();
+    let r = install(&mut k, &["tinypkg==2.0"]);
+    assert_eq!(r["result"]["installer"], "pip", "{r}");
+    assert_eq!(
+        r["result"]["installed"],
+        json!(["tinydep==1.0", "tinypkg==2.0"]),
+        "{r}"
+    );
+    assert!(r["result"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("uv was not found"));
+    assert_eq!(
+        k.ok("import tinypkg\nprint(tinypkg.VERSION)")["stdout"],
+        "2.0\n"
+    );
+    let e = refused(&install(&mut k, &["evilsdist"]));
+    assert!(!index.marker.exists(), "pip built the sdist: {e}");
+    let log = k.log_file();
+    k.close();
+    assert_eq!(read_log_all(&log).installs[0].installer, "pip");
 }
