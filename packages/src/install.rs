@@ -558,6 +558,13 @@ impl Installer {
         if t.offline {
             cmd.arg("--offline");
         }
+        self.sources(&mut cmd, t);
+        cmd
+    }
+
+    /// Where packages come from, in the flags uv and pip share: the operator's indexes, and
+    /// the try's cache.
+    fn sources(&self, cmd: &mut Command, t: Try) {
         if let Some(u) = &self.policy.index_url {
             cmd.args(["--index-url", u]);
         }
@@ -567,7 +574,6 @@ impl Installer {
         if let Some(c) = self.cache(t) {
             cmd.arg("--cache-dir").arg(c);
         }
-        cmd
     }
 
     /// `python -m pip install`, isolated from the user's pip configuration.
@@ -585,15 +591,7 @@ impl Installer {
         if !t.build {
             cmd.args(["--only-binary", ":all:"]);
         }
-        if let Some(u) = &self.policy.index_url {
-            cmd.args(["--index-url", u]);
-        }
-        for u in &self.policy.extra_index_urls {
-            cmd.args(["--extra-index-url", u]);
-        }
-        if let Some(c) = self.cache(t) {
-            cmd.arg("--cache-dir").arg(c);
-        }
+        self.sources(&mut cmd, t);
         cmd
     }
 

@@ -10,6 +10,9 @@ Packages built (all pure Python, no dependency on anything outside this file):
 - tinypkg 1.0 and 2.0: `tinypkg.Thing(v)`, `tinypkg.VERSION`; 2.0 depends on `tinydep`.
 - tinydep 1.0.
 - needsold 1.0: depends on `tinypkg<2` (with `tinypkg==2.0` requested: a conflict).
+- dotpth 1.0: a wheel with a `.pth` file: a Python that starts with (or takes in) the folder
+  runs it, and it writes MARKER-pth (outside) and `pth-ran` in its working folder. Only the
+  task's Python may run it, never the installer.
 - evilsdist 1.0: an sdist only; its build backend (in the archive, PEP 517 `backend-path`)
   writes the file MARKER (an absolute path outside everything the installer should write)
   when it runs, then builds a wheel. Installing it runs its code: the test of `--no-build`
@@ -120,6 +123,15 @@ def build(folder, marker):
     wheel(folder, "tinypkg", "2.0", {"tinypkg/__init__.py": thing.format(v="2.0")}, ["tinydep"])
     wheel(folder, "tinydep", "1.0", {"tinydep.py": "DEP = 1\n"})
     wheel(folder, "needsold", "1.0", {"needsold/__init__.py": ""}, ["tinypkg<2"])
+    hook = (
+        "import os\n"
+        "for p in (MARKER, 'pth-ran'):\n"
+        "    try:\n"
+        "        open(p, 'a').write(str(os.getpid()) + '\\n')\n"
+        "    except OSError:\n"
+        "        pass\n"
+    ).replace("MARKER", repr(marker + "-pth"))
+    wheel(folder, "dotpth", "1.0", {"dotpth_hook.py": hook, "dotpth.pth": "import dotpth_hook\n"})
     sdist(folder, marker)
     for name in sorted(os.listdir(folder)):
         files = sorted(os.listdir(os.path.join(folder, name)))

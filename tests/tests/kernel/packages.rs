@@ -285,6 +285,21 @@ except OSError as e:
         .path()
         .join("local/adhoc.packages/current/tinypkg/__init__.py");
     assert!(std::fs::OpenOptions::new().append(true).open(&file).is_ok());
+
+    // A wheel's `.pth` file runs in the task's (sandboxed) Python as the layer is taken in,
+    // never in the installer: it wrote in the workspace, and nothing outside.
+    let outside = std::path::PathBuf::from(format!("{}-pth", index.marker.display()));
+    let r = install(&mut k, &["dotpth"]);
+    assert!(r["result"]["added"] == json!(["dotpth==1.0"]), "{r}");
+    assert!(
+        ws.path().join("pth-ran").exists(),
+        "the .pth did not run in the task"
+    );
+    assert!(!outside.exists(), "the .pth ran outside the sandbox");
+    // The same wheel in a task without the sandbox: its Python writes outside.
+    let mut plain = kernel("in_process", &index, cache.path()).start();
+    install(&mut plain, &["dotpth"]);
+    assert!(outside.exists());
 }
 
 /// A task resumed elsewhere (its layer and state file gone, its log kept) gets its layer back
