@@ -222,11 +222,19 @@ impl Installer {
         &self.tool
     }
 
-    /// The task's state: the state file, else the last successful install record of the log
-    /// (a task brought to a fresh machine by its log).
-    pub fn task_state(&self, log_file: &Path) -> Result<Option<LayerState>, String> {
+    /// The task's state: the state file, else, when `from_log` (this disk had no layer folder
+    /// for the task: a fresh machine, or a deleted layer), the last successful install record
+    /// of the log (a task brought here by its log). A disk that had the folder and no state
+    /// file never installed anything for the task: its log (which can be gigabytes) is not
+    /// read.
+    pub fn task_state(
+        &self,
+        log_file: &Path,
+        from_log: bool,
+    ) -> Result<Option<LayerState>, String> {
         match read_state(&self.state_file) {
             Ok(Some(s)) => return Ok(Some(s)),
+            Ok(None) if !from_log => return Ok(None),
             Ok(None) => {}
             Err(e) => return Err(format!("{}: {e}", self.state_file.display())),
         }

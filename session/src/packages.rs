@@ -108,6 +108,8 @@ pub fn prepare(config: &Config) -> Packages {
                     .unwrap_or_default(),
             }) as Box<dyn flowrepl_packages::install::Confine>
         });
+    // No layer folder here: a fresh disk for the task (or its layer was deleted).
+    let fresh = !flowrepl_task_logger::path::packages_root(&config.log_file).exists();
     let installer = match Installer::new(
         config.packages.clone(),
         config.python.clone(),
@@ -121,7 +123,7 @@ pub fn prepare(config: &Config) -> Packages {
             return Some(Err(why));
         }
     };
-    let wanted = match installer.task_state(&config.log_file) {
+    let wanted = match installer.task_state(&config.log_file, fresh) {
         Ok(w) => w,
         Err(e) => {
             tracing::warn!(error = %e, "the task's package state could not be read; its layer is left as it is");
