@@ -12,9 +12,9 @@ use std::time::Instant;
 
 /// Runs the installer's builds in the sandbox (`flowrepl-worker --confined-exec`), whatever
 /// the task's own `--sandbox`: every layer or no build (strict), the host's network kept (the
-/// index), nothing writable but the installer's scratch folder (with the task's own build
-/// cache) and the generation being written; the log folder hidden, the shared cache not
-/// there at all.
+/// index), nothing writable but the build's own folder (its working folder, its cache of the
+/// task's own, its `/tmp`) and the generation being written; the log folder hidden, the
+/// shared cache not there at all.
 #[derive(Debug)]
 struct WorkerConfine {
     worker_exe: PathBuf,

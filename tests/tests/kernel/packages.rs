@@ -498,3 +498,48 @@ fn without_uv_pip_installs_and_says_so() {
     k.close();
     assert_eq!(read_log_all(&log).installs[0].installer, "pip");
 }
+
+/// A cell cannot point the installer at another index: uv runs with `--no-config`, so the
+/// `uv.toml` a cell writes in the workspace (above the layer's folder in the default layout,
+/// where uv looks for configuration) is never read. The same uv run from the same folder
+/// without `--no-config` takes the cell's index.
+#[test]
+fn a_cells_uv_config_does_not_reach_the_installer() {
+    let index = Index::start();
+    let evil = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    let mut k = kernel("worker", &index, cache.path()).start();
+    k.ok(&format!(
+        "open('uv.toml', 'w').write('[pip]\\nindex-url = \"{}\"\\n')",
+        evil.url()
+    ));
+    let r = install(&mut k, &["tinypkg==2.0"]);
+    assert_eq!(r["result"]["source"], "index", "{r}");
+    assert_eq!(evil.requests(), 0, "the cell's index was asked");
+    let work = k.log_file().with_extension("packages").join("work");
+    assert!(k.workspace().join("uv.toml").is_file() && work.starts_with(k.workspace()));
+    let other_cache = tempfile::tempdir().unwrap();
+    let mut uv_run = std::process::Command::new(uv())
+        .args(["pip", "compile", "--quiet", "-", "--python"])
+        .arg(mcp_venv().join("bin/python"))
+        .arg("--cache-dir")
+        .arg(other_cache.path())
+        .current_dir(&work)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    uv_run
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"tinydep\n")
+        .unwrap();
+    uv_run.wait().unwrap();
+    assert!(
+        evil.requests() > 0,
+        "without --no-config uv reads the cell's uv.toml"
+    );
+}
