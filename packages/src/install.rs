@@ -113,6 +113,15 @@ pub struct Installed {
     pub output: String,
 }
 
+/// A new generation an installer filled.
+struct Populated {
+    generation: PathBuf,
+    /// The installer's output.
+    output: String,
+    /// From the shared cache alone.
+    from_cache: bool,
+}
+
 /// Installs into one task's layer.
 #[derive(Debug)]
 pub struct Installer {
@@ -276,10 +285,7 @@ impl Installer {
                 allow.check(&r.name)?;
             }
         }
-        if self.policy.build {
-            self.layer.fresh_build_dir()?;
-        }
-        let before = self.layer.state().unwrap_or_default();
+        let before = self.begin()?;
         let mut requirements: Vec<Requirement> = before
             .requirements
             .iter()
@@ -288,7 +294,7 @@ impl Installer {
             .collect();
         requirements.extend(asked);
         let venv = installed_in(&site_packages(&self.python));
-        let (pins, mut from_cache) = self.resolve(&requirements, &venv, deadline)?;
+        let (pins, from_cache) = self.resolve(&requirements, &venv, deadline)?;
         // What the venv has at the resolved version stays the venv's.
         let layer_pins: Vec<(String, String)> = pins
             .into_iter()
@@ -305,18 +311,15 @@ impl Installer {
                 })?;
             }
         }
-        let resolved: Vec<String> = layer_pins
-            .iter()
-            .map(|(n, v)| format!("{n}=={v}"))
-            .collect();
-        let (output, cached) = self.populate(&resolved, deadline)?;
-        from_cache &= cached;
         let state = LayerState {
             version: STATE_VERSION,
             requirements: requirements.into_iter().map(|r| r.text).collect(),
-            resolved,
+            resolved: layer_pins
+                .iter()
+                .map(|(n, v)| format!("{n}=={v}"))
+                .collect(),
         };
-        self.commit(output.0, &before, state, from_cache, output.1)
+        self.put(&before, state, from_cache, deadline)
     }
 
     /// Builds the layer `state` says (a task whose layer is missing or differs), installing
@@ -342,28 +345,38 @@ impl Installer {
             }
             pins.push(p.clone());
         }
-        if self.policy.build {
-            self.layer.fresh_build_dir()?;
-        }
-        let before = self.layer.state().unwrap_or_default();
-        let ((generation, output), cached) = self.populate(&pins, deadline)?;
+        let before = self.begin()?;
         let state = LayerState {
             version: STATE_VERSION,
             requirements: state.requirements.clone(),
             resolved: pins,
         };
-        self.commit(generation, &before, state, cached, output)
+        self.put(&before, state, true, deadline)
     }
 
-    /// Switches to `generation` and writes the task's state.
-    fn commit(
+    /// The start of an install: the layer as it is, and (builds allowed) an empty folder for
+    /// the builds.
+    fn begin(&self) -> Result<LayerState, InstallError> {
+        if self.policy.build {
+            self.layer.fresh_build_dir()?;
+        }
+        Ok(self.layer.state().unwrap_or_default())
+    }
+
+    /// Installs `state`'s pins into a new generation, switches to it and writes the task's
+    /// state; `resolved_from_cache`: the pins came from the cache alone.
+    fn put(
         &self,
-        generation: PathBuf,
         before: &LayerState,
         mut state: LayerState,
-        from_cache: bool,
-        output: String,
+        resolved_from_cache: bool,
+        deadline: Instant,
     ) -> Result<Installed, InstallError> {
+        let Populated {
+            generation,
+            output,
+            from_cache,
+        } = self.populate(&state.resolved, deadline)?;
         state.resolved.sort();
         let added: Vec<String> = state
             .resolved
@@ -388,7 +401,7 @@ impl Installer {
             state,
             added,
             modules,
-            from_cache,
+            from_cache: resolved_from_cache && from_cache,
             output,
         })
     }
@@ -496,15 +509,14 @@ impl Installer {
     }
 
     /// A new generation holding exactly `pins` (no dependencies added), by the same tries.
-    /// The generation, the output, whether the cache answered.
-    fn populate(
-        &self,
-        pins: &[String],
-        deadline: Instant,
-    ) -> Result<((PathBuf, String), bool), InstallError> {
+    fn populate(&self, pins: &[String], deadline: Instant) -> Result<Populated, InstallError> {
         let generation = self.layer.new_generation()?;
         if pins.is_empty() {
-            return Ok(((generation, String::new()), true));
+            return Ok(Populated {
+                generation,
+                output: String::new(),
+                from_cache: true,
+            });
         }
         let mut last = String::new();
         for t in self.tries(false) {
@@ -532,7 +544,11 @@ impl Installer {
             };
             if ran.ok {
                 let _ = std::fs::remove_file(generation.join(".lock"));
-                return Ok(((generation, ran.stderr), t.offline));
+                return Ok(Populated {
+                    generation,
+                    output: ran.stderr,
+                    from_cache: t.offline,
+                });
             }
             last = ran.stderr;
             // A half-written generation is not reused.
@@ -646,13 +662,9 @@ fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .custom_flags(libc_nofollow())
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
         .open(path)?
         .write_all(bytes)
-}
-
-fn libc_nofollow() -> i32 {
-    nix::fcntl::OFlag::O_NOFOLLOW.bits()
 }
 
 /// The `name==version` lines of a pip `--report`.

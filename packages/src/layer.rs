@@ -211,35 +211,19 @@ fn read_record(dist_info: &Path) -> Option<String> {
     read_untrusted(&dist_info.join("RECORD"), 4 << 20)
 }
 
-/// A file a build may have written, read as hostile input: neither it nor its folder through
-/// a link, never a FIFO or a device (opened non-blocking, then checked), at most `max` bytes.
+/// A file a build may have written, read as hostile input (task-logger's `untrusted`, as
+/// for the checkpoint folder): neither it nor its folder through a link, never a FIFO or a
+/// device, at most `max` bytes (`None` for anything else, a larger file too).
 pub fn read_untrusted(path: &Path, max: u64) -> Option<String> {
-    use nix::fcntl::{open, openat, OFlag};
-    use nix::sys::stat::{fstat, Mode, SFlag};
-    use std::io::Read;
-    let dir = open(
-        path.parent()?,
-        OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-        Mode::empty(),
+    use flowrepl_task_logger::untrusted::{open_beneath, read_bounded};
+    let dir = path.parent()?;
+    let file = open_beneath(
+        dir.parent()?,
+        dir.file_name()?.to_str()?,
+        path.file_name()?.to_str()?,
     )
-    .ok()?;
-    let fd = openat(
-        &dir,
-        path.file_name()?,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()?;
-    let st = fstat(&fd).ok()?;
-    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-        return None;
-    }
-    let mut text = String::new();
-    std::fs::File::from(fd)
-        .take(max)
-        .read_to_string(&mut text)
-        .ok()?;
-    Some(text)
+    .ok()??;
+    String::from_utf8(read_bounded(file, max, path).ok()?).ok()
 }
 
 /// Reads a state file (`None`: there is none). A file over 1 MiB, not JSON, or of another

@@ -60,12 +60,12 @@ pub(crate) fn run(
         ),
     ] {
         let tx = tx.clone();
-        let pipe = pipe.expect("piped");
+        let mut pipe = pipe.expect("piped");
         let progress = Arc::clone(progress);
         std::thread::spawn(move || {
             let mut buf = Vec::new();
             if is_out {
-                let _ = { pipe }.read_to_end(&mut buf);
+                let _ = pipe.read_to_end(&mut buf);
             } else {
                 let mut lines = std::io::BufReader::new(pipe);
                 loop {

@@ -185,17 +185,26 @@ impl KernelServer {
                         Some(l) => { let _ = write!(message, "; last output: {l}"); }
                         None => message.push_str("; no output yet"),
                     }
-                    let p = ProgressNotificationParam::new(
-                        follow.token.clone().expect("checked"),
-                        (elapsed * 10.0).round() / 10.0,
-                    )
-                    .with_message(message);
-                    if let Err(e) = peer.notify_progress(p).await {
-                        tracing::debug!(error = %e, "progress notification not sent");
-                    }
+                    let token = follow.token.clone().expect("checked");
+                    notify_progress(peer, token, elapsed, message).await;
                 }
             }
         }
+    }
+}
+
+/// One progress notification: `elapsed` seconds (to a tenth) and `message`; a client that is
+/// gone is not an error.
+pub(super) async fn notify_progress(
+    peer: &Peer<RoleServer>,
+    token: ProgressToken,
+    elapsed: f64,
+    message: String,
+) {
+    let p = ProgressNotificationParam::new(token, (elapsed * 10.0).round() / 10.0)
+        .with_message(message);
+    if let Err(e) = peer.notify_progress(p).await {
+        tracing::debug!(error = %e, "progress notification not sent");
     }
 }
 

@@ -425,14 +425,7 @@ impl KernelServer {
                     if !line.is_empty() {
                         message.push_str(&format!("; last output: {line}"));
                     }
-                    let p = rmcp::model::ProgressNotificationParam::new(
-                        token.clone(),
-                        (elapsed * 10.0).round() / 10.0,
-                    )
-                    .with_message(message);
-                    if let Err(e) = peer.notify_progress(p).await {
-                        tracing::debug!(error = %e, "progress notification not sent");
-                    }
+                    follow::notify_progress(&peer, token.clone(), elapsed, message).await;
                 }
             }
         }
