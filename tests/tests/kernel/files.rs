@@ -307,7 +307,7 @@ fn files_over_mcp_tools_and_resources() {
 }
 
 /// Writes a request's body.
-type BodyWriter<'a> = dyn FnMut(&mut dyn Write) + 'a;
+type BodyWriter<'a> = dyn FnMut(&mut dyn Write) -> std::io::Result<()> + 'a;
 
 /// A request on a raw connection, its body written from `body` (streamed); the reply's status,
 /// head and its body streamed into `sink`.
@@ -328,9 +328,8 @@ fn http(
         server.host()
     )
     .unwrap();
-    if let Some((_, write)) = body {
-        write(&mut s);
-    }
+    // A server that refuses mid-body answers and closes: the write fails, its answer says why.
+    let written = body.map_or(Ok(()), |(_, write)| write(&mut s));
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -346,12 +345,22 @@ fn http(
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
     let mut buf = vec![0u8; 1 << 20];
+    let mut start = Vec::new();
     loop {
         let n = s.read(&mut buf).unwrap_or(0);
         if n == 0 {
             break;
         }
+        if start.len() < 4096 {
+            start.extend_from_slice(&buf[..n.min(4096)]);
+        }
         sink(&buf[..n]);
+    }
+    if let Err(e) = written {
+        panic!(
+            "writing the body failed ({e}); the server answered {status}: {head}{}",
+            String::from_utf8_lossy(&start)
+        );
     }
     (status, head)
 }
@@ -359,7 +368,7 @@ fn http(
 fn text_reply(server: &Server, method: &str, path: &str, extra: &str, body: &str) -> (u16, String) {
     let mut out = Vec::new();
     let bytes = body.as_bytes().to_vec();
-    let mut write = |w: &mut dyn Write| w.write_all(&bytes).unwrap();
+    let mut write = |w: &mut dyn Write| w.write_all(&bytes);
     let (status, _) = http(
         server,
         method,
@@ -477,9 +486,10 @@ fn serve_moves_files_over_http_streamed_while_the_kernel_is_stopped() {
     let mut sent = Sha256::new();
     let mut write = |w: &mut dyn Write| {
         for _ in 0..GB / chunk.len() as u64 {
-            w.write_all(&chunk).unwrap();
+            w.write_all(&chunk)?;
             sent.update(&chunk);
         }
+        Ok(())
     };
     let started = Instant::now();
     let mut reply = Vec::new();
