@@ -15,6 +15,10 @@ pub enum SandboxLevel {
     Strict,
 }
 
+fn parse_sandbox_net(s: &str) -> Result<flowrepl_egress::SandboxNet, String> {
+    flowrepl_egress::SandboxNet::parse(s)
+}
+
 fn parse_sandbox(s: &str) -> Result<SandboxLevel, String> {
     match s.trim().to_ascii_lowercase().as_str() {
         "" | "1" | "on" | "true" | "yes" | "best-effort" => Ok(SandboxLevel::BestEffort),
@@ -117,10 +121,14 @@ pub struct Cli {
           default_missing_value = "on", value_parser = parse_sandbox)]
     pub sandbox: Option<SandboxLevel>,
 
-    /// With `--sandbox`: keep the host's network (nothing else loosens).
-    #[arg(global = true, long, env = "FLOWREPL_SANDBOX_NET", action = clap::ArgAction::SetTrue,
-          value_parser = clap::builder::BoolishValueParser::new())]
-    pub sandbox_net: bool,
+    /// With `--sandbox`, the network cells have: none (the default); `host` (the bare flag):
+    /// the host's, nothing else loosens; `allow:RULE[,RULE...]`: only the hosts the rules
+    /// name, through the kernel's egress proxy (a rule is `host`, `*.domain`, or either with
+    /// `:port`; `@FILE` reads one rule per line). docs/sandbox.md.
+    #[arg(global = true, long, env = "FLOWREPL_SANDBOX_NET", value_name = "NET",
+          num_args = 0..=1, require_equals = true, default_missing_value = "host",
+          value_parser = parse_sandbox_net)]
+    pub sandbox_net: Option<flowrepl_egress::SandboxNet>,
 
     /// With `--sandbox`: the one folder cells may write, and their working directory
     /// (default: the current directory).

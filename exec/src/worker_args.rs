@@ -281,7 +281,7 @@ mod tests {
             true,
             Some(SandboxPolicy {
                 strict: true,
-                network: false,
+                network: flowrepl_protocol::sandbox::Network::None,
                 workspace: "/work/space".into(),
                 writable: vec!["/tmp/t.checkpoints".into()],
                 readable: vec!["/opt/python".into()],

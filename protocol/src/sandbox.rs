@@ -11,8 +11,9 @@ use std::path::PathBuf;
 pub struct SandboxPolicy {
     /// Refuse to start unless every layer is in force (`--sandbox=strict`).
     pub strict: bool,
-    /// Keep the host's network (`--sandbox-net`); nothing else loosens.
-    pub network: bool,
+    /// What network cells have.
+    #[serde(default)]
+    pub network: Network,
     /// The one place cells may write, besides the private `/tmp` and [`Self::writable`].
     pub workspace: PathBuf,
     /// Also writable: the task's checkpoint folder.
@@ -35,6 +36,41 @@ pub struct SandboxPolicy {
     pub skip: Vec<String>,
 }
 
+/// The network a sandboxed worker has (`--sandbox-net`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// A network namespace of its own with only `lo`, down: no network at all.
+    #[default]
+    None,
+    /// The host's network (`--sandbox-net`, `--sandbox-net=host`); nothing else loosens.
+    Host,
+    /// Only the kernel's egress proxy (`--sandbox-net=allow:RULES`): the worker's network
+    /// namespace has `lo` up, where the worker listens on [`PROXY_ADDRESS`] for the kernel
+    /// and hands the listening socket to it (fd [`PROXY_FD`]); cells get `HTTP(S)_PROXY`
+    /// pointing there, and may connect to nothing else.
+    Proxy,
+}
+
+impl Network {
+    /// What [`SandboxReport::network`] says for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Network::None => "none",
+            Network::Host => "host",
+            Network::Proxy => "allow",
+        }
+    }
+}
+
+/// Where the proxy listens inside the worker's network namespace (the port is the
+/// system's choice: `HTTP_PROXY` says which).
+pub const PROXY_ADDRESS: std::net::Ipv4Addr = std::net::Ipv4Addr::LOCALHOST;
+
+/// The worker's descriptor, with [`Network::Proxy`], of the Unix socket it hands the proxy's
+/// listening socket to the kernel through (then closes).
+pub const PROXY_FD: i32 = 6;
+
 /// What one layer of the sandbox is doing in this worker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxLayer {
@@ -54,8 +90,13 @@ pub struct SandboxLayer {
 pub struct SandboxReport {
     /// `strict` or `best-effort`.
     pub level: String,
-    /// `none` (a network namespace of its own: only `lo`, down) or `host` (`--sandbox-net`).
+    /// `none` (a network namespace of its own: only `lo`, down), `host` (`--sandbox-net`) or
+    /// `allow` (only the kernel's egress proxy, by [`Self::rules`]).
     pub network: String,
+    /// With `allow`: the rules in force, as written canonically (the kernel fills them in;
+    /// the worker does not know them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<String>,
     /// Every layer, enforced or not.
     pub layers: Vec<SandboxLayer>,
 }

@@ -11,16 +11,16 @@
 //! that leads outside opens nothing outside (a hard link to a file needs the right to the
 //! file where it is, and cross-directory links are `LANDLOCK_ACCESS_FS_REFER`-checked).
 
-use flowrepl_protocol::sandbox::{SandboxLayer, SandboxPolicy};
+use flowrepl_protocol::sandbox::{Network, SandboxLayer, SandboxPolicy};
 use landlock::{
     path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus,
-    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    NetPort, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use std::path::{Path, PathBuf};
 
 /// The filesystem rules.
 pub const FILESYSTEM: &str = "landlock_filesystem";
-/// TCP bind and connect denied.
+/// TCP bind and connect denied (with the egress proxy: connect only to its port).
 pub const NETWORK: &str = "landlock_network";
 /// Signals and abstract Unix sockets scoped to the sandbox.
 pub const SCOPES: &str = "landlock_scopes";
@@ -56,10 +56,11 @@ pub(crate) const DEVICES: [&str; 6] = [
 ];
 
 /// Restricts this process (and every process it starts) to `policy`'s files; one report per
-/// Landlock layer.
+/// Landlock layer. `proxy`: the egress proxy's port, the one TCP connect allowed.
 pub fn restrict(
     policy: &SandboxPolicy,
     mount_ns: bool,
+    proxy: Option<u16>,
     skip: &dyn Fn(&str) -> bool,
 ) -> Vec<SandboxLayer> {
     if skip(FILESYSTEM) {
@@ -69,7 +70,7 @@ pub fn restrict(
             crate::skipped(SCOPES),
         ];
     }
-    let deny_tcp = !policy.network && !skip(NETWORK);
+    let deny_tcp = policy.network != Network::Host && !skip(NETWORK);
     let scoped = !skip(SCOPES);
     let read: Vec<PathBuf> = SYSTEM
         .iter()
@@ -104,11 +105,14 @@ pub fn restrict(
         if scoped {
             ruleset = ruleset.scope(Scope::from_all(ABI_USED))?;
         }
-        ruleset
+        let mut created = ruleset
             .create()?
             .add_rules(path_beneath_rules(&read, AccessFs::from_read(ABI_USED)))?
-            .add_rules(path_beneath_rules(&write, AccessFs::from_all(ABI_USED)))?
-            .restrict_self()
+            .add_rules(path_beneath_rules(&write, AccessFs::from_all(ABI_USED)))?;
+        if let (true, Some(port)) = (deny_tcp, proxy) {
+            created = created.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?;
+        }
+        created.restrict_self()
     })();
     let status = match outcome {
         Ok(s) => s,
@@ -163,12 +167,17 @@ pub fn restrict(
                 ),
             ),
         ),
-        if policy.network {
-            crate::network_kept(NETWORK)
-        } else {
-            crate::unless_skipped(NETWORK, skip, || {
+        match (policy.network, proxy) {
+            (Network::Host, _) => crate::network_kept(NETWORK),
+            (_, Some(port)) => crate::unless_skipped(NETWORK, skip, || {
+                have(
+                    ABI::V4,
+                    &format!("TCP bind denied, connect only to the egress proxy's port {port}"),
+                )
+            }),
+            (_, None) => crate::unless_skipped(NETWORK, skip, || {
                 have(ABI::V4, "TCP bind and connect denied")
-            })
+            }),
         },
         crate::unless_skipped(SCOPES, skip, || {
             have(

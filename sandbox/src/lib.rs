@@ -12,15 +12,19 @@
 //!   of or signal to any process outside, and nothing started in it outlives the worker.
 //! - [`environment`]: only the variables a cell needs (the kernel clears the rest when it
 //!   starts the worker; here `HOME` and `TMPDIR` are pointed inside and the result checked).
+//! - [`proxy`] (`--sandbox-net=allow:…`): `lo` up, and the egress proxy's listening socket
+//!   made in the namespace and handed to the kernel, which decides every connection by name;
+//!   `HTTP(S)_PROXY` set for cells.
 //! - [`files`]: Landlock: the system, the interpreter and the venv readable, the workspace,
 //!   `/tmp` and the checkpoint folder writable, nothing else; TCP bind and connect denied
-//!   when the network is off; signals and abstract Unix sockets scoped to the sandbox.
+//!   when the network is off (with the proxy: connect only to its port); signals and
+//!   abstract Unix sockets scoped to the sandbox.
 //! - [`capabilities`]: none held, the bounding set empty (a kernel run as root on a host
 //!   without user namespaces would otherwise give cells every capability of root).
 //! - [`syscalls`]: seccomp: what sandboxes are escaped through (`io_uring_*`, `ptrace`,
 //!   `process_vm_*`, `bpf`, mounts, new namespaces, `keyctl`, `perf_event_open`, the
 //!   terminal ioctls that inject input, ...), and
-//!   sockets other than `AF_UNIX` when the network is off. Last, since it forbids what the
+//!   sockets other than `AF_UNIX` when the network is off (and `AF_INET*` with the proxy). Last, since it forbids what the
 //!   layers before it use.
 //!
 //! A layer the host refuses (no user namespaces in some containers, an older Landlock ABI) is
@@ -34,10 +38,11 @@ pub mod exec;
 pub mod files;
 pub mod namespaces;
 pub mod processes;
+pub mod proxy;
 pub mod syscalls;
 pub mod terminal;
 
-use flowrepl_protocol::sandbox::{SandboxLayer, SandboxPolicy, SandboxReport};
+use flowrepl_protocol::sandbox::{Network, SandboxLayer, SandboxPolicy, SandboxReport};
 
 /// Every layer, by the name reports use.
 pub const LAYERS: [&str; 12] = [
@@ -70,7 +75,7 @@ pub struct Refused {
     /// Why, one per layer.
     pub why: Vec<String>,
     /// The whole report.
-    pub report: SandboxReport,
+    pub report: Box<SandboxReport>,
 }
 
 /// A confined worker.
@@ -93,19 +98,37 @@ pub fn apply(policy: &SandboxPolicy) -> Result<Confined, Refused> {
         return Err(Refused {
             missing: policy.skip.clone(),
             why: vec!["strict refuses FLOWREPL_SANDBOX_SKIP".into()],
-            report: report(policy, policy.skip.iter().map(|l| skipped(l)).collect()),
+            report: Box::new(report(policy, policy.skip.iter().map(|l| skipped(l)).collect())),
         });
     }
     let skip = |layer: &str| policy.skip.iter().any(|s| s == layer);
     let terminal = terminal::check(&skip);
     let mut layers = namespaces::enter(policy, &skip);
     layers.insert(0, terminal);
+    // Before the PID namespace splits this process: neither the relay nor init gets the
+    // listening socket or the kernel's channel.
+    let proxy = match policy.network {
+        Network::Proxy => match proxy::hand_over() {
+            Ok(port) => Some(port),
+            Err(why) => {
+                return Err(Refused {
+                    missing: vec![namespaces::NETWORK.into()],
+                    why: vec![format!("the egress proxy: {why}")],
+                    report: Box::new(report(policy, layers)),
+                })
+            }
+        },
+        _ => None,
+    };
     let mount_ns = layers
         .iter()
         .any(|l| l.layer == namespaces::MOUNT && l.enforced);
     let entered = processes::enter(mount_ns, &skip);
     layers.push(entered.report);
     layers.push(environment::settle(policy, mount_ns, &skip));
+    if let Some(port) = proxy {
+        proxy::set_variables(port);
+    }
     if !mount_ns && !skip(files::FILESYSTEM) {
         // Landlock can only grant: what lies inside the writable workspace cannot be taken
         // out of it. Without the mount namespace to cover it, the task log and the
@@ -114,11 +137,11 @@ pub fn apply(policy: &SandboxPolicy) -> Result<Confined, Refused> {
             return Err(Refused {
                 missing: vec![files::FILESYSTEM.into()],
                 why: vec![why],
-                report: report(policy, layers),
+                report: Box::new(report(policy, layers)),
             });
         }
     }
-    layers.extend(files::restrict(policy, mount_ns, &skip));
+    layers.extend(files::restrict(policy, mount_ns, proxy, &skip));
     layers.push(capabilities::drop_all(&skip));
     layers.push(syscalls::install(policy, &skip));
     let report = report(policy, layers);
@@ -130,7 +153,7 @@ pub fn apply(policy: &SandboxPolicy) -> Result<Confined, Refused> {
                 .iter()
                 .map(|l| format!("{}: {}", l.layer, l.detail))
                 .collect(),
-            report: report.clone(),
+            report: Box::new(report.clone()),
         });
     }
     Ok(Confined {
@@ -148,7 +171,8 @@ fn report(policy: &SandboxPolicy, layers: Vec<SandboxLayer>) -> SandboxReport {
             "best-effort"
         }
         .into(),
-        network: if policy.network { "host" } else { "none" }.into(),
+        network: policy.network.name().into(),
+        rules: Vec::new(),
         layers,
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! The PID namespace comes next, in [`crate::processes`] (it splits the process).
 
-use flowrepl_protocol::sandbox::{SandboxLayer, SandboxPolicy};
+use flowrepl_protocol::sandbox::{Network, SandboxLayer, SandboxPolicy};
 use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -28,7 +28,7 @@ pub fn enter(policy: &SandboxPolicy, skip: &dyn Fn(&str) -> bool) -> Vec<Sandbox
             .map(crate::skipped)
             .collect();
     }
-    let want_net = !policy.network && !skip(NETWORK);
+    let want_net = policy.network != Network::Host && !skip(NETWORK);
     let want_mount = !skip(MOUNT);
     let want_ipc = !skip(IPC);
     let mut flags = CloneFlags::CLONE_NEWUSER;
@@ -52,14 +52,18 @@ pub fn enter(policy: &SandboxPolicy, skip: &dyn Fn(&str) -> bool) -> Vec<Sandbox
             format!("uid {uid} and gid {gid} mapped to themselves; no capability outside")
         }),
     )];
-    out.push(if policy.network {
-        crate::network_kept(NETWORK)
-    } else {
-        crate::unless_skipped(NETWORK, skip, || {
+    out.push(match policy.network {
+        Network::Host => crate::network_kept(NETWORK),
+        Network::None => crate::unless_skipped(NETWORK, skip, || {
             entered
                 .clone()
                 .map(|()| "a network namespace of its own: only lo, down".into())
-        })
+        }),
+        Network::Proxy => crate::unless_skipped(NETWORK, skip, || {
+            entered.clone().and_then(|()| crate::proxy::loopback_up()).map(|()| {
+                "a network namespace of its own: only lo, where the kernel's egress proxy is the one way out".into()
+            })
+        }),
     });
     out.push(crate::unless_skipped(IPC, skip, || {
         entered

@@ -4,10 +4,11 @@
 //! and new namespaces (`unshare`, `setns`, `clone` with a `CLONE_NEW*` flag; `clone3`, whose
 //! flags a filter cannot read, answers `ENOSYS` so that libc falls back to `clone`), module
 //! and kexec loading; `ioctl(TIOCSTI)` and `ioctl(TIOCLINUX)`, which push input into a
-//! terminal (whatever the host's `dev.tty.legacy_tiocsti`); and, when the network is off, sockets of any family but `AF_UNIX`
-//! (`EAFNOSUPPORT`).
+//! terminal (whatever the host's `dev.tty.legacy_tiocsti`); and sockets of any family but
+//! `AF_UNIX` when the network is off, or but `AF_UNIX`, `AF_INET` and `AF_INET6` with the
+//! egress proxy (`EAFNOSUPPORT`: no netlink, no packet sockets).
 
-use flowrepl_protocol::sandbox::{SandboxLayer, SandboxPolicy};
+use flowrepl_protocol::sandbox::{Network, SandboxLayer, SandboxPolicy};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
@@ -84,10 +85,11 @@ pub fn install(policy: &SandboxPolicy, skip: &dyn Fn(&str) -> bool) -> SandboxLa
             Ok(format!(
                 "{} calls denied, clone with CLONE_NEW* denied, ioctl TIOCSTI and TIOCLINUX denied, clone3 ENOSYS{}",
                 DENIED.len(),
-                if policy.network {
-                    ""
-                } else {
-                    ", sockets other than AF_UNIX EAFNOSUPPORT"
+                match policy.network {
+                    Network::Host => "",
+                    Network::None => ", sockets other than AF_UNIX EAFNOSUPPORT",
+                    Network::Proxy =>
+                        ", sockets other than AF_UNIX, AF_INET and AF_INET6 EAFNOSUPPORT",
                 }
             ))
         }),
@@ -95,7 +97,7 @@ pub fn install(policy: &SandboxPolicy, skip: &dyn Fn(&str) -> bool) -> SandboxLa
 }
 
 /// The filters, each with one answer.
-fn filters(network: bool) -> Result<Vec<BpfProgram>, String> {
+fn filters(network: Network) -> Result<Vec<BpfProgram>, String> {
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| e.to_string())?;
     let cond =
         |arg, len, op, value| SeccompCondition::new(arg, len, op, value).map_err(|e| e.to_string());
@@ -138,17 +140,22 @@ fn filters(network: bool) -> Result<Vec<BpfProgram>, String> {
             libc::ENOSYS,
         ),
     ];
-    if !network {
+    let families: &[libc::c_int] = match network {
+        Network::Host => &[],
+        Network::None => &[libc::AF_UNIX],
+        Network::Proxy => &[libc::AF_UNIX, libc::AF_INET, libc::AF_INET6],
+    };
+    if !families.is_empty() {
+        // Refused when the domain is none of `families` (one rule: its conditions all hold).
+        // The domain is an int: only its low 32 bits count.
+        let conditions = families
+            .iter()
+            .map(|f| cond(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f as u64))
+            .collect::<Result<Vec<_>, _>>()?;
         specs.push((
             BTreeMap::from([(
                 libc::SYS_socket,
-                // The domain is an int: only its low 32 bits count.
-                vec![rule(cond(
-                    0,
-                    SeccompCmpArgLen::Dword,
-                    SeccompCmpOp::Ne,
-                    libc::AF_UNIX as u64,
-                )?)?],
+                vec![SeccompRule::new(conditions).map_err(|e| e.to_string())?],
             )]),
             libc::EAFNOSUPPORT,
         ));

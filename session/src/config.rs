@@ -150,8 +150,8 @@ pub struct WorkerConfig {
 pub struct SandboxConfig {
     /// `--sandbox=strict`: every layer, or no session.
     pub strict: bool,
-    /// `--sandbox-net`: the host's network stays.
-    pub network: bool,
+    /// `--sandbox-net`: none, the host's, or only the egress proxy's hosts.
+    pub network: flowrepl_egress::SandboxNet,
     /// The one folder cells may write, and their working directory (absolute).
     pub workspace: PathBuf,
     /// Layers left out (`FLOWREPL_SANDBOX_SKIP`).
@@ -172,6 +172,11 @@ pub enum ConfigError {
     /// The task's workspace cannot be resolved.
     #[error("cannot resolve the task's workspace")]
     Unresolved(#[source] std::io::Error),
+    /// `--sandbox-net=allow:` without `--sandbox`.
+    #[error(
+        "--sandbox-net=allow:... needs --sandbox (without it cells have the host's whole network)"
+    )]
+    NetWithoutSandbox,
     /// `--workspace` is not a folder.
     #[error("--workspace {0}: not a folder")]
     Workspace(String),
@@ -219,7 +224,14 @@ impl Config {
     fn sandbox(cli: &Cli, log_dir: &std::path::Path) -> Result<Option<SandboxConfig>, ConfigError> {
         use flowrepl_cli::args::SandboxLevel;
         let strict = match cli.sandbox {
-            None | Some(SandboxLevel::Off) => return Ok(None),
+            None | Some(SandboxLevel::Off) => {
+                if let Some(flowrepl_egress::SandboxNet::Allow(_)) = &cli.sandbox_net {
+                    // Without the sandbox cells have the host's network: rules would be a
+                    // promise nothing keeps.
+                    return Err(ConfigError::NetWithoutSandbox);
+                }
+                return Ok(None);
+            }
             Some(SandboxLevel::BestEffort) => false,
             Some(SandboxLevel::Strict) => true,
         };
@@ -253,7 +265,7 @@ impl Config {
         }
         Ok(Some(SandboxConfig {
             strict,
-            network: cli.sandbox_net,
+            network: cli.sandbox_net.clone().unwrap_or_default(),
             workspace,
             skip,
             log_dir: log_dir.to_path_buf(),

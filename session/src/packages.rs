@@ -54,7 +54,7 @@ impl flowrepl_packages::install::Confine for WorkerConfine {
         std::fs::create_dir(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
         let policy = flowrepl_protocol::sandbox::SandboxPolicy {
             strict: true,
-            network: true,
+            network: flowrepl_protocol::sandbox::Network::Host,
             workspace: workdir.to_path_buf(),
             writable: writable.to_vec(),
             readable: self.readable.clone(),

@@ -33,8 +33,9 @@ pub use reader::{
     save_context, ReadOutcome, Record, SkippedLine,
 };
 pub use record::{
-    ContextRecord, EventRecord, ExecutionRecord, FileRecord, InstallRecord, RecordHead,
-    SessionLimits, SessionRecord, TaskHead, FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT,
-    RECORD_TYPE_EXECUTION, RECORD_TYPE_FILE, RECORD_TYPE_INSTALL, RECORD_TYPE_SESSION,
+    ContextRecord, EgressRecord, EventRecord, ExecutionRecord, FileRecord, InstallRecord,
+    RecordHead, SessionLimits, SessionRecord, TaskHead, FORMAT_VERSION, RECORD_TYPE_CONTEXT,
+    RECORD_TYPE_EGRESS, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION, RECORD_TYPE_FILE,
+    RECORD_TYPE_INSTALL, RECORD_TYPE_SESSION,
 };
 pub use writer::{LogError, TaskLog};

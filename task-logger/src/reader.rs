@@ -5,9 +5,9 @@
 //! without `\n` (a write in progress) is skipped too.
 
 use crate::record::{
-    ContextRecord, EventRecord, ExecutionRecord, FileRecord, InstallRecord, SessionRecord,
-    FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EVENT, RECORD_TYPE_EXECUTION,
-    RECORD_TYPE_FILE, RECORD_TYPE_INSTALL, RECORD_TYPE_SESSION,
+    ContextRecord, EgressRecord, EventRecord, ExecutionRecord, FileRecord, InstallRecord,
+    SessionRecord, FORMAT_VERSION, RECORD_TYPE_CONTEXT, RECORD_TYPE_EGRESS, RECORD_TYPE_EVENT,
+    RECORD_TYPE_EXECUTION, RECORD_TYPE_FILE, RECORD_TYPE_INSTALL, RECORD_TYPE_SESSION,
 };
 use std::io;
 use std::path::Path;
@@ -36,6 +36,8 @@ pub struct ReadOutcome {
     pub files: Vec<FileRecord<'static>>,
     /// The install records, in file order.
     pub installs: Vec<InstallRecord<'static>>,
+    /// The egress records, in file order.
+    pub egress: Vec<EgressRecord<'static>>,
     /// Lines that were not returned, with the reason.
     pub skipped: Vec<SkippedLine>,
 }
@@ -61,6 +63,8 @@ pub enum Record {
     File(Box<FileRecord<'static>>),
     /// `type: "install"`.
     Install(Box<InstallRecord<'static>>),
+    /// `type: "egress"`.
+    Egress(Box<EgressRecord<'static>>),
 }
 
 /// Parses one line (without its `\n`): a record, or why it is not one this reader returns
@@ -107,6 +111,7 @@ pub fn parse_line(line: &[u8]) -> Result<Record, String> {
         RECORD_TYPE_INSTALL => {
             Record::Install(Box::new(serde_json::from_slice(line).map_err(bad)?))
         }
+        RECORD_TYPE_EGRESS => Record::Egress(Box::new(serde_json::from_slice(line).map_err(bad)?)),
         other => return Err(format!("record type {other:?}")),
     })
 }
@@ -178,6 +183,7 @@ impl ReadOutcome {
             Ok(Record::Session(r)) => self.sessions.push(*r),
             Ok(Record::File(r)) => self.files.push(*r),
             Ok(Record::Install(r)) => self.installs.push(*r),
+            Ok(Record::Egress(r)) => self.egress.push(*r),
             Err(reason) => self.skipped.push(SkippedLine {
                 line: line_no,
                 reason,

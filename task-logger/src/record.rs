@@ -358,6 +358,9 @@ pub const RECORD_TYPE_FILE: &str = "file";
 /// The `type` of an install record.
 pub const RECORD_TYPE_INSTALL: &str = "install";
 
+/// The `type` of an egress record.
+pub const RECORD_TYPE_EGRESS: &str = "egress";
+
 /// A client's transfer of a workspace file (`upload_file`, `download_file`, `delete_file`, over
 /// JSON-RPC, MCP, a resource read or `serve`'s HTTP routes), or its refusal. Written by whoever
 /// served it: the kernel, or `flowrepl serve` for a task whose kernel is stopped (its
@@ -428,6 +431,51 @@ pub struct InstallRecord<'a> {
     /// Why it was refused or failed; absent when it succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<Cow<'a, str>>,
+}
+
+/// One connection a sandboxed cell asked the kernel's egress proxy for (`--sandbox-net=allow:…`),
+/// allowed or refused, written when it ends. See `docs/sandbox.md`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EgressRecord<'a> {
+    /// `type: "egress"`, the version, plan, task and session.
+    #[serde(flatten)]
+    pub head: TaskHead<'a>,
+    /// When the connection was accepted, UTC ISO 8601 with milliseconds and `Z`.
+    pub timestamp: Cow<'a, str>,
+    /// The name the cell asked for (lowercase; an address as written), at most 253
+    /// characters; empty when no request arrived.
+    pub host: Cow<'a, str>,
+    /// The port it asked for (0 when no request arrived).
+    pub port: u16,
+    /// `connect` (an HTTP CONNECT tunnel: HTTPS, or anything else over TCP) or `http` (a plain
+    /// HTTP request the proxy forwarded).
+    pub via: Cow<'a, str>,
+    /// Whether the proxy let it through to the host (a refusal, a failed resolution or
+    /// connection: false).
+    pub allowed: bool,
+    /// The rule that allowed it, as the rules in force write it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<Cow<'a, str>>,
+    /// The address the proxy connected to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<Cow<'a, str>>,
+    /// Bytes from the cell to the host, after the request head (a tunnel: all of them).
+    pub bytes_up: u64,
+    /// Bytes from the host to the cell.
+    pub bytes_down: u64,
+    /// From accept to close, ms.
+    pub duration_ms: f64,
+    /// Why it was refused, or how it failed or was cut; absent when it ended normally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Cow<'a, str>>,
+    /// Connections since the previous egress record that were not recorded one by one (past
+    /// the record budget, `docs/sandbox.md`); absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unrecorded: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

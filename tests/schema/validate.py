@@ -18,7 +18,7 @@ import jsonschema
 from referencing import Registry, Resource
 
 SCHEMA_DIR = pathlib.Path(__file__).resolve().parents[2] / "docs" / "schema" / "v1"
-TYPES = ("execution", "event", "context", "session", "file", "install")
+TYPES = ("execution", "event", "context", "session", "file", "install", "egress")
 
 
 def load():

@@ -71,7 +71,7 @@ impl TaskLog {
             }
             Record::Session(s) => self.sessions.push(*s),
             // Transfers of workspace files are not cells: `tail` shows them as they come.
-            Record::Event(_) | Record::File(_) | Record::Install(_) => {}
+            Record::Event(_) | Record::File(_) | Record::Install(_) | Record::Egress(_) => {}
         }
     }
 }

@@ -172,6 +172,20 @@ fn print_new(lines: &[u8], json: bool, task: Option<&str>) -> bool {
                         .map(|e| format!("; failed: {}", e.lines().next().unwrap_or_default()))
                         .unwrap_or_default()
                 ),
+                Ok(Record::Egress(e)) => format!(
+                    "  egress {} {}:{} ({}, {} bytes up, {} down, {:.0} ms{})",
+                    if e.allowed { "allowed" } else { "refused" },
+                    e.host,
+                    e.port,
+                    e.via,
+                    e.bytes_up,
+                    e.bytes_down,
+                    e.duration_ms,
+                    e.error
+                        .as_deref()
+                        .map(|x| format!("; {x}"))
+                        .unwrap_or_default()
+                ),
                 Ok(Record::Event(_)) | Err(_) => continue,
             }
         };

@@ -98,6 +98,7 @@ fn one_of_each() -> Vec<Frame<'static>> {
         sandbox: Some(crate::sandbox::SandboxReport {
             level: "strict".into(),
             network: "none".into(),
+            rules: vec![],
             layers: vec![crate::sandbox::SandboxLayer {
                 layer: "seccomp".into(),
                 enforced: true,

@@ -82,6 +82,8 @@ pub struct SpawnConfig {
     pub checkpoints: Option<flowrepl_exec::setup::CheckpointConfig>,
     /// `--sandbox`: how the worker is confined.
     pub sandbox: Option<crate::config::SandboxConfig>,
+    /// `--sandbox-net=allow:…`: each worker's egress proxy.
+    pub egress: Option<flowrepl_egress::proxy::ProxyConfig>,
 }
 
 /// How long a starting worker may take to say it is ready.
@@ -164,6 +166,20 @@ impl Worker {
                 setup: config.setup.clone(),
                 checkpoints: config.checkpoints.clone(),
                 sandbox: worker.sandbox.clone(),
+                egress: worker
+                    .sandbox
+                    .as_ref()
+                    .and_then(|sb| sb.network.rules())
+                    .map(|rules| flowrepl_egress::proxy::ProxyConfig {
+                        rules: Arc::clone(rules),
+                        log: config.logging.then(|| config.log_file.clone()),
+                        who: flowrepl_egress::Who {
+                            plan_id: config.identity.plan_id.clone(),
+                            task_id: config.identity.task_id.clone(),
+                            task_name: config.identity.task_name.clone(),
+                            session_id: config.identity.session_id.clone(),
+                        },
+                    }),
             },
             diagnostics,
             grace: config.kill_grace,
@@ -269,7 +285,13 @@ impl Engine for Worker {
 
     fn sandbox(&self) -> Option<flowrepl_protocol::sandbox::SandboxReport> {
         match &self.state {
-            State::Ready { hello, .. } => hello.sandbox.clone(),
+            State::Ready { hello, .. } => hello.sandbox.clone().map(|mut report| {
+                // The worker does not know the rules; the kernel's proxy holds them.
+                if let Some(e) = &self.spawn.egress {
+                    report.rules = e.rules.to_strings();
+                }
+                report
+            }),
             _ => None,
         }
     }

@@ -41,6 +41,8 @@ pub struct WorkerProcess {
     _tmp: Option<super::sandbox::PrivateTmp>,
     /// A sandboxed worker's stderr, relayed to the diagnostics (`super::diagnostics`).
     relay: Option<super::diagnostics::Relay>,
+    /// Its egress proxy (`--sandbox-net=allow:…`), stopped with it.
+    _egress: Option<flowrepl_egress::Proxy>,
 }
 
 /// How a worker ended, with what it used (from `wait4`).
@@ -104,13 +106,23 @@ impl WorkerProcess {
             }
             None => None,
         };
-        // What the worker finds at fds 3, 4 and 5.
+        // The egress proxy's channel: the worker hands its listening socket over the other
+        // end, at fd 6 (`flowrepl_sandbox::proxy`).
+        let egress = match (&config.egress, &config.sandbox) {
+            (Some(e), Some(_)) => Some((std::os::unix::net::UnixStream::pair()?, e)),
+            _ => None,
+        };
+        // What the worker finds at fds 3, 4, 5 and 6.
         let inherited = [
             (Some(capture_raw[0]), 3),
             (Some(capture_raw[1]), 4),
             (
                 context.as_ref().map(|f| f.as_raw_fd()),
                 flowrepl_exec::worker_args::CONTEXT_FD,
+            ),
+            (
+                egress.as_ref().map(|((_, theirs), _)| theirs.as_raw_fd()),
+                flowrepl_protocol::sandbox::PROXY_FD,
             ),
         ];
         // A sandboxed worker writes its diagnostics through a relay, never into the kernel's
@@ -142,8 +154,9 @@ impl WorkerProcess {
         // allocate nor lock.
         unsafe {
             cmd.pre_exec(move || {
-                // The capture files at fds 3 and 4 and the context at fd 5 (through high fds
-                // first, so that none overwrites another), without close-on-exec.
+                // The capture files at fds 3 and 4, the context at fd 5 and the proxy's channel
+                // at fd 6 (through high fds first, so that none overwrites another), without
+                // close-on-exec.
                 let high = inherited
                     .map(|(fd, _)| fd.map(|fd| libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100)));
                 for (fd, (_, target)) in high.into_iter().zip(inherited) {
@@ -175,6 +188,13 @@ impl WorkerProcess {
         .apply(&mut cmd);
         let mut child = cmd.spawn()?;
         drop(context);
+        let egress = match egress {
+            Some(((ours, theirs), config)) => {
+                drop(theirs);
+                Some(flowrepl_egress::Proxy::start(ours, config.clone())?)
+            }
+            None => None,
+        };
         let pid = child.id() as libc::pid_t;
         let relay = relay.map(|(relay, shown)| {
             shown.set(pid);
@@ -197,6 +217,7 @@ impl WorkerProcess {
             guard,
             _tmp: tmp,
             relay,
+            _egress: egress,
         })
     }
 

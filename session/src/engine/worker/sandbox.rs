@@ -175,7 +175,7 @@ pub fn prepare(
     }
     let policy = SandboxPolicy {
         strict: sandbox.strict,
-        network: sandbox.network,
+        network: sandbox.network.network(),
         workspace: sandbox.workspace.clone(),
         writable: checkpoints.map(Path::to_path_buf).into_iter().collect(),
         readable: readable(&spawn.python, spawn.python_lib.as_deref(), &spawn.setup),
