@@ -406,6 +406,7 @@ impl Shared {
     ) -> Result<(), Refusal> {
         let deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
         let mut buf = [0u8; 4096];
+        let mut peeked = [0u8; 1];
         loop {
             match client_hello(first) {
                 Hello::Sni(name) if name == request.host => return Ok(()),
@@ -433,9 +434,10 @@ impl Shared {
                     Ok(n) => first.extend_from_slice(&buf[..n]),
                     Err(e) => return Err(refusal(0, format!("the cell closed the connection: {e}"))),
                 },
-                // The host speaks first: not TLS from the cell's side.
-                r = upstream.readable(), if first.is_empty() => {
-                    return r.map_err(|e| refusal(0, e.to_string()));
+                // The host speaks first: not TLS from the cell's side. (`peek` waits for
+                // bytes; readiness alone may be reported spuriously.)
+                r = upstream.peek(&mut peeked), if first.is_empty() => {
+                    return r.map(|_| ()).map_err(|e| refusal(0, e.to_string()));
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     return Err(refusal(0, format!("no TLS ClientHello within {} s", HEAD_TIMEOUT.as_secs())))

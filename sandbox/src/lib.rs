@@ -98,7 +98,10 @@ pub fn apply(policy: &SandboxPolicy) -> Result<Confined, Refused> {
         return Err(Refused {
             missing: policy.skip.clone(),
             why: vec!["strict refuses FLOWREPL_SANDBOX_SKIP".into()],
-            report: Box::new(report(policy, policy.skip.iter().map(|l| skipped(l)).collect())),
+            report: Box::new(report(
+                policy,
+                policy.skip.iter().map(|l| skipped(l)).collect(),
+            )),
         });
     }
     let skip = |layer: &str| policy.skip.iter().any(|s| s == layer);

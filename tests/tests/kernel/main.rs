@@ -5,6 +5,7 @@ mod approvals;
 mod checkpoints;
 mod docs;
 mod dropin;
+mod egress;
 mod exit;
 mod faults;
 mod files;
