@@ -26,11 +26,9 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
@@ -327,17 +325,31 @@ impl Shared {
                 .map_err(|e| refusal(0, format!("cannot send to {}: {e}", request.target())))?;
             c.bytes_up += first.len() as u64;
         }
-        let mut counted = Counted {
-            inner: client,
-            read: 0,
-            written: 0,
+        let (mut up, mut down) = (0u64, 0u64);
+        let outcome = {
+            let (mut cr, mut cw) = client.split();
+            let (mut ur, mut uw) = upstream.split();
+            let to_host = pump(&mut cr, &mut uw, &mut up);
+            let to_cell = pump(&mut ur, &mut cw, &mut down);
+            tokio::pin!(to_host, to_cell);
+            let mut cell_done = false;
+            loop {
+                tokio::select! {
+                    // The cell closed its side (or half-closed it): the host's answer still
+                    // comes.
+                    r = &mut to_host, if !cell_done => match r {
+                        Ok(()) => cell_done = true,
+                        Err(e) => break Err(format!("the cell's side: {e}")),
+                    },
+                    // The host closed: the connection ends (a cell that keeps its socket
+                    // open would otherwise hold it for ever).
+                    r = &mut to_cell => break r.map_err(|e| format!("the host's side: {e}")),
+                    _ = self.cancel.cancelled() => break Err("cut: the worker ended".to_string()),
+                }
+            }
         };
-        let outcome = tokio::select! {
-            r = tokio::io::copy_bidirectional_with_sizes(&mut counted, &mut upstream, BUFFER, BUFFER) => r.map(|_| ()).map_err(|e| e.to_string()),
-            _ = self.cancel.cancelled() => Err("cut: the worker ended".to_string()),
-        };
-        c.bytes_up += counted.read;
-        c.bytes_down += counted.written;
+        c.bytes_up += up;
+        c.bytes_down += down;
         outcome.map_err(|e| refusal(0, e))
     }
 
@@ -697,45 +709,22 @@ async fn respond(client: &mut TcpStream, status: u16, reason: &str) {
     .await;
 }
 
-/// The cell's side of a connection, counting the bytes each way.
-struct Counted<'a> {
-    inner: &'a mut TcpStream,
-    read: u64,
-    written: u64,
-}
-
-impl AsyncRead for Counted<'_> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut *self.inner).poll_read(cx, buf);
-        self.read += (buf.filled().len() - before) as u64;
-        r
-    }
-}
-
-impl AsyncWrite for Counted<'_> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut *self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = r {
-            self.written += n as u64;
+/// Copies `from` to `to` until `from` ends, then shuts `to`'s writing side; `n` counts what
+/// was written (kept when the copy fails or is dropped).
+async fn pump<R, W>(from: &mut R, to: &mut W, n: &mut u64) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; BUFFER];
+    loop {
+        let k = from.read(&mut buf).await?;
+        if k == 0 {
+            let _ = to.shutdown().await;
+            return Ok(());
         }
-        r
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.inner).poll_shutdown(cx)
+        to.write_all(&buf[..k]).await?;
+        *n += k as u64;
     }
 }
 
