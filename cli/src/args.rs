@@ -480,6 +480,13 @@ pub struct ServeArgs {
     )]
     pub workspace_root: PathBuf,
 
+    /// Each task's own network rules: `<DIR>/<plan>/<task>.net` (safe names as in the log
+    /// layout), one rule per line, read at each start of the task's kernel, replaces
+    /// `--sandbox-net` for that task (an empty file: no network). A task without a file has
+    /// the server's `--sandbox-net`. Keep DIR outside every workspace.
+    #[arg(long, env = "FLOWREPL_TASK_NET", value_name = "DIR")]
+    pub task_net: Option<PathBuf>,
+
     /// Kernels running at once; at the limit the least recently used idle one is stopped
     /// (checkpointed first), and with none idle a call on a new task gets an error.
     #[arg(long, env = "FLOWREPL_MAX_KERNELS", default_value_t = 32,

@@ -17,7 +17,8 @@
 //! [`MAX_CONNECTIONS`] open at once (past it `503`); a request head of at most
 //! [`MAX_HEAD`] bytes within [`HEAD_TIMEOUT`]; a name resolved within [`RESOLVE_TIMEOUT`];
 //! each address tried within [`CONNECT_TIMEOUT`]. An open tunnel or transfer has no time
-//! limit: it ends when either side closes it, or when the worker ends.
+//! limit: it ends when the host closes it (a cell closing its side is passed on, and the
+//! host's answer still comes), when the cell's side fails, or when the worker ends.
 
 use crate::record::{Connection, Recorder, Who};
 use crate::rules::{canonical_host, Rules};

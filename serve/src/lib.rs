@@ -85,6 +85,13 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
         (false, Some(SandboxLevel::Strict)) => "strict",
         _ => "on",
     };
+    if sandbox == "off"
+        && (args.task_net.is_some()
+            || matches!(cli.sandbox_net, Some(flowrepl_egress::SandboxNet::Allow(_))))
+    {
+        eprintln!("flowrepl serve: network rules (--sandbox-net=allow:..., --task-net) need the sandbox: without it cells have the host's whole network");
+        return ExitCode::from(2);
+    }
     let forwarded = cli
         .forwarded
         .iter()
@@ -108,6 +115,7 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
             None => Duration::ZERO,
         },
         holder: format!("serve-{}", uuid::Uuid::new_v4()),
+        task_net: args.task_net.as_deref().map(absolute),
     };
     let places = Arc::new(files::Places {
         spawn: spawn.clone(),

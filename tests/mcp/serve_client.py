@@ -706,6 +706,18 @@ async def packages(opts):
 
 
 @scenario
+async def net(opts):
+    """The same cell (--code) in two tasks of the plan: what each printed or raised."""
+    said = {}
+    async with Client(opts) as s:
+        for key, task in [("task", opts.task), ("other", opts.other_task)]:
+            r = await s.call_tool("execute_code", {"code": opts.code[0], "task": task,
+                                                   "plan": opts.plan})
+            said[key] = text_of(r)
+    return said
+
+
+@scenario
 async def output_link(opts):
     """A cut stream's resource_link, read through the server from the task's kernel."""
     task = {"task": opts.task, "plan": opts.plan}

@@ -81,9 +81,43 @@ pub struct Spawn {
     pub lease_wait: Duration,
     /// This server's id in the store's leases (`FLOWREPL_STORE_HOLDER` of its kernels).
     pub holder: String,
+    /// `--task-net DIR`: each task's own network rules.
+    pub task_net: Option<std::path::PathBuf>,
 }
 
 impl Spawn {
+    /// The arguments of the task's kernel: the server's, with the task's own `--sandbox-net`
+    /// when `--task-net` has a file for it (`<DIR>/<safe plan>/<safe task>.net`).
+    pub fn args_of(&self, key: &TaskKey) -> Result<Vec<std::ffi::OsString>, ChildError> {
+        let Some(dir) = &self.task_net else {
+            return Ok(self.args.clone());
+        };
+        let file = dir
+            .join(flowrepl_task_logger::path::safe_component(&key.plan))
+            .join(format!(
+                "{}.net",
+                flowrepl_task_logger::path::safe_component(&key.task)
+            ));
+        if !file.exists() {
+            return Ok(self.args.clone());
+        }
+        let rules = flowrepl_egress::Rules::parse(&format!("@{}", file.display()))
+            .map_err(|e| ChildError::TaskNet(e.to_string()))?;
+        let net = if rules.is_empty() {
+            "--sandbox-net=none".to_string()
+        } else {
+            format!("--sandbox-net=allow:@{}", file.display())
+        };
+        let mut args: Vec<std::ffi::OsString> = self
+            .args
+            .iter()
+            .filter(|a| !a.to_string_lossy().starts_with("--sandbox-net"))
+            .cloned()
+            .collect();
+        args.push(net.into());
+        Ok(args)
+    }
+
     /// The task's workspace: `<root>/<safe plan>/<safe task>`.
     pub fn workspace_of(&self, key: &TaskKey) -> std::path::PathBuf {
         self.workspace_root
@@ -124,6 +158,9 @@ pub enum ChildError {
     /// The process did not start.
     #[error("cannot start the task's kernel: {0}")]
     Spawn(#[source] std::io::Error),
+    /// The task's own network rules (`--task-net`) do not parse.
+    #[error("the task's network rules (--task-net): {0}")]
+    TaskNet(String),
     /// Its workspace cannot be made.
     #[error("cannot make the task's workspace {path}: {source}")]
     Workspace {
@@ -204,7 +241,7 @@ impl Child {
             })?;
         let mut cmd = std::process::Command::new(&spawn.exe);
         cmd.arg("mcp")
-            .args(&spawn.args)
+            .args(spawn.args_of(&key)?)
             .arg("--resume")
             .arg(format!("--sandbox={}", spawn.sandbox))
             // Unsandboxed too, cells run in a worker: a crash, a limit or a kill takes the

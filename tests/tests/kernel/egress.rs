@@ -396,3 +396,110 @@ fn a_long_download_through_the_proxy_is_stopped_by_interrupt() {
         "{r:?}"
     );
 }
+
+/// A cell cannot exhaust the kernel through its proxy: past 256 connections open at once the
+/// next is answered 503 at once; 1,500 refused connections in a loop leave at most the
+/// record budget's worth of records, the rest counted in the next one; the kernel answers
+/// throughout.
+#[test]
+fn a_flood_of_connections_is_capped_and_recorded_within_the_budget() {
+    let s = Servers::start();
+    let ws = tempfile::tempdir().unwrap();
+    let mut k = kernel(ws.path(), &s, &format!("allow:localhost:{}", s.http), &[]);
+    let proxy = "import os, socket, time, urllib.parse\np = urllib.parse.urlsplit(os.environ['HTTP_PROXY'])\naddr = (p.hostname, p.port)\n";
+    let held = eval(
+        &mut k,
+        &format!("{proxy}held = [socket.create_connection(addr, timeout=10) for _ in range(256)]\ntime.sleep(0.5)\nextra = socket.create_connection(addr, timeout=10)\nline = extra.recv(200).split(b'\\r\\n')[0].decode()\nextra.close()\nline"),
+    );
+    assert!(
+        held.starts_with("HTTP/1.1 503 flowrepl egress: more than 256 connections"),
+        "{held}"
+    );
+    k.ok("for h in held:\n    h.close()\nheld = None");
+    let flood = format!(
+        "{proxy}t = time.perf_counter()\nfor _ in range(1500):\n    c = socket.create_connection(addr, timeout=10)\n    c.sendall(b'CONNECT localhost:{} HTTP/1.1\\r\\n\\r\\n')\n    c.recv(1000)\n    c.close()\nround(time.perf_counter() - t, 3)",
+        s.other
+    );
+    let took: f64 = eval(&mut k, &flood).parse().unwrap();
+    assert_eq!(eval(&mut k, "1 + 1"), "2");
+    // One more after a pause: it carries the count of those not recorded.
+    std::thread::sleep(Duration::from_millis(300));
+    k.ok(&format!("{proxy}c = socket.create_connection(addr, timeout=10)\nc.sendall(b'CONNECT localhost:{} HTTP/1.1\\r\\n\\r\\n')\nc.recv(1000)\nc.close()", s.other));
+    let mut records = Vec::new();
+    let complete = wait_for(Duration::from_secs(10), || {
+        records = read_log_all(&k.log_file()).egress;
+        let counted: u64 = records.iter().map(|r| r.unrecorded).sum();
+        records.len() as u64 + counted == 256 + 1 + 1500 + 1
+    });
+    let counted: u64 = records.iter().map(|r| r.unrecorded).sum();
+    assert!(complete, "{} records, {counted} counted", records.len());
+    // The burst, and what refilled while the flood ran.
+    let budget = 1000.0 + 100.0 * (took + 1.5);
+    assert!(
+        (records.len() as f64) <= budget && counted > 0,
+        "{} records in {took} s",
+        records.len()
+    );
+}
+
+/// `flowrepl serve`: the server's `--sandbox-net=allow:` applies to every task, and
+/// `--task-net DIR` gives a task its own rules (`<DIR>/<plan>/<task>.net`), read at its
+/// kernel's start; a task without a file keeps the server's.
+#[test]
+fn serve_gives_each_task_the_servers_rules_or_its_own() {
+    let s = Servers::start();
+    let dir = tempfile::tempdir().unwrap();
+    let net = dir.path().join("net");
+    std::fs::create_dir_all(net.join("p1")).unwrap();
+    std::fs::write(
+        net.join("p1/t1.net"),
+        format!("# t1's API\nlocalhost:{}\n", s.other),
+    )
+    .unwrap();
+    let server = flowrepl_tests::serve::Server::start(&[
+        &format!("--sandbox-net=allow:localhost:{}", s.http),
+        "--task-net",
+        &net.display().to_string(),
+    ]);
+    let code = format!(
+        "import urllib.request\nfor p in ({}, {}):\n    try:\n        print(p, urllib.request.urlopen(f'http://localhost:{{p}}/hello', timeout=10).read().decode())\n    except Exception as e:\n        print(p, 'failed', e)",
+        s.http, s.other
+    );
+    let said = server.run(
+        "net",
+        &[
+            "--plan",
+            "p1",
+            "--task",
+            "t1",
+            "--other-task",
+            "t2",
+            "--code",
+            &code,
+        ],
+    );
+    let (t1, t2) = (
+        said["task"].as_str().unwrap(),
+        said["other"].as_str().unwrap(),
+    );
+    // t1: its own rules only.
+    assert!(
+        t1.contains(&format!("{} failed HTTP Error 403", s.http)),
+        "{t1}"
+    );
+    assert!(
+        t1.contains(&format!("{} hello from other", s.other)),
+        "{t1}"
+    );
+    // t2: the server's.
+    assert!(t2.contains(&format!("{} hello from http", s.http)), "{t2}");
+    assert!(
+        t2.contains(&format!("{} failed HTTP Error 403", s.other)),
+        "{t2}"
+    );
+    let log = flowrepl_task_logger::task_log_path(&server.logs(), "p1", "t1");
+    assert!(wait_for(Duration::from_secs(10), || read_log_all(&log)
+        .egress
+        .len()
+        == 2));
+}
