@@ -29,7 +29,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
@@ -46,8 +46,8 @@ pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the end of a worker waits for its open connections to be recorded.
 const DRAIN: Duration = Duration::from_secs(1);
-/// Copy buffers, each way.
-const BUFFER: usize = 64 << 10;
+/// What one `splice` moves at most, and each direction's pipe size.
+const BUFFER: usize = 1 << 20;
 
 /// What the proxy decides by and records into.
 #[derive(Debug, Clone)]
@@ -328,10 +328,8 @@ impl Shared {
         }
         let (mut up, mut down) = (0u64, 0u64);
         let outcome = {
-            let (mut cr, mut cw) = client.split();
-            let (mut ur, mut uw) = upstream.split();
-            let to_host = pump(&mut cr, &mut uw, &mut up);
-            let to_cell = pump(&mut ur, &mut cw, &mut down);
+            let to_host = pump(client, &upstream, &mut up);
+            let to_cell = pump(&upstream, client, &mut down);
             tokio::pin!(to_host, to_cell);
             let mut cell_done = false;
             loop {
@@ -711,21 +709,54 @@ async fn respond(client: &mut TcpStream, status: u16, reason: &str) {
 }
 
 /// Copies `from` to `to` until `from` ends, then shuts `to`'s writing side; `n` counts what
-/// was written (kept when the copy fails or is dropped).
-async fn pump<R, W>(from: &mut R, to: &mut W, n: &mut u64) -> io::Result<()>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut buf = vec![0u8; BUFFER];
+/// was written (kept when the copy fails or is dropped). The bytes go through a pipe with
+/// `splice(2)`, never through this process's memory: on loopback a copy through user space
+/// left the proxy at a third of the direct speed.
+async fn pump(from: &TcpStream, to: &TcpStream, n: &mut u64) -> io::Result<()> {
+    use nix::fcntl::{splice, SpliceFFlags};
+    let (pipe_out, pipe_in) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+            .map_err(io::Error::from)?;
+    // A larger pipe moves more per call; the default (64 KiB) where the limit refuses.
+    // SAFETY: fcntl on a descriptor this function owns.
+    unsafe {
+        libc::fcntl(
+            pipe_in.as_raw_fd(),
+            libc::F_SETPIPE_SZ,
+            BUFFER as libc::c_int,
+        )
+    };
+    let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
     loop {
-        let k = from.read(&mut buf).await?;
-        if k == 0 {
-            let _ = to.shutdown().await;
+        // Fill the pipe from the socket (it is empty here: EAGAIN is the socket's).
+        let filled = loop {
+            from.readable().await?;
+            match from.try_io(tokio::io::Interest::READABLE, || {
+                splice(from, None, &pipe_in, None, BUFFER, flags).map_err(io::Error::from)
+            }) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                r => break r?,
+            }
+        };
+        if filled == 0 {
+            let _ = nix::sys::socket::shutdown(to.as_raw_fd(), nix::sys::socket::Shutdown::Write);
             return Ok(());
         }
-        to.write_all(&buf[..k]).await?;
-        *n += k as u64;
+        // Drain it into the other socket (EAGAIN is that socket's: the pipe holds bytes).
+        let mut left = filled;
+        while left > 0 {
+            to.writable().await?;
+            match to.try_io(tokio::io::Interest::WRITABLE, || {
+                splice(&pipe_out, None, to, None, left, flags).map_err(io::Error::from)
+            }) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+                Ok(k) => {
+                    left -= k;
+                    *n += k as u64;
+                }
+            }
+        }
     }
 }
 

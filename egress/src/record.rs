@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 pub const BURST: f64 = 1000.0;
 /// Records per second after that.
 pub const PER_SECOND: f64 = 100.0;
+/// Characters of an `error` kept.
+const MAX_ERROR: usize = 1000;
 
 /// Whose records they are.
 #[derive(Debug, Clone)]
@@ -116,7 +118,14 @@ impl Recorder {
             bytes_up: c.bytes_up,
             bytes_down: c.bytes_down,
             duration_ms: duration.as_secs_f64() * 1e3,
-            error: c.error.as_deref().map(Cow::Borrowed),
+            // A refusal may quote the cell's request: bounded.
+            error: c
+                .error
+                .as_deref()
+                .map(|e| match e.char_indices().nth(MAX_ERROR) {
+                    Some((i, _)) => Cow::Owned(format!("{}...", &e[..i])),
+                    None => Cow::Borrowed(e),
+                }),
             unrecorded,
         };
         let mut log = log.lock().unwrap_or_else(|p| p.into_inner());

@@ -461,10 +461,25 @@ fn instructions(config: &Config, sandbox: Option<&SandboxReport>) -> String {
             .and_then(|w| w.sandbox.as_ref())
             .map(|s| s.workspace.display().to_string())
             .unwrap_or_default();
+        let network = if sb.rules.is_empty() {
+            sb.network.clone()
+        } else {
+            // The agent learns which hosts it may reach (the first ones of a long list).
+            const SHOWN: usize = 20;
+            let more = sb.rules.len().saturating_sub(SHOWN);
+            format!(
+                "only {}{} through the proxy in HTTP(S)_PROXY",
+                sb.rules[..sb.rules.len().min(SHOWN)].join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            )
+        };
         text.push_str(&format!(
             " The code runs sandboxed ({level}; network: {network}): files may be written only in {workspace} (the working directory) and /tmp. Enforced: {on}.",
             level = sb.level,
-            network = sb.network,
             on = names(true),
         ));
         let off = names(false);
