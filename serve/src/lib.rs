@@ -92,6 +92,20 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
         eprintln!("flowrepl serve: network rules (--sandbox-net=allow:..., --task-net) need the sandbox: without it cells have the host's whole network");
         return ExitCode::from(2);
     }
+    if let Some(dir) = args.task_net.as_deref().map(absolute) {
+        // Its files reach the kernels as `--sandbox-net=allow:@FILE`, where a space or a
+        // comma would split the path.
+        if dir
+            .to_string_lossy()
+            .contains(|c: char| c == ',' || c.is_whitespace())
+        {
+            eprintln!(
+                "flowrepl serve: --task-net {}: the path cannot contain spaces or commas",
+                dir.display()
+            );
+            return ExitCode::from(2);
+        }
+    }
     let forwarded = cli
         .forwarded
         .iter()

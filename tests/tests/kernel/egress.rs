@@ -247,6 +247,31 @@ fn bad_network_settings_exit_2_with_a_clear_error() {
         assert!(err.contains(why), "{args:?}: {err}");
         assert!(out.stdout.is_empty());
     }
+    // The same refusals from `flowrepl serve`, before it listens.
+    let dir = tempfile::tempdir().unwrap();
+    for (args, why) in [
+        (
+            vec!["--no-sandbox", "--sandbox-net=allow:localhost:80"],
+            "need the sandbox",
+        ),
+        (
+            vec!["--task-net", "/tmp/a b"],
+            "cannot contain spaces or commas",
+        ),
+    ] {
+        let out = Command::new(bin)
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(&args)
+            .current_dir(dir.path())
+            .env("FLOWREPL_TOKEN", "a-token-of-at-least-16-chars")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
 }
 
 /// DNS rebinding: a name under an allowed `*.domain` that resolves to a loopback address is
