@@ -248,7 +248,10 @@ impl Shared {
         let accepted = chrono::Utc::now();
         let started = Instant::now();
         let _ = client.set_nodelay(true);
-        let mut c = Connection::default();
+        let mut c = Connection {
+            via: "http",
+            ..Connection::default()
+        };
         let Ok(_slot) = Arc::clone(&self.slots).try_acquire_owned() else {
             let why =
                 format!("more than {MAX_CONNECTIONS} connections through the egress proxy at once");
@@ -312,9 +315,8 @@ impl Shared {
             self.check_tls(client, &mut upstream, &mut first, &request)
                 .await?;
         } else {
-            let head = request.forwarded(&head)?;
             upstream
-                .write_all(&head)
+                .write_all(&request.forwarded)
                 .await
                 .map_err(|e| refusal(502, format!("cannot send to {}: {e}", request.target())))?;
         }
@@ -516,6 +518,9 @@ struct Request {
     method: String,
     /// Origin form (`/path?query`), for a plain HTTP request.
     path: String,
+    /// A plain HTTP request's head as sent to the host ([`Request::forward`]); empty for
+    /// CONNECT.
+    forwarded: Vec<u8>,
 }
 
 impl Request {
@@ -563,12 +568,13 @@ impl Request {
         } else {
             path.to_string()
         };
-        let request = Request {
+        let mut request = Request {
             connect,
             host,
             port,
             method,
             path,
+            forwarded: Vec::new(),
         };
         if !connect {
             for h in req.headers.iter() {
@@ -588,6 +594,7 @@ impl Request {
                     }
                 }
             }
+            request.forwarded = request.forward(req.headers, head.len());
         }
         Ok(request)
     }
@@ -607,14 +614,9 @@ impl Request {
 
     /// The head sent to the host: origin form, the proxy's and the connection's hop-by-hop
     /// headers removed, `Connection: close`.
-    fn forwarded(&self, head: &[u8]) -> Result<Vec<u8>, Refusal> {
-        let mut headers = [httparse::EMPTY_HEADER; 100];
-        let mut req = httparse::Request::new(&mut headers);
-        req.parse(head)
-            .map_err(|e| refusal(400, format!("not an HTTP request: {e}")))?;
+    fn forward(&self, headers: &[httparse::Header<'_>], size: usize) -> Vec<u8> {
         // Headers the Connection header names are hop-by-hop too.
-        let named: Vec<String> = req
-            .headers
+        let named: Vec<String> = headers
             .iter()
             .filter(|h| h.name.eq_ignore_ascii_case("connection"))
             .flat_map(|h| {
@@ -636,10 +638,10 @@ impl Request {
                     | "upgrade"
             ) || named.contains(&n)
         };
-        let mut out = Vec::with_capacity(head.len() + 32);
+        let mut out = Vec::with_capacity(size + 32);
         out.extend_from_slice(format!("{} {} HTTP/1.1\r\n", self.method, self.path).as_bytes());
         let mut has_host = false;
-        for h in req.headers.iter().filter(|h| !hop(h.name)) {
+        for h in headers.iter().filter(|h| !hop(h.name)) {
             has_host |= h.name.eq_ignore_ascii_case("host");
             out.extend_from_slice(h.name.as_bytes());
             out.extend_from_slice(b": ");
@@ -655,7 +657,7 @@ impl Request {
             out.extend_from_slice(format!("Host: {host}\r\n").as_bytes());
         }
         out.extend_from_slice(b"Connection: close\r\n\r\n");
-        Ok(out)
+        out
     }
 }
 
@@ -809,7 +811,7 @@ mod tests {
     fn the_forwarded_head_drops_hop_by_hop_headers() {
         let head = b"POST http://example.com:8080/x HTTP/1.1\r\nHost: example.com:8080\r\nProxy-Authorization: Basic eA==\r\nConnection: keep-alive, X-Secret\r\nX-Secret: 1\r\nProxy-Connection: keep-alive\r\nContent-Length: 2\r\n\r\n";
         let r = Request::parse(head).unwrap();
-        let out = String::from_utf8(r.forwarded(head).unwrap()).unwrap();
+        let out = String::from_utf8(r.forwarded).unwrap();
         assert_eq!(
             out,
             "POST /x HTTP/1.1\r\nHost: example.com:8080\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"

@@ -111,7 +111,7 @@ impl Recorder {
             timestamp: accepted.to_rfc3339_opts(SecondsFormat::Millis, true).into(),
             host: Cow::Borrowed(&c.host),
             port: c.port,
-            via: Cow::Borrowed(if c.via.is_empty() { "http" } else { c.via }),
+            via: Cow::Borrowed(c.via),
             allowed: c.allowed,
             rule: c.rule.as_deref().map(Cow::Borrowed),
             address: c.address.as_deref().map(Cow::Borrowed),
