@@ -5,9 +5,12 @@
 //! - `CONNECT host:port HTTP/1.1`: a tunnel. When the cell's first bytes in it are a TLS
 //!   ClientHello, its server name (SNI) must be `host`; the tunnel is then opaque (no TLS
 //!   interception: what goes through is between the cell and the host).
-//! - `METHOD http://host[:port]/path HTTP/1.1`: one plain HTTP request, forwarded in origin
-//!   form with `Connection: close` and without the proxy's hop-by-hop headers; a `Host`
-//!   header must name the same host and port.
+//! - `METHOD http://host[:port]/path HTTP/1.1`: one plain HTTP request per connection,
+//!   forwarded in origin form with `Connection: close` and without the proxy's hop-by-hop
+//!   headers; a `Host` header must name the same host and port. Its body is framed exactly
+//!   ([`Body`]): the `Content-Length` bytes, or a chunked body to its last chunk (re-chunked);
+//!   nothing the cell sends after it reaches the host (read and dropped, counted in the
+//!   record's `bytes_dropped`): a second request cannot ride on an allowed one.
 //!
 //! Anything else gets `400`; a name no rule allows, or one that resolves only to internal
 //! addresses without a rule naming it, gets `403` with the reason in the status line (which
@@ -22,11 +25,12 @@
 
 use crate::record::{Connection, Recorder, Who};
 use crate::rules::{canonical_host, Rules};
-use crate::tls::{client_hello, Hello, MAX_RECORD};
+use crate::tls::{client_hello, Hello, MAX_FIRST_BYTES};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -135,6 +139,7 @@ async fn run(
         recorder: Recorder::new(config.who, config.log),
         cancel: cancel.clone(),
         slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+        open: AtomicU64::new(0),
     });
     let mut tasks = tokio::task::JoinSet::new();
     loop {
@@ -146,6 +151,7 @@ async fn run(
         match accepted {
             Ok((stream, _)) => {
                 let shared = Arc::clone(&shared);
+                shared.open.fetch_add(1, Ordering::Relaxed);
                 tasks.spawn(async move { shared.serve(stream).await });
             }
             Err(e) => {
@@ -156,6 +162,9 @@ async fn run(
         }
     }
     let _ = tokio::time::timeout(DRAIN, async { while tasks.join_next().await.is_some() {} }).await;
+    // What was accepted and will have no record of its own (cut and not finished within the
+    // drain), and what the budget left out since the last record: in a last record.
+    shared.recorder.finish(shared.open.load(Ordering::Relaxed));
 }
 
 /// Receives the listening socket from the worker and checks it is one: a TCP socket,
@@ -226,6 +235,8 @@ struct Shared {
     recorder: Recorder,
     cancel: CancellationToken,
     slots: Arc<tokio::sync::Semaphore>,
+    /// Connections accepted whose record is not written yet.
+    open: AtomicU64,
 }
 
 /// Why a connection was refused or failed: the status answered (0: none can be sent any
@@ -257,7 +268,7 @@ impl Shared {
                 format!("more than {MAX_CONNECTIONS} connections through the egress proxy at once");
             respond(&mut client, 503, &why).await;
             c.error = Some(why);
-            self.recorder.write(&c, accepted, started.elapsed());
+            self.record(&c, accepted, started);
             return;
         };
         if let Err(r) = self.handle(&mut client, &mut c).await {
@@ -266,7 +277,12 @@ impl Shared {
             }
             c.error = Some(r.reason);
         }
-        self.recorder.write(&c, accepted, started.elapsed());
+        self.record(&c, accepted, started);
+    }
+
+    fn record(&self, c: &Connection, accepted: chrono::DateTime<chrono::Utc>, started: Instant) {
+        self.recorder.write(c, accepted, started.elapsed());
+        self.open.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Serves one connection; `Err` when it was refused or failed (status 0: no answer can
@@ -280,10 +296,7 @@ impl Shared {
             },
             _ = self.cancel.cancelled() => return Err(refusal(0, "the worker ended")),
         };
-        let request = Request::parse(&head)?;
-        c.via = if request.connect { "connect" } else { "http" };
-        c.host.clone_from(&request.host);
-        c.port = request.port;
+        let request = Request::parse(&head, c)?;
         let allowed = self.rules.allows(&request.host, request.port).ok_or_else(|| {
             refusal(
                 403,
@@ -307,51 +320,100 @@ impl Shared {
         c.address = Some(addr.ip().to_string());
         let _ = upstream.set_nodelay(true);
         let mut first = rest;
-        if request.connect {
-            client
-                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                .await
-                .map_err(|e| refusal(0, format!("the cell closed the connection: {e}")))?;
-            self.check_tls(client, &mut upstream, &mut first, &request)
-                .await?;
-        } else {
-            upstream
-                .write_all(&request.forwarded)
-                .await
-                .map_err(|e| refusal(502, format!("cannot send to {}: {e}", request.target())))?;
+        if !request.connect {
+            return self.forward(client, &upstream, &request, first, c).await;
         }
+        client
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await
+            .map_err(|e| refusal(0, format!("the cell closed the connection: {e}")))?;
+        self.check_tls(client, &mut upstream, &mut first, &request)
+            .await?;
         c.allowed = true;
         if !first.is_empty() {
-            upstream
-                .write_all(&first)
+            write_all(&upstream, &first)
                 .await
                 .map_err(|e| refusal(0, format!("cannot send to {}: {e}", request.target())))?;
             c.bytes_up += first.len() as u64;
         }
         let (mut up, mut down) = (0u64, 0u64);
-        let outcome = {
-            let to_host = pump(client, &upstream, &mut up);
-            let to_cell = pump(&upstream, client, &mut down);
-            tokio::pin!(to_host, to_cell);
-            let mut cell_done = false;
-            loop {
-                tokio::select! {
-                    // The cell closed its side (or half-closed it): the host's answer still
-                    // comes.
-                    r = &mut to_host, if !cell_done => match r {
-                        Ok(()) => cell_done = true,
-                        Err(e) => break Err(format!("the cell's side: {e}")),
-                    },
-                    // The host closed: the connection ends (a cell that keeps its socket
-                    // open would otherwise hold it for ever).
-                    r = &mut to_cell => break r.map_err(|e| format!("the host's side: {e}")),
-                    _ = self.cancel.cancelled() => break Err("cut: the worker ended".to_string()),
-                }
-            }
-        };
+        let outcome = self
+            .relay(
+                async { pump(client, &upstream, &mut up, u64::MAX).await.map(drop) },
+                async { pump(&upstream, client, &mut down, u64::MAX).await.map(drop) },
+            )
+            .await;
         c.bytes_up += up;
         c.bytes_down += down;
         outcome.map_err(|e| refusal(0, e))
+    }
+
+    /// Forwards a plain HTTP request: its head, exactly its body, nothing after; the host's
+    /// answer back to the cell.
+    async fn forward(
+        &self,
+        client: &TcpStream,
+        upstream: &TcpStream,
+        request: &Request,
+        first: Vec<u8>,
+        c: &mut Connection,
+    ) -> Result<(), Refusal> {
+        write_all(upstream, &request.forwarded)
+            .await
+            .map_err(|e| refusal(502, format!("cannot send to {}: {e}", request.target())))?;
+        c.allowed = true;
+        c.bytes_up += request.forwarded.len() as u64;
+        let (mut up, mut down, mut dropped) = (0u64, 0u64, 0u64);
+        let outcome = {
+            let to_host = async {
+                send_body(client, upstream, request.body, first, &mut up, &mut dropped).await?;
+                // The request is complete: what the cell sends now is not forwarded. Read and
+                // counted until it closes (its close is passed on).
+                let mut buf = vec![0u8; 16 << 10];
+                loop {
+                    match read_some(client, &mut buf).await? {
+                        0 => break,
+                        n => dropped += n as u64,
+                    }
+                }
+                let _ = nix::sys::socket::shutdown(
+                    upstream.as_raw_fd(),
+                    nix::sys::socket::Shutdown::Write,
+                );
+                Ok(())
+            };
+            let to_cell = async { pump(upstream, client, &mut down, u64::MAX).await.map(drop) };
+            self.relay(to_host, to_cell).await
+        };
+        c.bytes_up += up;
+        c.bytes_down += down;
+        c.bytes_dropped = dropped;
+        outcome.map_err(|e| refusal(0, e))
+    }
+
+    /// Runs both directions until the host's side ends (or the cell's fails, or the worker
+    /// ends).
+    async fn relay(
+        &self,
+        to_host: impl std::future::Future<Output = io::Result<()>>,
+        to_cell: impl std::future::Future<Output = io::Result<()>>,
+    ) -> Result<(), String> {
+        tokio::pin!(to_host, to_cell);
+        let mut cell_done = false;
+        loop {
+            tokio::select! {
+                // The cell closed its side (or half-closed it): the host's answer still
+                // comes.
+                r = &mut to_host, if !cell_done => match r {
+                    Ok(()) => cell_done = true,
+                    Err(e) => break Err(format!("the cell's side: {e}")),
+                },
+                // The host closed: the connection ends (a cell that keeps its socket
+                // open would otherwise hold it for ever).
+                r = &mut to_cell => break r.map_err(|e| format!("the host's side: {e}")),
+                _ = self.cancel.cancelled() => break Err("cut: the worker ended".to_string()),
+            }
+        }
     }
 
     /// The host's addresses the rule lets the connection reach.
@@ -389,17 +451,24 @@ impl Shared {
         if explicit {
             return Ok(all);
         }
+        // Read per decision (a wildcard rule's only): an interface's address may change.
+        let local = crate::address::local_addresses().map_err(|e| {
+            refusal(
+                502,
+                format!("cannot read this host's interface addresses: {e}"),
+            )
+        })?;
         let (ok, internal): (Vec<_>, Vec<_>) = all
             .into_iter()
-            .partition(|a| crate::address::internal(a.ip()).is_none());
+            .partition(|a| crate::address::internal_here(a.ip(), &local).is_none());
         match (ok.is_empty(), internal.first()) {
             (true, Some(a)) => Err(refusal(
                 403,
                 format!(
-                    "{} resolves to {}, a {} address: only a rule naming {} itself allows that (the rule {rule} does not)",
+                    "{} resolves to {}, an internal address ({}): only a rule naming {} itself allows that (the rule {rule} does not)",
                     request.host,
                     a.ip(),
-                    crate::address::internal(a.ip()).unwrap_or("internal"),
+                    crate::address::internal_here(a.ip(), &local).unwrap_or("internal"),
                     request.host_display()
                 ),
             )),
@@ -436,8 +505,8 @@ impl Shared {
                     return Err(refusal(0, format!("a TLS ClientHello that cannot be read: {why}")))
                 }
                 Hello::NoSni | Hello::NotTls => return Ok(()),
-                Hello::Incomplete if first.len() >= MAX_RECORD => {
-                    return Err(refusal(0, "a TLS ClientHello larger than one record"))
+                Hello::Incomplete if first.len() >= MAX_FIRST_BYTES => {
+                    return Err(refusal(0, "a TLS ClientHello over its largest size"))
                 }
                 Hello::Incomplete => {}
             }
@@ -508,6 +577,17 @@ async fn read_head(client: &mut TcpStream) -> Result<(Vec<u8>, Vec<u8>), Refusal
     }
 }
 
+/// A plain HTTP request's body, as its framing says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Body {
+    /// Neither `Content-Length` nor `Transfer-Encoding`: no body.
+    None,
+    /// `Content-Length: n`: exactly `n` bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`: chunks up to the last (size 0) and its trailer section.
+    Chunked,
+}
+
 /// A request to the proxy, as far as it decides by it.
 #[derive(Debug)]
 struct Request {
@@ -518,17 +598,45 @@ struct Request {
     method: String,
     /// Origin form (`/path?query`), for a plain HTTP request.
     path: String,
+    /// A plain HTTP request's body.
+    body: Body,
     /// A plain HTTP request's head as sent to the host ([`Request::forward`]); empty for
     /// CONNECT.
     forwarded: Vec<u8>,
 }
 
+/// Headers a `Connection` header may not name: the request's framing and routing depend on
+/// them, and dropping them as hop-by-hop would turn a body into another request.
+const NOT_HOP_BY_HOP: [&str; 4] = ["content-length", "transfer-encoding", "host", "trailer"];
+
+/// What a refused request named, for its record: the host (canonical when it is one, else
+/// as written, without control characters, at most 253 characters) and the port (0 when
+/// none could be read).
+fn named(authority: &str, default_port: u16) -> (String, u16) {
+    let authority = authority.rsplit('@').next().unwrap_or(authority);
+    let (host, port) = split_authority(authority, default_port).unwrap_or((authority, 0));
+    let host = canonical_host(host).unwrap_or_else(|_| {
+        host.chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .take(253)
+            .collect()
+    });
+    (host, port)
+}
+
 impl Request {
-    fn parse(head: &[u8]) -> Result<Request, Refusal> {
+    /// Parses a request head; what it names (via, host, port) goes into `c` as soon as it is
+    /// read, so that a refusal's record says what was asked for.
+    fn parse(head: &[u8], c: &mut Connection) -> Result<Request, Refusal> {
         let mut headers = [httparse::EMPTY_HEADER; 100];
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(head) {
-            Ok(httparse::Status::Complete(_)) => {}
+            // The head as read ends at the first CRLF CRLF: a head that httparse ends
+            // before (bare LF line ends) would leave bytes that are neither head nor body.
+            Ok(httparse::Status::Complete(n)) if n == head.len() => {}
+            Ok(httparse::Status::Complete(_)) => {
+                return Err(refusal(400, "a request head with bare LF line ends"))
+            }
             Ok(httparse::Status::Partial) => {
                 return Err(refusal(400, "an incomplete request head"))
             }
@@ -537,22 +645,33 @@ impl Request {
         let method = req.method.unwrap_or_default().to_string();
         let target = req.path.unwrap_or_default();
         let connect = method.eq_ignore_ascii_case("CONNECT");
+        c.via = if connect { "connect" } else { "http" };
         let (authority, path, default_port) = if connect {
             (target, "", 0)
         } else if let Some(rest) = strip_prefix_ignore_case(target, "http://") {
             let (a, p) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
             (a, p, 80)
-        } else if strip_prefix_ignore_case(target, "https://").is_some() {
+        } else if let Some(rest) = strip_prefix_ignore_case(target, "https://") {
+            let a = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+            (c.host, c.port) = named(a, 443);
             return Err(refusal(
                 400,
                 "an https:// URL goes through CONNECT (set HTTPS_PROXY, as the sandbox does)",
             ));
         } else {
+            if let Some(h) = req
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("host"))
+            {
+                (c.host, c.port) = named(&String::from_utf8_lossy(h.value), 80);
+            }
             return Err(refusal(
                 400,
                 "this is the sandbox's egress proxy: ask it for an absolute http:// URL, or CONNECT host:port",
             ));
         };
+        (c.host, c.port) = named(authority, default_port);
         if authority.contains('@') {
             return Err(refusal(
                 400,
@@ -574,6 +693,7 @@ impl Request {
             port,
             method,
             path,
+            body: Body::None,
             forwarded: Vec::new(),
         };
         if !connect {
@@ -594,6 +714,7 @@ impl Request {
                     }
                 }
             }
+            request.body = framing(req.headers)?;
             request.forwarded = request.forward(req.headers, head.len());
         }
         Ok(request)
@@ -613,9 +734,11 @@ impl Request {
     }
 
     /// The head sent to the host: origin form, the proxy's and the connection's hop-by-hop
-    /// headers removed, `Connection: close`.
+    /// headers removed, the framing header written as the proxy reads it ([`framing`]),
+    /// `Connection: close`.
     fn forward(&self, headers: &[httparse::Header<'_>], size: usize) -> Vec<u8> {
-        // Headers the Connection header names are hop-by-hop too.
+        // Headers the Connection header names are hop-by-hop too ([`framing`] refused the
+        // ones that are not).
         let named: Vec<String> = headers
             .iter()
             .filter(|h| h.name.eq_ignore_ascii_case("connection"))
@@ -626,7 +749,7 @@ impl Request {
                     .collect::<Vec<_>>()
             })
             .collect();
-        let hop = |name: &str| {
+        let dropped = |name: &str| {
             let n = name.to_ascii_lowercase();
             matches!(
                 n.as_str(),
@@ -636,12 +759,14 @@ impl Request {
                     | "proxy-authorization"
                     | "te"
                     | "upgrade"
+                    | "content-length"
+                    | "transfer-encoding"
             ) || named.contains(&n)
         };
         let mut out = Vec::with_capacity(size + 32);
         out.extend_from_slice(format!("{} {} HTTP/1.1\r\n", self.method, self.path).as_bytes());
         let mut has_host = false;
-        for h in headers.iter().filter(|h| !hop(h.name)) {
+        for h in headers.iter().filter(|h| !dropped(h.name)) {
             has_host |= h.name.eq_ignore_ascii_case("host");
             out.extend_from_slice(h.name.as_bytes());
             out.extend_from_slice(b": ");
@@ -656,8 +781,64 @@ impl Request {
             };
             out.extend_from_slice(format!("Host: {host}\r\n").as_bytes());
         }
+        match self.body {
+            Body::None => {}
+            Body::Length(n) => out.extend_from_slice(format!("Content-Length: {n}\r\n").as_bytes()),
+            Body::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        }
         out.extend_from_slice(b"Connection: close\r\n\r\n");
         out
+    }
+}
+
+/// A request's body framing, read strictly: one `Content-Length` of digits, or one
+/// `Transfer-Encoding: chunked`, never both; a `Connection` header may not name a header
+/// the framing or routing depends on ([`NOT_HOP_BY_HOP`]). Anything else is refused: where
+/// the proxy and the host could read a body's end differently, the rest would be another
+/// request.
+fn framing(headers: &[httparse::Header<'_>]) -> Result<Body, Refusal> {
+    let mut length = None;
+    let mut chunked = false;
+    for h in headers {
+        let value = std::str::from_utf8(h.value).unwrap_or("\u{fffd}").trim();
+        if h.name.eq_ignore_ascii_case("content-length") {
+            if length.is_some() {
+                return Err(refusal(400, "several Content-Length headers"));
+            }
+            let n = (!value.is_empty()
+                && value.len() <= 18
+                && value.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| value.parse::<u64>().ok())
+            .flatten()
+            .ok_or_else(|| refusal(400, format!("Content-Length {value:?} is not one number")))?;
+            length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            if chunked {
+                return Err(refusal(400, "several Transfer-Encoding headers"));
+            }
+            if !value.eq_ignore_ascii_case("chunked") {
+                return Err(refusal(
+                    501,
+                    format!("Transfer-Encoding {value:?}: only chunked is forwarded"),
+                ));
+            }
+            chunked = true;
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            for name in value.split(',').map(|n| n.trim()) {
+                if let Some(n) = NOT_HOP_BY_HOP.iter().find(|n| n.eq_ignore_ascii_case(name)) {
+                    return Err(refusal(
+                        400,
+                        format!("a Connection header naming {n}, which the request's framing or routing depends on"),
+                    ));
+                }
+            }
+        }
+    }
+    match (length, chunked) {
+        (Some(_), true) => Err(refusal(400, "both Content-Length and Transfer-Encoding")),
+        (Some(n), false) => Ok(Body::Length(n)),
+        (None, true) => Ok(Body::Chunked),
+        (None, false) => Ok(Body::None),
     }
 }
 
@@ -710,11 +891,12 @@ async fn respond(client: &mut TcpStream, status: u16, reason: &str) {
     .await;
 }
 
-/// Copies `from` to `to` until `from` ends, then shuts `to`'s writing side; `n` counts what
-/// was written (kept when the copy fails or is dropped). The bytes go through a pipe with
-/// `splice(2)`, never through this process's memory: on loopback a copy through user space
-/// left the proxy at a third of the direct speed.
-async fn pump(from: &TcpStream, to: &TcpStream, n: &mut u64) -> io::Result<()> {
+/// Copies `from` to `to` until `from` ends (then shuts `to`'s writing side, and returns
+/// `true`) or `limit` bytes have been copied (`false`); `n` counts what was written (kept
+/// when the copy fails or is dropped). The bytes go through a pipe with `splice(2)`, never
+/// through this process's memory: on loopback a copy through user space left the proxy at a
+/// third of the direct speed.
+async fn pump(from: &TcpStream, to: &TcpStream, n: &mut u64, limit: u64) -> io::Result<bool> {
     use nix::fcntl::{splice, SpliceFFlags};
     let (pipe_out, pipe_in) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
@@ -729,12 +911,14 @@ async fn pump(from: &TcpStream, to: &TcpStream, n: &mut u64) -> io::Result<()> {
         )
     };
     let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
-    loop {
+    let mut left = limit;
+    while left > 0 {
+        let most = usize::try_from(left).unwrap_or(usize::MAX).min(BUFFER);
         // Fill the pipe from the socket (it is empty here: EAGAIN is the socket's).
         let filled = loop {
             from.readable().await?;
             match from.try_io(tokio::io::Interest::READABLE, || {
-                splice(from, None, &pipe_in, None, BUFFER, flags).map_err(io::Error::from)
+                splice(from, None, &pipe_in, None, most, flags).map_err(io::Error::from)
             }) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 r => break r?,
@@ -742,46 +926,221 @@ async fn pump(from: &TcpStream, to: &TcpStream, n: &mut u64) -> io::Result<()> {
         };
         if filled == 0 {
             let _ = nix::sys::socket::shutdown(to.as_raw_fd(), nix::sys::socket::Shutdown::Write);
-            return Ok(());
+            return Ok(true);
         }
+        left -= filled as u64;
         // Drain it into the other socket (EAGAIN is that socket's: the pipe holds bytes).
-        let mut left = filled;
-        while left > 0 {
+        let mut pending = filled;
+        while pending > 0 {
             to.writable().await?;
             match to.try_io(tokio::io::Interest::WRITABLE, || {
-                splice(&pipe_out, None, to, None, left, flags).map_err(io::Error::from)
+                splice(&pipe_out, None, to, None, pending, flags).map_err(io::Error::from)
             }) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
                 Ok(k) => {
-                    left -= k;
+                    pending -= k;
                     *n += k as u64;
                 }
             }
         }
     }
+    Ok(false)
+}
+
+/// Reads what is there (0: the end).
+async fn read_some(from: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        from.readable().await?;
+        match from.try_read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            r => return r,
+        }
+    }
+}
+
+async fn write_all(to: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        to.writable().await?;
+        match to.try_write(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+            Ok(n) => buf = &buf[n..],
+        }
+    }
+    Ok(())
+}
+
+/// Sends a plain HTTP request's body to the host, exactly as far as its framing says:
+/// `first` (what came with the head) then the cell's socket. Returns when the body is
+/// complete, or the cell closed first; what `first` holds past the body is counted in
+/// `dropped`.
+async fn send_body(
+    client: &TcpStream,
+    upstream: &TcpStream,
+    body: Body,
+    first: Vec<u8>,
+    up: &mut u64,
+    dropped: &mut u64,
+) -> io::Result<()> {
+    match body {
+        Body::None => *dropped += first.len() as u64,
+        Body::Length(n) => {
+            let k = usize::try_from(n).unwrap_or(usize::MAX).min(first.len());
+            write_all(upstream, &first[..k]).await?;
+            *up += k as u64;
+            *dropped += (first.len() - k) as u64;
+            if n > k as u64 {
+                // The rest spliced, exactly.
+                pump(client, upstream, up, n - k as u64).await?;
+            }
+        }
+        Body::Chunked => send_chunked(client, upstream, first, up, dropped).await?,
+    }
+    Ok(())
+}
+
+/// A chunk size line's (or a trailer line's) largest size.
+const MAX_LINE: usize = 4096;
+
+/// Relays a chunked body to its last chunk, re-chunked: each chunk as `SIZE CRLF DATA CRLF`
+/// with its size in lowercase hex and no extension, the trailer section dropped (`0 CRLF
+/// CRLF`). A body that is not strictly chunked (a size that is not 1 to 16 hex digits, a
+/// line with a bare CR or LF, data not followed by CRLF) cuts the connection: what the host
+/// got is an incomplete body, never the start of another request.
+async fn send_chunked(
+    client: &TcpStream,
+    upstream: &TcpStream,
+    mut buf: Vec<u8>,
+    up: &mut u64,
+    dropped: &mut u64,
+) -> io::Result<()> {
+    fn bad(why: &str) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a chunked body that cannot be read: {why}"),
+        )
+    }
+    let mut chunk = vec![0u8; 64 << 10];
+    let mut at = 0;
+    // Reads more into `buf` (what was parsed dropped first); `false` at the cell's end.
+    macro_rules! more {
+        () => {{
+            buf.drain(..at);
+            at = 0;
+            let n = read_some(client, &mut chunk).await?;
+            buf.extend_from_slice(&chunk[..n]);
+            n > 0
+        }};
+    }
+    // The next CRLF-ended line, without control characters but tabs.
+    macro_rules! next_line {
+        ($what:expr) => {{
+            loop {
+                if let Some(i) = memchr::memmem::find(&buf[at..], b"\r\n") {
+                    let line = buf[at..at + i].to_vec();
+                    at += i + 2;
+                    if line.iter().any(|&b| b != b'\t' && (b < 0x20 || b == 0x7f)) {
+                        return Err(bad(concat!("a control character in ", $what)));
+                    }
+                    break Some(line);
+                }
+                if buf.len() - at > MAX_LINE {
+                    return Err(bad(concat!($what, " over 4 KiB")));
+                }
+                if !more!() {
+                    break None;
+                }
+            }
+        }};
+    }
+    loop {
+        let Some(line) = next_line!("a chunk size line") else {
+            return Ok(());
+        };
+        let digits = line
+            .split(|&b| b == b';')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii_end();
+        if digits.is_empty() || digits.len() > 16 || !digits.iter().all(u8::is_ascii_hexdigit) {
+            return Err(bad("a chunk size that is not 1 to 16 hex digits"));
+        }
+        let size = u64::from_str_radix(std::str::from_utf8(digits).unwrap_or("x"), 16)
+            .map_err(|_| bad("a chunk size that is not a number"))?;
+        if size == 0 {
+            break;
+        }
+        let head = format!("{size:x}\r\n");
+        write_all(upstream, head.as_bytes()).await?;
+        *up += head.len() as u64;
+        let mut left = size;
+        while left > 0 {
+            if at == buf.len() && !more!() {
+                return Ok(());
+            }
+            let k = usize::try_from(left)
+                .unwrap_or(usize::MAX)
+                .min(buf.len() - at);
+            write_all(upstream, &buf[at..at + k]).await?;
+            *up += k as u64;
+            at += k;
+            left -= k as u64;
+        }
+        while buf.len() - at < 2 {
+            if !more!() {
+                return Ok(());
+            }
+        }
+        if &buf[at..at + 2] != b"\r\n" {
+            return Err(bad("a chunk's data not followed by CRLF"));
+        }
+        at += 2;
+        write_all(upstream, b"\r\n").await?;
+        *up += 2;
+    }
+    // The trailer section: read to its end, dropped.
+    let mut trailers = 0;
+    loop {
+        let Some(line) = next_line!("a trailer line") else {
+            return Ok(());
+        };
+        if line.is_empty() {
+            break;
+        }
+        trailers += line.len();
+        if trailers > MAX_HEAD {
+            return Err(bad("trailers over 64 KiB"));
+        }
+    }
+    write_all(upstream, b"0\r\n\r\n").await?;
+    *up += 5;
+    *dropped += (buf.len() - at) as u64;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn parse(head: &[u8]) -> Result<Request, Refusal> {
+        Request::parse(head, &mut Connection::default())
+    }
+
     #[test]
     fn requests_are_read_as_the_proxy_decides_by_them() {
-        let r = Request::parse(b"CONNECT LocalHost.:8443 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let r = parse(b"CONNECT LocalHost.:8443 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
         assert!(r.connect);
         assert_eq!((r.host.as_str(), r.port), ("localhost", 8443));
-        let r =
-            Request::parse(b"GET http://[::1]:81?q=1 HTTP/1.1\r\nHost: [::1]:81\r\n\r\n").unwrap();
+        let r = parse(b"GET http://[::1]:81?q=1 HTTP/1.1\r\nHost: [::1]:81\r\n\r\n").unwrap();
         assert_eq!(
             (r.host.as_str(), r.port, r.path.as_str()),
             ("::1", 81, "/?q=1")
         );
-        let r = Request::parse(b"GET http://example.com/a/b HTTP/1.1\r\nhost: EXAMPLE.com\r\n\r\n")
-            .unwrap();
+        let r = parse(b"GET http://example.com/a/b HTTP/1.1\r\nhost: EXAMPLE.com\r\n\r\n").unwrap();
         assert_eq!(
-            (r.host.as_str(), r.port, r.path.as_str()),
-            ("example.com", 80, "/a/b")
+            (r.host.as_str(), r.port, r.path.as_str(), r.body),
+            ("example.com", 80, "/a/b", Body::None)
         );
         for (head, why) in [
             (&b"GET / HTTP/1.1\r\n\r\n"[..], "absolute http://"),
@@ -796,8 +1155,12 @@ mod tests {
                 "credentials",
             ),
             (b"\x16\x03\x01\x00\x05hello\r\n\r\n", "not an HTTP request"),
+            (
+                b"GET http://example.com/ HTTP/1.1\nHost: example.com\n\nGET http://x/ HTTP/1.1\r\n\r\n",
+                "bare LF",
+            ),
         ] {
-            let e = Request::parse(head).unwrap_err();
+            let e = parse(head).unwrap_err();
             assert!(
                 e.reason.contains(why),
                 "{}: {}",
@@ -807,14 +1170,181 @@ mod tests {
         }
     }
 
+    /// A refused request's record names what it asked for (never credentials).
+    #[test]
+    fn a_refused_request_records_what_it_named() {
+        for (head, via, host, port) in [
+            (
+                &b"GET http://example.com:8080/ HTTP/1.1\r\nHost: other.com\r\n\r\n"[..],
+                "http",
+                "example.com",
+                8080,
+            ),
+            (
+                b"GET http://user:pw@Example.com/ HTTP/1.1\r\n\r\n",
+                "http",
+                "example.com",
+                80,
+            ),
+            (b"GET https://example.com/x HTTP/1.1\r\n\r\n", "http", "example.com", 443),
+            (b"GET /x HTTP/1.1\r\nHost: example.com:81\r\n\r\n", "http", "example.com", 81),
+            (b"CONNECT example.com HTTP/1.1\r\n\r\n", "connect", "example.com", 0),
+            (
+                b"GET http://example.com/ HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
+                "http",
+                "example.com",
+                80,
+            ),
+            (b"GET http://exa$mple.com/ HTTP/1.1\r\n\r\n", "http", "exa$mple.com", 80),
+        ] {
+            let mut c = Connection::default();
+            assert!(Request::parse(head, &mut c).is_err());
+            assert_eq!(
+                (c.via, c.host.as_str(), c.port),
+                (via, host, port),
+                "{}",
+                String::from_utf8_lossy(head)
+            );
+        }
+    }
+
     #[test]
     fn the_forwarded_head_drops_hop_by_hop_headers() {
         let head = b"POST http://example.com:8080/x HTTP/1.1\r\nHost: example.com:8080\r\nProxy-Authorization: Basic eA==\r\nConnection: keep-alive, X-Secret\r\nX-Secret: 1\r\nProxy-Connection: keep-alive\r\nContent-Length: 2\r\n\r\n";
-        let r = Request::parse(head).unwrap();
+        let r = parse(head).unwrap();
         let out = String::from_utf8(r.forwarded).unwrap();
         assert_eq!(
             out,
             "POST /x HTTP/1.1\r\nHost: example.com:8080\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
         );
+        let r = parse(
+            b"POST http://example.com/ HTTP/1.1\r\nTransfer-Encoding: Chunked\r\nX: 1\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.body, Body::Chunked);
+        assert_eq!(
+            String::from_utf8(r.forwarded).unwrap(),
+            "POST / HTTP/1.1\r\nX: 1\r\nHost: example.com\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        );
+    }
+
+    /// Framing the proxy and a host could read differently is refused; the control: the same
+    /// request framed plainly passes.
+    #[test]
+    fn ambiguous_framing_is_refused() {
+        let req = |headers: &str| {
+            parse(format!("POST http://example.com/ HTTP/1.1\r\n{headers}\r\n").as_bytes())
+        };
+        for (headers, why) in [
+            (
+                "Content-Length: 5\r\nConnection: content-length\r\n",
+                "Connection header naming content-length",
+            ),
+            (
+                "Connection: close, Transfer-Encoding\r\n",
+                "naming transfer-encoding",
+            ),
+            ("Connection: HOST\r\n", "naming host"),
+            (
+                "Content-Length: 5\r\nContent-Length: 5\r\n",
+                "several Content-Length",
+            ),
+            ("Content-Length: 5, 5\r\n", "is not one number"),
+            ("Content-Length: +5\r\n", "is not one number"),
+            ("Content-Length: 0x5\r\n", "is not one number"),
+            (
+                "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+                "both",
+            ),
+            (
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+                "several Transfer-Encoding",
+            ),
+            ("Transfer-Encoding: gzip, chunked\r\n", "only chunked"),
+            ("Transfer-Encoding: identity\r\n", "only chunked"),
+        ] {
+            let e = req(headers).unwrap_err();
+            assert!(e.reason.contains(why), "{headers}: {}", e.reason);
+        }
+        assert_eq!(
+            req("Content-Length: 5\r\nConnection: keep-alive\r\n")
+                .unwrap()
+                .body,
+            Body::Length(5)
+        );
+        assert_eq!(
+            req("Content-Length:  007 \r\n").unwrap().body,
+            Body::Length(7)
+        );
+        assert_eq!(
+            req("Transfer-Encoding: chunked\r\n").unwrap().body,
+            Body::Chunked
+        );
+    }
+
+    /// The chunked relay: what reaches the host, what is dropped, what is refused.
+    #[test]
+    fn chunked_bodies_are_relayed_to_their_last_chunk() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let run = |first: &'static [u8], later: &'static [u8]| {
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let mut cell = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+                let (client, _) = l.accept().await.unwrap();
+                let mut host = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+                let (upstream, _) = l.accept().await.unwrap();
+                cell.write_all(later).await.unwrap();
+                cell.shutdown().await.unwrap();
+                let (mut up, mut dropped) = (0, 0);
+                let r = send_body(
+                    &client,
+                    &upstream,
+                    Body::Chunked,
+                    first.to_vec(),
+                    &mut up,
+                    &mut dropped,
+                )
+                .await;
+                drop(upstream);
+                let mut got = Vec::new();
+                host.read_to_end(&mut got).await.unwrap();
+                assert_eq!(up, got.len() as u64);
+                (
+                    r.map_err(|e| e.to_string()),
+                    String::from_utf8(got).unwrap(),
+                    dropped,
+                )
+            })
+        };
+        let (r, got, dropped) = run(
+            b"5;ext=1\r\nhello\r\n",
+            b"A\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\nGET http://other/ HTTP/1.1\r\n\r\n",
+        );
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(got, "5\r\nhello\r\na\r\n0123456789\r\n0\r\n\r\n");
+        assert_eq!(dropped, 30);
+        // All in the first bytes, byte-split sizes.
+        let (r, got, dropped) = run(b"000003\r\nabc\r\n0\r\n\r\nmore", b"");
+        assert!(r.is_ok());
+        assert_eq!((got.as_str(), dropped), ("3\r\nabc\r\n0\r\n\r\n", 4));
+        for (first, why) in [
+            (&b"5\nhello\r\n0\r\n\r\n"[..], "control character"),
+            (b"5\r\nhelloXX0\r\n\r\n", "not followed by CRLF"),
+            (b"-5\r\nhello\r\n", "hex digits"),
+            (b"12345678901234567\r\n", "hex digits"),
+            (b"\r\n", "hex digits"),
+            (b"0x5\r\nhello\r\n", "hex digits"),
+        ] {
+            let (r, got, _) = run(first, b"");
+            assert!(r.as_ref().unwrap_err().contains(why), "{first:?}: {r:?}");
+            assert!(!got.contains("0\r\n\r\n"), "{got:?}");
+        }
+        // The cell closing mid-body: the host has an incomplete body.
+        let (r, got, _) = run(b"5\r\nhel", b"");
+        assert!(r.is_ok());
+        assert_eq!(got, "5\r\nhel");
     }
 }

@@ -1,6 +1,8 @@
 //! The server name (SNI) in a TLS ClientHello: what a tunnel's first bytes say they are
 //! going to. Read only, never decrypted or changed; the bytes are the cell's, so everything
-//! is bounds-checked and a hello larger than one TLS record is not read further.
+//! is bounds-checked. A ClientHello may be split over several handshake records (legal TLS):
+//! their fragments are put together, up to [`MAX_HELLO`] bytes in at most [`MAX_FRAGMENTS`]
+//! records.
 
 /// What a tunnel's first bytes are.
 #[derive(Debug, PartialEq, Eq)]
@@ -11,17 +13,26 @@ pub enum Hello {
     NoSni,
     /// Not TLS: some other protocol in the tunnel.
     NotTls,
-    /// The start of a TLS record: more bytes are needed.
+    /// The start of a ClientHello: more bytes are needed.
     Incomplete,
-    /// A TLS record that is not a well-formed ClientHello.
+    /// TLS records that are not a well-formed ClientHello.
     Malformed(&'static str),
 }
 
 /// The largest TLS record (2^14 bytes and its 5-byte header, with room for the expansion
 /// TLS 1.2 allows).
 pub const MAX_RECORD: usize = 5 + (1 << 14) + 2048;
+/// The largest ClientHello read: 16 KiB and its 4-byte handshake header (a browser's, with a
+/// post-quantum key share, is under 2 KiB).
+pub const MAX_HELLO: usize = 4 + (1 << 14);
+/// The most records a ClientHello may be split over.
+pub const MAX_FRAGMENTS: usize = 64;
+/// The most bytes a tunnel's first bytes can be before [`client_hello`] decides: a hello of
+/// [`MAX_HELLO`] bytes in [`MAX_FRAGMENTS`] records.
+pub const MAX_FIRST_BYTES: usize = MAX_HELLO + 5 * MAX_FRAGMENTS;
 
-/// Reads the first record of a tunnel.
+/// Reads the ClientHello at the start of a tunnel, from as many handshake records as it
+/// spans.
 pub fn client_hello(bytes: &[u8]) -> Hello {
     if bytes.is_empty() {
         return Hello::Incomplete;
@@ -29,19 +40,62 @@ pub fn client_hello(bytes: &[u8]) -> Hello {
     if bytes[0] != 0x16 {
         return Hello::NotTls;
     }
-    if bytes.len() < 5 {
-        return Hello::Incomplete;
-    }
-    if bytes[1] != 3 {
+    if bytes.len() >= 2 && bytes[1] != 3 {
         return Hello::NotTls;
     }
-    let len = usize::from(u16::from_be_bytes([bytes[3], bytes[4]]));
-    if bytes.len() < 5 + len {
-        return Hello::Incomplete;
-    }
-    match parse(&bytes[5..5 + len]) {
-        Ok(h) => h,
-        Err(why) => Hello::Malformed(why),
+    // The handshake message, put together from the records' fragments.
+    let mut message: Vec<u8> = Vec::new();
+    let mut at = 0;
+    let mut records = 0;
+    loop {
+        if let Some(&kind) = message.first() {
+            if kind != 1 {
+                return Hello::Malformed("the first handshake message is not a ClientHello");
+            }
+        }
+        if message.len() >= 4 {
+            let len = 4
+                + ((usize::from(message[1]) << 16)
+                    | (usize::from(message[2]) << 8)
+                    | usize::from(message[3]));
+            if len > MAX_HELLO {
+                return Hello::Malformed("a ClientHello over 16 KiB");
+            }
+            if message.len() >= len {
+                return match parse(&message[4..len]) {
+                    Ok(h) => h,
+                    Err(why) => Hello::Malformed(why),
+                };
+            }
+        }
+        let rest = &bytes[at..];
+        if rest.is_empty() {
+            return Hello::Incomplete;
+        }
+        if rest[0] != 0x16 {
+            return Hello::Malformed("a record other than a handshake inside the ClientHello");
+        }
+        if rest.len() >= 2 && rest[1] != 3 {
+            return Hello::Malformed("a record of another protocol version inside the ClientHello");
+        }
+        if rest.len() < 5 {
+            return Hello::Incomplete;
+        }
+        let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+        if len == 0 {
+            return Hello::Malformed("an empty handshake record");
+        }
+        if 5 + len > MAX_RECORD {
+            return Hello::Malformed("a TLS record over its largest size");
+        }
+        records += 1;
+        if records > MAX_FRAGMENTS {
+            return Hello::Malformed("a ClientHello split over more than 64 records");
+        }
+        // A record not all there yet still gives what it has: the hello may end in it.
+        let have = len.min(rest.len() - 5);
+        message.extend_from_slice(&rest[5..5 + have]);
+        at += 5 + have;
     }
 }
 
@@ -77,17 +131,9 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn parse(record: &[u8]) -> Result<Hello, &'static str> {
-    let mut r = Reader(record);
-    if r.u8("no handshake type")? != 1 {
-        return Err("the first handshake message is not a ClientHello");
-    }
-    let len = r.take(3, "a short handshake header")?;
-    let len = (usize::from(len[0]) << 16) | (usize::from(len[1]) << 8) | usize::from(len[2]);
-    if len > r.0.len() {
-        return Err("a ClientHello longer than its first record");
-    }
-    let mut h = Reader(r.take(len, "a short ClientHello")?);
+/// The body of a ClientHello message (after its 4-byte header).
+fn parse(body: &[u8]) -> Result<Hello, &'static str> {
+    let mut h = Reader(body);
     h.take(2 + 32, "no version or random")?;
     h.vec(1, "no session id")?;
     h.vec(2, "no cipher suites")?;
@@ -160,14 +206,88 @@ pub(crate) mod tests {
         }
         assert_eq!(client_hello(b"GET / HTTP/1.1\r\n"), Hello::NotTls);
         assert_eq!(client_hello(b"SSH-2.0-x\r\n"), Hello::NotTls);
-        // Lengths that point past the record: malformed, never a panic.
+        // A length over the bound: malformed, never a wait; flipped bytes never a panic.
         let mut bad = h.clone();
-        bad[8] = 0xff;
-        assert!(matches!(client_hello(&bad), Hello::Malformed(_)));
+        bad[6] = 0xff;
+        assert_eq!(
+            client_hello(&bad),
+            Hello::Malformed("a ClientHello over 16 KiB")
+        );
         for i in 5..h.len() {
             let mut b = h.clone();
             b[i] ^= 0xff;
             let _ = client_hello(&b);
         }
+    }
+
+    /// The records of `hello` re-cut so that its handshake message is split at `cuts`.
+    pub(crate) fn split(hello: &[u8], cuts: &[usize]) -> Vec<u8> {
+        let message = &hello[5..];
+        let mut out = Vec::new();
+        let mut from = 0;
+        for &to in cuts.iter().chain(std::iter::once(&message.len())) {
+            out.extend_from_slice(&[0x16, 3, 1]);
+            out.extend_from_slice(&((to - from) as u16).to_be_bytes());
+            out.extend_from_slice(&message[from..to]);
+            from = to;
+        }
+        out
+    }
+
+    /// A ClientHello split over 2 and 3 records (the server name in the last one, or in the
+    /// header's record alone) reads as one; cut anywhere, it is incomplete; each record is
+    /// checked.
+    #[test]
+    fn a_hello_split_over_records_is_put_together() {
+        let h = hello(Some("api.example.com"));
+        let n = h.len() - 5;
+        for cuts in [
+            vec![2],
+            vec![40],
+            vec![n - 3],
+            vec![1, 3],
+            vec![4, n - 10],
+            vec![30, 60],
+        ] {
+            let s = split(&h, &cuts);
+            assert_eq!(
+                client_hello(&s),
+                Hello::Sni("api.example.com".into()),
+                "{cuts:?}"
+            );
+            for cut in 1..s.len() {
+                assert_eq!(client_hello(&s[..cut]), Hello::Incomplete, "{cuts:?} {cut}");
+            }
+            // What follows the hello (the rest of the handshake, data) is not read.
+            let mut more = s.clone();
+            more.extend_from_slice(b"\x17\x03\x03\x00\x05hello");
+            assert_eq!(client_hello(&more), Hello::Sni("api.example.com".into()));
+        }
+        assert_eq!(client_hello(&split(&hello(None), &[10, 20])), Hello::NoSni);
+        // Another record type in the middle, an empty record, too many records.
+        let s = split(&h, &[10]);
+        let mut alert = s[..15].to_vec();
+        alert.extend_from_slice(&[0x15, 3, 3, 0, 2, 2, 40]);
+        assert!(matches!(client_hello(&alert), Hello::Malformed(_)));
+        let mut empty = s[..15].to_vec();
+        empty.extend_from_slice(&[0x16, 3, 1, 0, 0]);
+        assert_eq!(
+            client_hello(&empty),
+            Hello::Malformed("an empty handshake record")
+        );
+        let many: Vec<usize> = (1..70).collect();
+        assert_eq!(
+            client_hello(&split(&h, &many)),
+            Hello::Malformed("a ClientHello split over more than 64 records")
+        );
+        let many: Vec<usize> = (1..64).collect();
+        assert_eq!(
+            client_hello(&split(&h, &many)),
+            Hello::Sni("api.example.com".into())
+        );
+        // A message that is not a ClientHello is refused from its first byte.
+        let mut server = split(&h, &[1]);
+        server[5] = 2;
+        assert!(matches!(client_hello(&server[..6]), Hello::Malformed(_)));
     }
 }

@@ -434,7 +434,9 @@ pub struct InstallRecord<'a> {
 }
 
 /// One connection a sandboxed cell asked the kernel's egress proxy for (`--sandbox-net=allow:…`),
-/// allowed or refused, written when it ends. See `docs/sandbox.md`.
+/// allowed or refused, written when it ends; or, `via: "summary"`, the proxy's last record
+/// when it ends, not a connection: the count of refused connections not recorded one by one
+/// (`unrecorded`). See `docs/sandbox.md`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EgressRecord<'a> {
     /// `type: "egress"`, the version, plan, task and session.
@@ -447,8 +449,9 @@ pub struct EgressRecord<'a> {
     pub host: Cow<'a, str>,
     /// The port it asked for (0 when no request arrived).
     pub port: u16,
-    /// `connect` (an HTTP CONNECT tunnel: HTTPS, or anything else over TCP) or `http` (a plain
-    /// HTTP request the proxy forwarded).
+    /// `connect` (an HTTP CONNECT tunnel: HTTPS, or anything else over TCP), `http` (a plain
+    /// HTTP request the proxy forwarded), or `summary` (not a connection: the count of those
+    /// not recorded, when the proxy ends).
     pub via: Cow<'a, str>,
     /// Whether the proxy let it through to the host (a refusal, a failed resolution or
     /// connection: false).
@@ -459,7 +462,8 @@ pub struct EgressRecord<'a> {
     /// The address the proxy connected to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<Cow<'a, str>>,
-    /// Bytes from the cell to the host, after the request head (a tunnel: all of them).
+    /// Bytes sent to the host from the cell's side: a plain HTTP request's head as the
+    /// proxy forwarded it and its body (a tunnel: all of them).
     pub bytes_up: u64,
     /// Bytes from the host to the cell.
     pub bytes_down: u64,
@@ -472,6 +476,10 @@ pub struct EgressRecord<'a> {
     /// the record budget, `docs/sandbox.md`); absent when none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unrecorded: u64,
+    /// Bytes the cell sent past its plain HTTP request (the proxy forwards one request per
+    /// connection), read and not forwarded; absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_dropped: u64,
 }
 
 fn is_zero(n: &u64) -> bool {

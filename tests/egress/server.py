@@ -3,12 +3,18 @@ HTTPS one (a self-signed certificate for `localhost` and 127.0.0.1, made with cr
 each on a port of the system's choice.
 
 Usage: server.py CERT_OUT     writes the certificate (PEM) to CERT_OUT, then prints one JSON
-                              line {"http": P1, "other": P2, "tls": P3} and serves until
-                              stdin closes.
+                              line {"http": P1, "other": P2, "tls": P3, "keep": P4} and
+                              serves until stdin closes.
 
 Paths: /hello (says which server), /bytes?n=N (N bytes, streamed in 1 MiB chunks), /slow (64
 KiB every 20 ms, without end: a download only an interrupt stops), /echo (POST: the body's
 length).
+
+"keep" is a lax HTTP/1.1 server that records what it received: it reads requests one after
+the other on a connection (framed by Content-Length or chunked, a request without either has
+no body), answers each with `seen N`, and keeps the connection open whatever `Connection`
+says, until the client closes. Each request is a JSON line in CERT_OUT.seen: method, target,
+host, body. A proxy that lets a second request through on one connection shows there.
 """
 import datetime
 import http.server
@@ -96,6 +102,66 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
             )
 
 
+class Keep(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, seen):
+        self.seen = seen
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), KeepHandler)
+
+
+class KeepHandler(socketserver.StreamRequestHandler):
+    def line(self):
+        return self.rfile.readline(65536)
+
+    def handle(self):
+        n = 0
+        while True:
+            first = self.line()
+            if not first:
+                return
+            if first in (b"\r\n", b"\n"):
+                continue
+            parts = first.decode("latin-1").split()
+            headers = {}
+            while True:
+                h = self.line()
+                if not h or h in (b"\r\n", b"\n"):
+                    break
+                k, _, v = h.decode("latin-1").partition(":")
+                headers[k.strip().lower()] = v.strip()
+            body = b""
+            if "chunked" in headers.get("transfer-encoding", "").lower():
+                while True:
+                    size = int(self.line().split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        while self.line() not in (b"\r\n", b"\n", b""):
+                            pass
+                        break
+                    body += self.rfile.read(size)
+                    self.line()
+            elif "content-length" in headers:
+                body = self.rfile.read(int(headers["content-length"]))
+            n += 1
+            with self.server.lock, open(self.server.seen, "a") as f:
+                f.write(
+                    json.dumps(
+                        {
+                            "method": parts[0] if parts else "",
+                            "target": parts[1] if len(parts) > 1 else "",
+                            "host": headers.get("host", ""),
+                            "body": body.decode("latin-1"),
+                        }
+                    )
+                    + "\n"
+                )
+            answer = f"seen {n}".encode()
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
+            self.wfile.flush()
+
+
 def certificate():
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
@@ -135,7 +201,12 @@ def main():
         kf.flush()
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cf.name, kf.name)
-    servers = {"http": Server("http"), "other": Server("other"), "tls": Server("tls", context)}
+    servers = {
+        "http": Server("http"),
+        "other": Server("other"),
+        "tls": Server("tls", context),
+        "keep": Keep(sys.argv[1] + ".seen"),
+    }
     for s in servers.values():
         threading.Thread(target=s.serve_forever, daemon=True).start()
     print(json.dumps({k: s.server_address[1] for k, s in servers.items()}), flush=True)
