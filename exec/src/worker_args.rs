@@ -286,6 +286,7 @@ mod tests {
                 writable: vec!["/tmp/t.checkpoints".into()],
                 readable: vec!["/opt/python".into()],
                 hidden: vec!["/work/space/.flowrepl/logs".into()],
+                protected: vec!["/work/space/.venv".into()],
                 tmp: "/tmp/private".into(),
                 skip: vec!["seccomp".into()],
             }),

@@ -26,6 +26,15 @@ pub struct SandboxPolicy {
     /// mount namespace, Landlock hides it unless it is inside the workspace.
     #[serde(default)]
     pub hidden: Vec<PathBuf>,
+    /// What the kernel, outside the sandbox, runs or reads by path at a later start: the
+    /// venv and the interpreter's prefixes (it probes them; the installer runs them), the
+    /// Python library, the support-code cache, the package layer, the kernel's own
+    /// executables. Where one lies inside a writable folder (a `./.venv` in the workspace),
+    /// the mount namespace binds it read-only there, and every folder between the writable
+    /// one and it (as for [`Self::hidden`]) is made a mount point, which a cell can neither
+    /// rename nor remove; without the mount namespace the sandbox refuses to start.
+    #[serde(default)]
+    pub protected: Vec<PathBuf>,
     /// A private temporary directory the kernel made: the worker's `/tmp` when the mount
     /// namespace is refused (`TMPDIR` points to it either way).
     pub tmp: PathBuf,

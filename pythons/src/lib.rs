@@ -450,6 +450,12 @@ fn pyenv_choice(req: &Request, root: &Path) -> Option<PathBuf> {
     if name == "system" {
         return None;
     }
+    // A version is a folder's name in `<root>/versions`, never a path: a `.python-version`
+    // in the workspace (a cell can write one) must not lead the kernel to run an interpreter
+    // of the cell's making (`../../../workspace/x`), as pyenv itself refuses since 2.3.3.
+    if name.contains('/') || name.starts_with('.') || name.contains('\0') {
+        return None;
+    }
     let versions = root.join("versions");
     let dir = if versions.join(&name).is_dir() {
         versions.join(&name)
@@ -591,6 +597,25 @@ mod tests {
             pick(&req),
             Some(PathBuf::from("versions/3.12.1/bin/python3"))
         );
+        // A cell's `.python-version` naming a path to an interpreter of its own making: the
+        // name leads to an executable (what pyenv before 2.3.3 ran), and it is refused.
+        req.pyenv_version = None;
+        let planted = r.join("project/evil/bin");
+        std::fs::create_dir_all(&planted).unwrap();
+        std::fs::copy(
+            r.join("versions/3.11.7/bin/python3"),
+            planted.join("python3"),
+        )
+        .unwrap();
+        for name in ["../project/evil", "./../project/evil", "/abs/evil", ".."] {
+            std::fs::write(r.join("project/.python-version"), format!("{name}\n")).unwrap();
+            if name.starts_with("..") && name.len() > 2 {
+                assert!(is_executable(
+                    &r.join("versions").join(name).join("bin/python3")
+                ));
+            }
+            assert_eq!(pick(&req), None, "{name}");
+        }
     }
 
     #[test]

@@ -45,6 +45,76 @@ pub(crate) const ETC_HIDDEN: [&str; 8] = [
     "security",
 ];
 
+/// What of `/etc` the sandbox holds (with the mount namespace, the only entries of its
+/// `/etc`; for Landlock, the only ones readable): what CPython and the libraries cells use
+/// read there. Certificates (not `ssl/private`), the resolver's and the name service's
+/// files, the time zone, users and groups (names only: no `shadow`), MIME types and magic,
+/// fonts, the dynamic linker's cache, `alternatives` (links `/usr/bin` programs go through),
+/// the OS's name and version, Debian's `python3*` folders (its `sitecustomize`). Not the
+/// other services' configuration, keys or credentials (`pip.conf`, `ssh`, `npmrc`, ...).
+pub(crate) const ETC_ALLOWED: [&str; 41] = [
+    "alternatives",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "crypto-policies",
+    "debian_version",
+    "fonts",
+    "gai.conf",
+    "group",
+    "host.conf",
+    "hostname",
+    "hosts",
+    "ImageMagick-6",
+    "ImageMagick-7",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "locale.conf",
+    "localtime",
+    "lsb-release",
+    "magic",
+    "magic.mime",
+    "mailcap",
+    "matplotlibrc",
+    "mime.types",
+    "mtab",
+    "networks",
+    "nsswitch.conf",
+    "os-release",
+    "passwd",
+    "pki/tls/certs",
+    "pki/ca-trust",
+    "protocols",
+    "resolv.conf",
+    "services",
+    "shells",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "terminfo",
+    "timezone",
+];
+
+/// The entries of [`ETC_ALLOWED`] this host has, and its `/etc/python3*` folders.
+pub fn etc_allowed() -> Vec<PathBuf> {
+    let etc = Path::new("/etc");
+    let mut out: Vec<PathBuf> = ETC_ALLOWED
+        .iter()
+        .map(|e| etc.join(e))
+        .filter(|p| std::fs::symlink_metadata(p).is_ok())
+        .collect();
+    out.extend(
+        std::fs::read_dir(etc)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+            .map(|e| e.path()),
+    );
+    out
+}
+
 /// Devices readable and writable.
 pub(crate) const DEVICES: [&str; 6] = [
     "/dev/null",
@@ -75,7 +145,11 @@ pub fn restrict(
     let read: Vec<PathBuf> = SYSTEM
         .iter()
         .map(PathBuf::from)
-        .chain(etc_entries())
+        .chain(if skip(crate::namespaces::ETC) {
+            etc_entries()
+        } else {
+            etc_allowed()
+        })
         .chain(std::iter::once(PathBuf::from("/proc")))
         .chain(policy.readable.iter().cloned())
         .filter(|p| p.exists())
@@ -254,13 +328,30 @@ pub fn exposed(policy: &SandboxPolicy) -> Option<String> {
         .chain(&policy.writable)
         .map(|p| real(p))
         .collect();
-    policy.hidden.iter().map(|h| real(h)).find_map(|h| {
+    let inside = |p: &Path| {
+        writable
+            .iter()
+            .find(|w| p.starts_with(w) && p != w.as_path())
+            .cloned()
+    };
+    let hidden = policy.hidden.iter().map(|h| real(h)).find_map(|h| {
         writable.iter().find(|w| h.starts_with(w)).map(|w| {
             format!(
                 "the log folder {} is inside the writable {} and the mount namespace that would hide it is not in force: a cell could write the task log; put the log folder (FLOWREPL_LOG_DIR) or the workspace (--workspace) elsewhere",
                 h.display(),
                 w.display()
             )
+        })
+    });
+    hidden.or_else(|| {
+        policy.protected.iter().map(|p| real(p)).find_map(|p| {
+            inside(&p).map(|w| {
+                format!(
+                    "{} is inside the writable {} and the mount namespace that would make it read-only is not in force: a cell could change what the kernel runs outside the sandbox (a venv's interpreter, its site-packages); put the venv or the workspace (--workspace) elsewhere",
+                    p.display(),
+                    w.display()
+                )
+            })
         })
     })
 }

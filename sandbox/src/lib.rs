@@ -60,6 +60,22 @@ pub const LAYERS: [&str; 12] = [
     syscalls::LAYER,
 ];
 
+/// Protections within the mount namespace that `FLOWREPL_SANDBOX_SKIP` can also leave out,
+/// one at a time (the tests show each is what stops its attempt); never with `strict`, and
+/// the mount namespace's report then names what was left out.
+pub const PROTECTIONS: [&str; 5] = [
+    namespaces::PINS,
+    namespaces::PROTECTED,
+    namespaces::KERNEL_FILES,
+    namespaces::SYSFS,
+    namespaces::ETC,
+];
+
+/// Whether `FLOWREPL_SANDBOX_SKIP` may name `name`: a layer or a protection.
+pub fn skippable(name: &str) -> bool {
+    LAYERS.contains(&name) || PROTECTIONS.contains(&name)
+}
+
 /// The exit code of a worker whose `strict` sandbox is missing a layer: the kernel then exits
 /// 2 itself, with the worker's line.
 pub const REFUSED_EXIT: u8 = 78;
@@ -128,6 +144,18 @@ pub fn apply(policy: &SandboxPolicy) -> Result<Confined, Refused> {
         .any(|l| l.layer == namespaces::MOUNT && l.enforced);
     let entered = processes::enter(mount_ns, &skip);
     layers.push(entered.report);
+    if mount_ns && !skip(namespaces::KERNEL_FILES) {
+        // Whichever `/proc` is in place now (the PID namespace's own, or the host's where it
+        // is refused): the kernel's settings in it read-only. (Not before: a `/proc` with
+        // parts covered would make the PID namespace's fresh mount "too revealing".)
+        if let Err(why) = namespaces::cover_proc() {
+            return Err(Refused {
+                missing: vec![namespaces::MOUNT.into()],
+                why: vec![why],
+                report: Box::new(report(policy, layers)),
+            });
+        }
+    }
     layers.push(environment::settle(policy, mount_ns, &skip));
     if let Some(port) = proxy {
         proxy::set_variables(port);

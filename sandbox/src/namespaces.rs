@@ -20,6 +20,27 @@ pub const IPC: &str = "ipc_namespace";
 /// The mount namespace.
 pub const MOUNT: &str = "mount_namespace";
 
+/// A protection of the mount namespace ([`crate::PROTECTIONS`]): every folder between a
+/// writable folder and a hidden or protected path inside it (`.flowrepl` above the log
+/// folder `./.flowrepl/logs`) is bound onto itself, and so is a mount point, which a cell can
+/// neither rename nor remove (`EBUSY`): the kernel's paths there keep naming what it made.
+pub const PINS: &str = "pinned_folders";
+/// A protection: what the kernel runs or reads at a later start
+/// ([`SandboxPolicy::protected`]: a `./.venv`, the package layer, its own executables) bound
+/// read-only where it lies inside a writable folder.
+pub const PROTECTED: &str = "read_only_tools";
+/// A protection: the kernel's settings read-only whatever else holds: `/proc/sys`,
+/// `/proc/sysrq-trigger`, `/proc/irq`, `/proc/bus` (as bubblewrap covers them), and every
+/// mount under a read-only bind (`/sys/fs/cgroup` under `/sys`) read-only too.
+pub const KERNEL_FILES: &str = "read_only_kernel_files";
+/// A protection: `/sys` is a sysfs of the sandbox's own network namespace (its
+/// `/sys/class/net` lists only `lo`), read-only, instead of the host's.
+pub const SYSFS: &str = "private_sysfs";
+/// A protection: `/etc` holds only what Python and its usual libraries read
+/// ([`crate::files::etc_allowed`]), instead of the host's `/etc` minus its best-known
+/// secrets.
+pub const ETC: &str = "etc_allow_list";
+
 /// Enters the namespaces `policy` asks for; one report per namespace.
 pub fn enter(policy: &SandboxPolicy, skip: &dyn Fn(&str) -> bool) -> Vec<SandboxLayer> {
     if skip(USER) {
@@ -70,8 +91,9 @@ pub fn enter(policy: &SandboxPolicy, skip: &dyn Fn(&str) -> bool) -> Vec<Sandbox
             .clone()
             .map(|()| "System V IPC and POSIX message queues of its own".into())
     }));
+    let own_net = want_net && entered.is_ok();
     out.push(crate::unless_skipped(MOUNT, skip, || {
-        entered.and_then(|()| private_mounts(policy))
+        entered.and_then(|()| private_mounts(policy, own_net, skip))
     }));
     out
 }
@@ -100,6 +122,9 @@ enum Op {
     Blank,
     /// An empty tmpfs with this mode, read-only when `ro`.
     Empty(&'static str, bool),
+    /// A sysfs of this network namespace, read-only; the host's (this descriptor) bound
+    /// read-only where the host refuses it.
+    Sysfs(OwnedFd),
 }
 
 /// The mount namespace's view of the files: a new root (a tmpfs) that holds what a cell needs
@@ -112,7 +137,11 @@ enum Op {
 /// `/var`, `/srv`, `/mnt`, the log folder, every Unix socket of the host (Landlock does not
 /// cover `connect()` to a path). Each host path keeps its own path. Then `pivot_root`, and
 /// the host's root is detached.
-fn private_mounts(policy: &SandboxPolicy) -> Result<String, String> {
+fn private_mounts(
+    policy: &SandboxPolicy,
+    own_net: bool,
+    skip: &dyn Fn(&str) -> bool,
+) -> Result<String, String> {
     let err = |what: &str, e: nix::Error| format!("{what}: {e}");
     mount(
         None::<&str>,
@@ -122,7 +151,7 @@ fn private_mounts(policy: &SandboxPolicy) -> Result<String, String> {
         None::<&str>,
     )
     .map_err(|e| err("cannot make / private", e))?;
-    let ops = plan(policy)?;
+    let ops = plan(policy, own_net, skip)?;
     // The new root is built on a tmpfs over the host's /tmp (in this namespace only; the
     // private folder was opened above); on any failure it is detached again, and the host's
     // view stays as it was.
@@ -135,7 +164,8 @@ fn private_mounts(policy: &SandboxPolicy) -> Result<String, String> {
         Some("mode=0755"),
     )
     .map_err(|e| err("cannot mount the new root's tmpfs", e))?;
-    let built = build(staging, &ops).and_then(|()| pivot(staging, &policy.workspace));
+    let mut notes = Vec::new();
+    let built = build(staging, &ops, &mut notes).and_then(|()| pivot(staging, &policy.workspace));
     if let Err(e) = built {
         let _ = nix::mount::umount2(staging, nix::mount::MntFlags::MNT_DETACH);
         return Err(e);
@@ -144,14 +174,34 @@ fn private_mounts(policy: &SandboxPolicy) -> Result<String, String> {
         .iter()
         .filter(|(_, op)| matches!(op, Op::ReadOnly(_) | Op::Writable(_)))
         .count();
+    notes.extend(
+        crate::PROTECTIONS
+            .iter()
+            .filter(|p| skip(p))
+            .map(|p| format!("{p} skipped (FLOWREPL_SANDBOX_SKIP)")),
+    );
+    let etc = if skip(ETC) {
+        "/etc without its secrets"
+    } else {
+        "of /etc only what Python reads (certificates, resolver, time zone, users, ...)"
+    };
     Ok(format!(
-        "a new root of {binds} binds: the system, /etc without its secrets, the interpreter and the venv read-only; the workspace, the checkpoint folder and a private /tmp writable; nothing else of the host's files (home, /var, /run, the log folder, Unix sockets) exists inside"
+        "a new root of {binds} binds: the system, {etc}, the interpreter and the venv read-only (also where they lie in the workspace), /proc/sys read-only; the workspace, the checkpoint folder and a private /tmp writable, the folders above the log folder in it fixed in place; nothing else of the host's files (home, /var, /run, the log folder, Unix sockets) exists inside{}",
+        if notes.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", notes.join("; "))
+        }
     ))
 }
 
 /// Opens every host path the new root holds (before anything is covered) and orders the
 /// mounts outer paths first, so that a folder covered or bound inside another comes after it.
-fn plan(policy: &SandboxPolicy) -> Result<Vec<(PathBuf, Op)>, String> {
+fn plan(
+    policy: &SandboxPolicy,
+    own_net: bool,
+    skip: &dyn Fn(&str) -> bool,
+) -> Result<Vec<(PathBuf, Op)>, String> {
     let open = |p: &Path| -> Result<OwnedFd, String> {
         nix::fcntl::open(
             p,
@@ -169,17 +219,41 @@ fn plan(policy: &SandboxPolicy) -> Result<Vec<(PathBuf, Op)>, String> {
                     .map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
                 ops.push((dir.to_path_buf(), Op::Symlink(target)));
             }
+            Ok(m) if m.is_dir() && dir == Path::new("/sys") && own_net && !skip(SYSFS) => {
+                ops.push((dir.to_path_buf(), Op::Sysfs(open(dir)?)))
+            }
             Ok(m) if m.is_dir() => ops.push((dir.to_path_buf(), Op::ReadOnly(open(dir)?))),
             _ => {}
         }
     }
-    ops.push(("/etc".into(), Op::ReadOnly(open(Path::new("/etc"))?)));
-    for hidden in crate::files::ETC_HIDDEN {
-        let path = Path::new("/etc").join(hidden);
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.is_dir() => ops.push((path, Op::Empty("0755", true))),
-            Ok(m) if m.is_file() => ops.push((path, Op::Blank)),
-            _ => {}
+    if skip(ETC) {
+        ops.push(("/etc".into(), Op::ReadOnly(open(Path::new("/etc"))?)));
+        for hidden in crate::files::ETC_HIDDEN {
+            let path = Path::new("/etc").join(hidden);
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.is_dir() => ops.push((path, Op::Empty("0755", true))),
+                Ok(m) if m.is_file() => ops.push((path, Op::Blank)),
+                _ => {}
+            }
+        }
+    } else {
+        for path in crate::files::etc_allowed() {
+            let Ok(m) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if m.file_type().is_symlink() {
+                // Kept a link where what it leads to is inside too (`/etc/localtime` into
+                // `/usr/share/zoneinfo`: its name is the zone's); else what it leads to, bound.
+                let target = std::fs::read_link(&path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                match real(&path) {
+                    Some(t) if visible_inside(&t) => ops.push((path, Op::Symlink(target))),
+                    Some(_) => ops.push((path.clone(), Op::ReadOnly(open(&path)?))),
+                    None => {}
+                }
+            } else {
+                ops.push((path.clone(), Op::ReadOnly(open(&path)?)));
+            }
         }
     }
     // The host's /proc, until the PID namespace's init mounts its own over it.
@@ -216,18 +290,66 @@ fn plan(policy: &SandboxPolicy) -> Result<Vec<(PathBuf, Op)>, String> {
     };
     let readable: Vec<PathBuf> = policy.readable.iter().filter_map(|p| real(p)).collect();
     let hidden: Vec<PathBuf> = policy.hidden.iter().filter_map(|p| real(p)).collect();
+    let protected: Vec<PathBuf> = policy.protected.iter().filter_map(|p| real(p)).collect();
+    // Strictly inside a writable folder: the one it is in.
+    let in_writable = |p: &Path| {
+        writable
+            .iter()
+            .filter(|w| p.starts_with(w) && p != w.as_path())
+            .max_by_key(|w| w.components().count())
+            .cloned()
+    };
+    let covered = |p: &Path| hidden.iter().any(|h| p.starts_with(h));
+    // Bound read-only inside a writable folder (a `./.venv`): what the kernel runs later.
+    let guarded: Vec<(PathBuf, PathBuf)> = if skip(PROTECTED) {
+        Vec::new()
+    } else {
+        protected
+            .iter()
+            .filter(|p| !covered(p) && !system_ro(p))
+            .filter_map(|p| in_writable(p).map(|w| (p.clone(), w)))
+            .collect()
+    };
     for p in &readable {
         // Already visible: inside a system folder, or inside a writable folder (where it
-        // stays writable, as Landlock's rules are a union), unless a hidden folder covers it
-        // there (the task's package layer inside the log folder inside the workspace).
-        let covered = hidden.iter().any(|h| p.starts_with(h));
-        if system_ro(p) || (!covered && writable.iter().any(|w| p.starts_with(w))) {
+        // stays writable, as Landlock's rules are a union; unless it is protected, bound
+        // read-only below), unless a hidden folder covers it there (the task's package layer
+        // inside the log folder inside the workspace).
+        if system_ro(p) || (!covered(p) && in_writable(p).is_some()) {
             continue;
         }
         ops.push((p.clone(), Op::ReadOnly(open(p)?)));
     }
     for w in &writable {
         ops.push((w.clone(), Op::Writable(open(w)?)));
+    }
+    for (p, _) in &guarded {
+        ops.push((p.clone(), Op::ReadOnly(open(p)?)));
+    }
+    // The folders between a writable folder and what is hidden or guarded inside it, each
+    // made a mount point: a cell cannot rename `.flowrepl` away from above the log folder
+    // and make a folder of its own where the kernel looks next.
+    if !skip(PINS) {
+        let targets = hidden
+            .iter()
+            .filter_map(|h| in_writable(h).map(|w| (h.clone(), w)))
+            .chain(guarded.iter().cloned());
+        let mut pins = std::collections::BTreeSet::new();
+        for (target, w) in targets {
+            for a in target.ancestors().skip(1) {
+                if a == w.as_path() || !a.starts_with(&w) {
+                    break;
+                }
+                let taken = writable.iter().chain(&hidden).any(|x| x == a)
+                    || guarded.iter().any(|(g, _)| a.starts_with(g));
+                if !taken {
+                    pins.insert(a.to_path_buf());
+                }
+            }
+        }
+        for a in pins {
+            ops.push((a.clone(), Op::Writable(open(&a)?)));
+        }
     }
     // The log folder, where it is inside a folder bound here (the default layout puts it in
     // the workspace): covered, and the checkpoint folder inside it bound back after.
@@ -244,8 +366,19 @@ fn plan(policy: &SandboxPolicy) -> Result<Vec<(PathBuf, Op)>, String> {
     Ok(ops)
 }
 
-/// Mounts `ops` under `root`.
-fn build(root: &Path, ops: &[(PathBuf, Op)]) -> Result<(), String> {
+/// Whether a link into `target` (resolved) leads somewhere the new root holds.
+fn visible_inside(target: &Path) -> bool {
+    crate::files::SYSTEM
+        .iter()
+        .chain(&["/proc"])
+        .any(|s| target.starts_with(s))
+        || crate::files::etc_allowed()
+            .iter()
+            .any(|a| target.starts_with(a))
+}
+
+/// Mounts `ops` under `root`; what fell back is added to `notes`.
+fn build(root: &Path, ops: &[(PathBuf, Op)], notes: &mut Vec<String>) -> Result<(), String> {
     let err = |what: &str, p: &Path, e: nix::Error| format!("{what} {}: {e}", p.display());
     let ro = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
     for (path, op) in ops {
@@ -274,8 +407,30 @@ fn build(root: &Path, ops: &[(PathBuf, Op)]) -> Result<(), String> {
         match op {
             Op::ReadOnly(fd) => {
                 bind(fd)?;
-                mount(None::<&str>, &at, None::<&str>, ro, None::<&str>)
-                    .map_err(|e| err("cannot make read-only", path, e))?;
+                read_only(&at)
+                    .map_err(|e| format!("cannot make {} read-only: {e}", path.display()))?;
+            }
+            Op::Sysfs(fd) => {
+                std::fs::create_dir_all(&at)
+                    .map_err(|e| format!("cannot make {}: {e}", at.display()))?;
+                let own = mount(
+                    Some("sysfs"),
+                    &at,
+                    Some("sysfs"),
+                    MsFlags::MS_RDONLY
+                        | MsFlags::MS_NOSUID
+                        | MsFlags::MS_NODEV
+                        | MsFlags::MS_NOEXEC,
+                    None::<&str>,
+                );
+                if let Err(e) = own {
+                    notes.push(format!(
+                        "the host refused a sysfs of this network namespace ({e}): /sys is the host's, read-only, and /sys/class/net names the host's interfaces"
+                    ));
+                    bind(fd)?;
+                    read_only(&at)
+                        .map_err(|e| format!("cannot make {} read-only: {e}", path.display()))?;
+                }
             }
             Op::Writable(fd) => bind(fd)?,
             Op::Blank => {
@@ -348,6 +503,132 @@ fn pivot(root: &Path, workspace: &Path) -> Result<(), String> {
     .map_err(|e| err("cannot make the new root read-only", e))?;
     let ws = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_path_buf());
     nix::unistd::chdir(&ws).map_err(|e| err("cannot enter the workspace", e))
+}
+
+/// Makes the mount at `at` and every mount under it read-only: `mount_setattr(2)` with
+/// `AT_RECURSIVE` (Linux 5.12), else each of them remounted, keeping the flags it has (which
+/// a user namespace may not drop: `nosuid`, `nodev`, `noexec` of the host's mounts).
+pub(crate) fn read_only(at: &Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    /// `struct mount_attr` (linux/mount.h).
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const AT_RECURSIVE: libc::c_int = 0x8000;
+    let path = std::ffi::CString::new(at.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `path` is a NUL-terminated string and `attr` a `struct mount_attr` of the size
+    // passed, both alive for the call; nix has no wrapper for mount_setattr.
+    let done = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if done == 0 {
+        return Ok(());
+    }
+    let errno = nix::errno::Errno::last();
+    if errno != nix::errno::Errno::ENOSYS {
+        return Err(format!("mount_setattr: {errno}"));
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+    let mut under: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mountinfo)
+        .filter(|m| m.starts_with(at))
+        .collect();
+    under.sort();
+    under.dedup();
+    for m in under {
+        let kept = nix::sys::statvfs::statvfs(&m)
+            .map(|st| {
+                use nix::sys::statvfs::FsFlags;
+                let f = st.flags();
+                [
+                    (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+                    (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+                    (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+                    (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+                    (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+                    (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+                ]
+                .into_iter()
+                .filter(|(st, _)| f.contains(*st))
+                .fold(MsFlags::empty(), |acc, (_, ms)| acc | ms)
+            })
+            .unwrap_or(MsFlags::empty());
+        mount(
+            None::<&str>,
+            &m,
+            None::<&str>,
+            MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | kept,
+            None::<&str>,
+        )
+        .map_err(|e| format!("remount {}: {e}", m.display()))?;
+    }
+    Ok(())
+}
+
+/// A mount point as `/proc/self/mountinfo` writes it (space, tab, newline and backslash as
+/// `\ooo`).
+fn unescape_mountinfo(field: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+/// The parts of the `/proc` in place that change the host's kernel, made read-only (as
+/// bubblewrap covers them): `/proc/sys` (a cell with uid 0 in its namespace, mapped to a root
+/// kernel's uid, could write `kernel/core_pattern` or the hostname), `/proc/sysrq-trigger`,
+/// `/proc/irq`, `/proc/bus`. Called in the Python process once the PID namespace has its
+/// own `/proc` (or where it has none, over the host's).
+pub fn cover_proc() -> Result<(), String> {
+    for part in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"] {
+        let p = Path::new(part);
+        if !p.exists() {
+            continue;
+        }
+        mount(
+            Some(p),
+            p,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| format!("cannot cover {part}: {e}"))?;
+        read_only(p).map_err(|e| format!("cannot make {part} read-only: {e}"))?;
+    }
+    Ok(())
 }
 
 fn fd_is_dir(fd: &OwnedFd) -> bool {

@@ -181,7 +181,7 @@ pub enum ConfigError {
     #[error("--workspace {0}: not a folder")]
     Workspace(String),
     /// `FLOWREPL_SANDBOX_SKIP` names a layer that does not exist.
-    #[error("FLOWREPL_SANDBOX_SKIP: no sandbox layer {0:?} (the layers: {1})")]
+    #[error("FLOWREPL_SANDBOX_SKIP: no sandbox layer or protection {0:?} (there are: {1})")]
     SandboxLayer(String, String),
     /// `--sandbox=strict` with layers left out: strict means every layer.
     #[error("--sandbox=strict refuses FLOWREPL_SANDBOX_SKIP ({0}): strict means every layer; use --sandbox to leave layers out")]
@@ -251,13 +251,15 @@ impl Config {
             .filter(|l| !l.is_empty())
             .map(str::to_owned)
             .collect();
-        if let Some(bad) = skip
-            .iter()
-            .find(|l| !flowrepl_sandbox::LAYERS.contains(&l.as_str()))
-        {
+        if let Some(bad) = skip.iter().find(|l| !flowrepl_sandbox::skippable(l)) {
             return Err(ConfigError::SandboxLayer(
                 bad.clone(),
-                flowrepl_sandbox::LAYERS.join(", "),
+                flowrepl_sandbox::LAYERS
+                    .iter()
+                    .chain(&flowrepl_sandbox::PROTECTIONS)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", "),
             ));
         }
         if strict && !skip.is_empty() {

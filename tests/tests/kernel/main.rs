@@ -20,6 +20,7 @@ mod protocol;
 mod python_env;
 mod results;
 mod sandbox;
+mod sandbox_paths;
 mod serve;
 mod store;
 mod support_code;

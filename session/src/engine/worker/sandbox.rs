@@ -10,18 +10,41 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// What a sandboxed worker may read beyond the system: the interpreter's installation (the
-/// venv, and the prefix of the Python it was made from, found as CPython finds it: from the
-/// resolved program up to the first folder with a `lib/python3.*/os.py`), the Python library,
-/// the support-code cache, the session's startup files and drop-in script folder,
-/// `PYTHONPATH`. Never `/`, the user's home or a folder above it
-/// ([`flowrepl_sandbox::files::too_wide`]): those are
-/// left out, with a warning.
+/// What a sandboxed worker may read beyond the system: [`protected`], and the session's
+/// startup files, drop-in script folder and `PYTHONPATH` (the user's own code, which stays
+/// writable where it lies in the workspace: only the worker runs it). Never `/`, the user's
+/// home or a folder above it ([`flowrepl_sandbox::files::too_wide`]): those are left out,
+/// with a warning.
 pub(crate) fn readable(
     python: &Path,
     python_lib: Option<&Path>,
     setup: &SessionSetup,
 ) -> Vec<PathBuf> {
+    let mut out = protected(python, python_lib, setup);
+    out.extend(setup.startup.iter().cloned());
+    out.extend(setup.path0.iter().cloned());
+    if let Some(pp) = std::env::var_os("PYTHONPATH") {
+        out.extend(std::env::split_paths(&pp).filter(|p| p.is_absolute()));
+    }
+    out.retain(|p| match flowrepl_sandbox::files::too_wide(p) {
+        Some(why) => {
+            tracing::warn!(path = %p.display(), "not made readable in the sandbox: {why}");
+            false
+        }
+        None => true,
+    });
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// What the kernel itself, outside the sandbox, runs or reads by path at a later start, and
+/// so what no cell may change ([`SandboxPolicy::protected`]): the interpreter's installation
+/// (the venv, and the prefix of the Python it was made from, found as CPython finds it: from
+/// the resolved program up to the first folder with a `lib/python3.*/os.py`; the kernel
+/// probes it, the installer runs it), the Python library, the support-code cache, the task's
+/// package layer.
+fn protected(python: &Path, python_lib: Option<&Path>, setup: &SessionSetup) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let venv = if python.is_dir() {
         Some(python.to_path_buf())
@@ -52,11 +75,9 @@ pub(crate) fn readable(
         out.extend(flowrepl_sandbox::files::python_prefix(&start));
     }
     out.extend(python_lib.map(Path::to_path_buf));
-    // The compiled support code (read only: a cell must not plant code that a kernel outside
-    // the sandbox would load).
+    // The compiled support code (a cell must not plant code that a kernel outside the
+    // sandbox would load).
     out.extend(flowrepl_exec::setup::support_cache_dir().filter(|d| d.is_dir()));
-    out.extend(setup.startup.iter().cloned());
-    out.extend(setup.path0.iter().cloned());
     // The task's package layer, read-only: its whole folder (not the `current` link, which a
     // bind would follow to the generation of the moment), so that each install's switch is
     // seen inside.
@@ -67,16 +88,7 @@ pub(crate) fn readable(
             .and_then(Path::parent)
             .map(Path::to_path_buf),
     );
-    if let Some(pp) = std::env::var_os("PYTHONPATH") {
-        out.extend(std::env::split_paths(&pp).filter(|p| p.is_absolute()));
-    }
-    out.retain(|p| match flowrepl_sandbox::files::too_wide(p) {
-        Some(why) => {
-            tracing::warn!(path = %p.display(), "not made readable in the sandbox: {why}");
-            false
-        }
-        None => true,
-    });
+    out.retain(|p| flowrepl_sandbox::files::too_wide(p).is_none());
     out.sort();
     out.dedup();
     out
@@ -180,6 +192,17 @@ pub fn prepare(
         writable: checkpoints.map(Path::to_path_buf).into_iter().collect(),
         readable: readable(&spawn.python, spawn.python_lib.as_deref(), &spawn.setup),
         hidden: vec![sandbox.log_dir.clone()],
+        protected: protected(&spawn.python, spawn.python_lib.as_deref(), &spawn.setup)
+            .into_iter()
+            // The kernel's own executables: it starts the next worker from there (a checkout
+            // used as the workspace holds `target/`).
+            .chain(
+                std::env::current_exe()
+                    .ok()
+                    .and_then(|e| e.parent().map(Path::to_path_buf)),
+            )
+            .chain(spawn.exe.parent().map(Path::to_path_buf))
+            .collect(),
         tmp: tmp.path().to_path_buf(),
         skip: sandbox.skip.clone(),
     };

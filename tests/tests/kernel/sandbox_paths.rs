@@ -1,0 +1,287 @@
+//! `--sandbox`: what the kernel, outside the sandbox, reads or runs by path must be out of a
+//! cell's reach (docs/sandbox.md, "What the kernel touches that a cell could"), and the
+//! kernel's settings stay read-only. Each attempt is made from a cell and fails; the same
+//! attempt gets through with only that protection left out (`FLOWREPL_SANDBOX_SKIP` takes
+//! the mount namespace's protections by name), and what it would have led to is shown.
+
+use flowrepl_tests::{Kernel, KernelOptions};
+use std::path::{Path, PathBuf};
+
+/// A folder in the user's home (outside every place the sandbox may touch), removed on drop.
+struct HomeDir(PathBuf);
+
+impl HomeDir {
+    fn new(tag: &str) -> HomeDir {
+        let home = std::env::var_os("HOME").expect("HOME");
+        let dir = Path::new(&home).join(format!(
+            ".flowrepl-sandbox-paths-{tag}-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        HomeDir(dir)
+    }
+}
+
+impl Drop for HomeDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn sandboxed(o: KernelOptions, workspace: &Path, skip: &[&str]) -> KernelOptions {
+    o.arg("--sandbox")
+        .arg("--workspace")
+        .arg(workspace.display().to_string())
+        .env("FLOWREPL_SANDBOX_SKIP", skip.join(","))
+}
+
+/// The repr of `code`'s last expression (the cell must not fail).
+fn attempt(k: &mut Kernel, code: &str) -> String {
+    let r = k.ok(code);
+    r["result"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The default layout (the workspace is the current folder, the log folder
+/// `./.flowrepl/logs` in it). A cell renames `.flowrepl` (a folder holding a mount may be
+/// renamed) and makes a folder of its own where the kernel looks: the next cells'
+/// checkpoints land there, without the task's `.sandboxed` mark, and a kernel without the
+/// sandbox resuming the task unpickles what the cell planted. `.flowrepl` is a mount point in
+/// the sandbox: the rename is refused (EBUSY), and the resume refuses the marked checkpoint.
+#[test]
+fn a_cell_cannot_move_the_folders_above_the_log_folder() {
+    for (skip, moved) in [(&[][..], false), (&["pinned_folders"][..], true)] {
+        let home = HomeDir::new("moved");
+        let planted = home.0.join("ran-outside.txt");
+        let ws = tempfile::tempdir().unwrap();
+        let logs = ws.path().join(".flowrepl/logs");
+        let task = |o: KernelOptions| {
+            o.log_dir(&logs)
+                .env("FLOW_PLAN_ID", "p")
+                .env("FLOW_TASK_ID", "moved")
+        };
+        let mut k = task(sandboxed(Kernel::options(), ws.path(), skip)).start();
+        let r = attempt(
+            &mut k,
+            "import os\nseen = [d for d, _, _ in os.walk('.flowrepl')]\ntry:\n    os.rename('.flowrepl', '.x')\n    for d in seen:\n        os.makedirs(d, exist_ok=True)\n        os.chmod(d, 0o700)\n    r = 'moved'\nexcept OSError as e:\n    r = f'refused {e.errno}'\nr",
+        );
+        assert_eq!(
+            r,
+            if moved { "'moved'" } else { "'refused 16'" },
+            "{skip:?}"
+        );
+        k.ok(&format!(
+            "class Evil:\n    def __reduce__(self):\n        return (exec, ({:?},))\nevil = Evil()\nn = 7",
+            format!(
+                "try:\n    open({:?}, 'w').write('ran')\nexcept OSError:\n    pass",
+                planted.display().to_string()
+            )
+        ));
+        eprintln!(
+            "DEBUG {skip:?} {}",
+            k.call("checkpoints", serde_json::Value::Null)
+        );
+        k.wait_checkpoint(2);
+        drop(k);
+        assert!(!planted.exists());
+        // The task's mark is where the kernel made it, in the real log folder; the folder the
+        // kernel now reads (the cell's, in the control) has none.
+        let mut k = task(Kernel::options()).arg("--resume").start();
+        let r = k.ok("'n' in globals()");
+        assert_eq!(
+            r["result"],
+            if moved { "True" } else { "False" },
+            "{skip:?}: {r}"
+        );
+        assert_eq!(planted.exists(), moved, "{skip:?}: the pickle ran outside");
+    }
+}
+
+/// A venv inside the workspace (`./.venv`, the most common layout) is what the kernel, outside
+/// the sandbox, serves at its next start (it probes the interpreter when `pyvenv.cfg` names no
+/// version; the installer runs it). A cell rewrites `pyvenv.cfg` and replaces `bin/python`
+/// with a script: the venv is bound read-only (EROFS) and is itself a mount point (EBUSY on a
+/// rename). With that protection left out, the next kernel start runs the cell's script.
+#[test]
+fn a_cell_cannot_change_a_venv_in_the_workspace() {
+    for (skip, changed) in [(&[][..], false), (&["read_only_tools"][..], true)] {
+        let home = HomeDir::new("venv");
+        let planted = home.0.join("ran-outside.txt");
+        let ws = tempfile::tempdir().unwrap();
+        let venv = ws.path().join(".venv");
+        let made = std::process::Command::new(flowrepl_tests::base_python())
+            .args(["-m", "venv", "--without-pip"])
+            .arg(&venv)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let python = venv.join("bin/python").display().to_string();
+        let start = |skip: &[&str]| {
+            sandboxed(Kernel::options(), ws.path(), skip)
+                .arg("--python")
+                .arg(python.clone())
+                .start()
+        };
+        let mut k = start(skip);
+        let code = format!(
+            "import os\nout = []\ntry:\n    open('.venv/pyvenv.cfg', 'w').write('home = /nowhere-at-all\\n'.replace('/nowhere-at-all', os.path.dirname(os.path.realpath('.venv/bin/python'))))\n    with open('.venv/bin/python.new', 'w') as f:\n        f.write('#!/bin/sh\\necho ran > {}\\necho cpython 3.11\\n')\n    os.chmod('.venv/bin/python.new', 0o755)\n    os.replace('.venv/bin/python.new', '.venv/bin/python')\n    out.append('written')\nexcept OSError as e:\n    out.append(f'refused {{e.errno}}')\ntry:\n    os.rename('.venv', '.venv2')\n    os.rename('.venv2', '.venv')\n    out.append('renamed')\nexcept OSError as e:\n    out.append(f'refused {{e.errno}}')\nout",
+            planted.display()
+        );
+        let r = attempt(&mut k, &code);
+        let expect = if changed {
+            "['written', 'renamed']"
+        } else {
+            "['refused 30', 'refused 16']"
+        };
+        assert_eq!(r, expect, "{skip:?}");
+        drop(k);
+        assert!(!planted.exists());
+        // The next start: the kernel reads the venv's pyvenv.cfg and, naming no version, runs
+        // its interpreter to ask.
+        let mut cmd = std::process::Command::new(flowrepl_tests::flowrepl_bin());
+        let out = cmd
+            .args(["--sandbox", "--python", &python, "--workspace"])
+            .arg(ws.path())
+            .env("FLOWREPL_LOG_DIR", home.0.join("logs"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(
+            planted.exists(),
+            changed,
+            "{skip:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Without the mount namespace nothing can make a venv inside the workspace read-only
+/// (Landlock only grants): the sandbox refuses to start, at any level, naming it.
+#[test]
+fn without_a_mount_namespace_a_venv_inside_the_workspace_is_refused() {
+    let ws = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let venv = ws.path().join(".venv");
+    let made = std::process::Command::new(flowrepl_tests::base_python())
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let out = std::process::Command::new("unshare")
+        .args([
+            "--user",
+            "--map-root-user",
+            "sh",
+            "-c",
+            "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$@\"",
+            "sh",
+        ])
+        .arg(flowrepl_tests::flowrepl_bin())
+        .args(["--sandbox", "--python"])
+        .arg(venv.join("bin/python"))
+        .arg("--workspace")
+        .arg(ws.path())
+        .env("FLOWREPL_LOG_DIR", logs.path())
+        .env_remove("FLOWREPL_SANDBOX_SKIP")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(out.stdout.is_empty());
+    assert!(err.contains(".venv") && err.contains("read-only"), "{err}");
+}
+
+/// `/proc/sys` is read-only in the sandbox whatever else holds: with Landlock left out, a
+/// cell (uid 0 in its namespace, mapped to a root kernel's uid) writing the hostname (here
+/// the value it already has) is refused (EROFS); with this protection left out as well, the
+/// write reaches the host's kernel.
+#[test]
+fn the_kernels_settings_are_read_only_inside() {
+    let ws = tempfile::tempdir().unwrap();
+    let code = "try:\n    h = open('/proc/sys/kernel/hostname').read()\n    open('/proc/sys/kernel/hostname', 'w').write(h)\n    r = 'written'\nexcept OSError as e:\n    r = f'refused {e.errno}'\nr";
+    let mut k = sandboxed(Kernel::options(), ws.path(), &["landlock_filesystem"]).start();
+    assert_eq!(attempt(&mut k, code), "'refused 30'");
+    for part in ["/proc/sysrq-trigger", "/proc/sys/kernel/core_pattern"] {
+        let r = attempt(&mut k, &format!("import os\nos.access({part:?}, os.W_OK)"));
+        assert_eq!(r, "False", "{part}");
+    }
+    drop(k);
+    // SAFETY: plain syscall.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("the control needs a kernel run as root: skipped");
+        return;
+    }
+    let mut k = sandboxed(
+        Kernel::options(),
+        ws.path(),
+        &["landlock_filesystem", "read_only_kernel_files"],
+    )
+    .start();
+    assert_eq!(attempt(&mut k, code), "'written'");
+}
+
+/// `/sys` is a sysfs of the sandbox's own network namespace: `/sys/class/net` names only
+/// `lo`, not the host's interfaces (their addresses and counters); with the protection left
+/// out it is the host's.
+#[test]
+fn the_hosts_interfaces_are_out_of_sight_in_sys() {
+    let host: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let ws = tempfile::tempdir().unwrap();
+    let code = "import os\nsorted(os.listdir('/sys/class/net'))";
+    let mut k = sandboxed(Kernel::options(), ws.path(), &[]).start();
+    assert_eq!(attempt(&mut k, code), "['lo']");
+    // Read-only too, and the cgroup tree is not the host's.
+    let r = attempt(
+        &mut k,
+        "import os\n[os.access('/sys/kernel', os.W_OK), os.listdir('/sys/fs/cgroup')]",
+    );
+    assert_eq!(r, "[False, []]");
+    drop(k);
+    if host.iter().all(|n| n == "lo") {
+        eprintln!("this host has no interface but lo: the control shows nothing");
+        return;
+    }
+    let mut k = sandboxed(Kernel::options(), ws.path(), &["private_sysfs"]).start();
+    let seen = attempt(&mut k, code);
+    assert!(
+        host.iter()
+            .filter(|n| *n != "lo")
+            .all(|n| seen.contains(n.as_str())),
+        "{seen} / {host:?}"
+    );
+    // The host's /sys is still read-only, every mount under it included.
+    let r = attempt(
+        &mut k,
+        "import os\n[os.access(p, os.W_OK) for p in ('/sys/kernel', '/sys/fs/cgroup') if os.path.exists(p)]",
+    );
+    assert!(!r.contains("True"), "{r}");
+}
+
+/// `/etc` holds what Python reads (certificates, the resolver's files, users, services) and
+/// nothing else: another service's file (`pip.conf`, `fstab`, `login.defs`, whichever this
+/// host has) and `ssl/private` do not exist inside; with the allow list left out (the host's
+/// `/etc` minus its best-known secrets, as before) they are read.
+#[test]
+fn etc_holds_only_what_python_reads() {
+    let other = ["pip.conf", "fstab", "login.defs", "adduser.conf", "apt"]
+        .into_iter()
+        .map(|n| Path::new("/etc").join(n))
+        .find(|p| p.exists())
+        .expect("a file of another service in /etc");
+    let ws = tempfile::tempdir().unwrap();
+    let probe = format!(
+        "import os, ssl, socket, pwd\n[os.path.exists({:?}), os.path.exists('/etc/ssl/private'), ssl.create_default_context().cert_store_stats()['x509_ca'] > 0, socket.getservbyname('http'), pwd.getpwuid(os.getuid()).pw_name != '']",
+        other.display().to_string()
+    );
+    let mut k = sandboxed(Kernel::options(), ws.path(), &[]).start();
+    assert_eq!(attempt(&mut k, &probe), "[False, False, True, 80, True]");
+    drop(k);
+    let mut k = sandboxed(Kernel::options(), ws.path(), &["etc_allow_list"]).start();
+    let r = attempt(&mut k, &probe);
+    assert!(r.starts_with("[True,"), "{r}");
+}
