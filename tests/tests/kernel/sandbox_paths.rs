@@ -285,3 +285,65 @@ fn etc_holds_only_what_python_reads() {
     let r = attempt(&mut k, &probe);
     assert!(r.starts_with("[True,"), "{r}");
 }
+
+/// A checkout used as the workspace holds the kernel's own executables (`target/`): the
+/// kernel starts its next worker from there, outside the sandbox. A cell replaces
+/// `flowrepl-worker` with a script: refused (the kernel's folder is bound read-only, EROFS);
+/// with that protection left out, the next worker start runs the cell's script.
+#[test]
+fn a_cell_cannot_replace_the_kernels_own_executables_in_the_workspace() {
+    let built = flowrepl_tests::flowrepl_bin()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    for (skip, replaced) in [(&[][..], false), (&["read_only_tools"][..], true)] {
+        let home = HomeDir::new("exe");
+        let planted = home.0.join("ran-outside.txt");
+        let ws = tempfile::tempdir().unwrap();
+        let bin = ws.path().join("target/debug");
+        std::fs::create_dir_all(&bin).unwrap();
+        for name in ["flowrepl", "flowrepl-worker", "libflowrepl_pylib.so"] {
+            std::fs::copy(built.join(name), bin.join(name)).unwrap();
+        }
+        let code = format!(
+            "import os\ntry:\n    with open('target/debug/w.new', 'w') as f:\n        f.write('#!/bin/sh\\necho ran > {}\\n')\n    os.chmod('target/debug/w.new', 0o755)\n    os.replace('target/debug/w.new', 'target/debug/flowrepl-worker')\n    r = 'replaced'\nexcept OSError as e:\n    r = f'refused {{e.errno}}'\nr",
+            planted.display()
+        );
+        let mut cmd = std::process::Command::new(bin.join("flowrepl"));
+        cmd.args(["--sandbox", "--workspace"])
+            .arg(ws.path())
+            .env("FLOWREPL_LOG_DIR", home.0.join("logs"))
+            .env("FLOWREPL_SANDBOX_SKIP", skip.join(","))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        let mut child = cmd.spawn().unwrap();
+        use std::io::{BufRead, Write};
+        let mut stdin = child.stdin.take().unwrap();
+        let request = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "execute", "params": {"code": code}});
+        writeln!(stdin, "{request}").unwrap();
+        // The restart starts a new worker from the (replaced) executable.
+        writeln!(stdin, r#"{{"jsonrpc":"2.0","id":2,"method":"restart"}}"#).unwrap();
+        drop(stdin);
+        let mut answer = None;
+        for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
+            let v: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+            if v["id"] == 1 {
+                answer = Some(
+                    v["result"]["result"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                );
+            }
+        }
+        let _ = child.wait();
+        let expect = if replaced {
+            "'replaced'"
+        } else {
+            "'refused 30'"
+        };
+        assert_eq!(answer.as_deref(), Some(expect), "{skip:?}");
+        assert_eq!(planted.exists(), replaced, "{skip:?}");
+    }
+}
