@@ -30,16 +30,61 @@ impl Tool {
 }
 
 /// Runs a command confined: the builds of `--packages-build` (a build backend is arbitrary
-/// code). The kernel's is the sandbox's worker binary (`flowrepl-worker --confined-exec`).
+/// code). The kernel's is the sandbox's worker binary (`flowrepl-worker --confined-exec`),
+/// whose only network is an egress proxy allowing the index's hosts.
 pub trait Confine: Send + Sync + std::fmt::Debug {
     /// `cmd` (program and arguments) wrapped to run confined, in `workdir`, writing there and
-    /// to `writable` only; `Err`: it cannot be confined on this host (why).
+    /// to `writable` only, reaching `hosts` only (`host:port`, [`Policy::index_hosts`]);
+    /// `Err`: it cannot be confined on this host (why).
     fn confine(
         &self,
         cmd: &Command,
         workdir: &Path,
         writable: &[PathBuf],
-    ) -> Result<Command, String>;
+        hosts: &[String],
+    ) -> Result<Confined, String>;
+}
+
+/// A command wrapped by [`Confine`], and what must live while it runs.
+pub struct Confined {
+    /// What to run.
+    pub command: Command,
+    /// Kept until the command has ended, then dropped (its network's egress proxy).
+    pub keep: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl From<Command> for Confined {
+    fn from(command: Command) -> Confined {
+        Confined {
+            command,
+            keep: None,
+        }
+    }
+}
+
+/// Whose cache an installer links layers from: one shared cache per trust level.
+///
+/// Layers are hard links into the shared cache, so a cell that can write its layer's files
+/// writes the cache's. Sandboxed cells cannot (the layer is read-only inside); cells without
+/// the sandbox can. So sandboxed tasks share one cache, which only their installs fill and
+/// no writable layer links to, and tasks without the sandbox share another: what a cell
+/// without the sandbox changes in its layer reaches only tasks without the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trust {
+    /// The task's cells run in the sandbox.
+    Sandboxed,
+    /// They do not.
+    Unsandboxed,
+}
+
+impl Trust {
+    /// Its cache's folder name under the cache root, and its name in a layer's state.
+    pub fn name(self) -> &'static str {
+        match self {
+            Trust::Sandboxed => "sandboxed",
+            Trust::Unsandboxed => "unsandboxed",
+        }
+    }
 }
 
 /// One try of the installer: from the cache alone or the index; with the venv's versions
@@ -111,6 +156,9 @@ pub struct Installed {
     pub from_cache: bool,
     /// The installer's output.
     pub output: String,
+    /// The requirements of this call whose environment markers excluded them (`foo;
+    /// python_version < "3"` on Python 3): nothing was installed for them.
+    pub excluded: Vec<String>,
 }
 
 /// A new generation an installer filled.
@@ -132,6 +180,9 @@ pub struct Installer {
     state_file: PathBuf,
     confine: Option<Box<dyn Confine>>,
     progress: Arc<Mutex<String>>,
+    trust: Trust,
+    /// The shared cache of `trust`.
+    cache: PathBuf,
 }
 
 /// The task's interpreter's own `site-packages` folders (a venv's, or the installation's).
@@ -181,12 +232,14 @@ fn pin(line: &str) -> Option<(String, String)> {
 
 impl Installer {
     /// An installer for the task whose log is `log_file`, installing for `python` (the
-    /// task's interpreter). Finds the installer: `--uv`, else `uv` on `PATH`, else pip.
-    /// Builds (`--packages-build`) run through `confine`.
+    /// task's interpreter), linking from the shared cache of `trust`. Finds the installer:
+    /// `--uv`, else `uv` on `PATH`, else pip. Builds (`--packages-build`) run through
+    /// `confine`.
     pub fn new(
         policy: Policy,
         python: PathBuf,
         log_file: &Path,
+        trust: Trust,
         confine: Option<Box<dyn Confine>>,
     ) -> std::io::Result<Installer> {
         let tool = match &policy.uv {
@@ -200,6 +253,12 @@ impl Installer {
             None => find_on_path("uv").map_or(Tool::Pip, Tool::Uv),
         };
         let layer = Layer::open(flowrepl_task_logger::path::packages_root(log_file))?;
+        let root = policy.cache_root().unwrap_or_else(|| {
+            // No home to keep it in: beside the logs.
+            flowrepl_task_logger::path::log_dir_of(log_file)
+                .unwrap_or(Path::new("."))
+                .join("packages-cache")
+        });
         Ok(Installer {
             policy,
             tool,
@@ -208,7 +267,25 @@ impl Installer {
             state_file: flowrepl_task_logger::path::packages_state(log_file),
             confine,
             progress: Arc::default(),
+            trust,
+            cache: root.join(trust.name()),
         })
+    }
+
+    /// Whose cache it links from.
+    pub fn trust(&self) -> Trust {
+        self.trust
+    }
+
+    /// The shared cache it installs from (of its trust level).
+    pub fn cache_dir(&self) -> &Path {
+        &self.cache
+    }
+
+    /// Whether a layer holding `state` was linked from another trust level's cache (or
+    /// from a cache not recorded): it must be rebuilt before this kernel uses it.
+    pub fn foreign(&self, state: &LayerState) -> bool {
+        state.cache.as_deref() != Some(self.trust.name())
     }
 
     /// The last line the running install's installer wrote (for progress reports).
@@ -257,6 +334,7 @@ impl Installer {
                 version: STATE_VERSION,
                 requirements: r.requirements,
                 resolved: r.resolved,
+                cache: None,
             })
         })
         .map_err(|e| format!("{}: {e}", log_file.display()))
@@ -292,9 +370,20 @@ impl Installer {
             .filter_map(|t| Requirement::parse(t).ok())
             .filter(|r| !asked.iter().any(|a| a.name == r.name))
             .collect();
+        let marked: Vec<Requirement> = asked
+            .iter()
+            .filter(|r| r.text.contains(';'))
+            .cloned()
+            .collect();
         requirements.extend(asked);
         let venv = installed_in(&site_packages(&self.python));
         let (pins, from_cache) = self.resolve(&requirements, &venv, deadline)?;
+        // A requirement with a marker that resolved to nothing: its marker excluded it.
+        let excluded: Vec<String> = marked
+            .into_iter()
+            .filter(|r| !pins.iter().any(|(n, _)| *n == r.name))
+            .map(|r| r.text)
+            .collect();
         // What the venv has at the resolved version stays the venv's.
         let layer_pins: Vec<(String, String)> = pins
             .into_iter()
@@ -318,8 +407,11 @@ impl Installer {
                 .iter()
                 .map(|(n, v)| format!("{n}=={v}"))
                 .collect(),
+            cache: Some(self.trust.name().to_owned()),
         };
-        self.put(&before, state, from_cache, deadline)
+        let mut installed = self.put(&before, state, from_cache, deadline)?;
+        installed.excluded = excluded;
+        Ok(installed)
     }
 
     /// Builds the layer `state` says (a task whose layer is missing or differs), installing
@@ -350,6 +442,7 @@ impl Installer {
             version: STATE_VERSION,
             requirements: state.requirements.clone(),
             resolved: pins,
+            cache: Some(self.trust.name().to_owned()),
         };
         self.put(&before, state, true, deadline)
     }
@@ -403,6 +496,7 @@ impl Installer {
             modules,
             from_cache: resolved_from_cache && from_cache,
             output,
+            excluded: Vec::new(),
         })
     }
 
@@ -559,12 +653,13 @@ impl Installer {
         Err(InstallError::Install(last.trim().to_owned()))
     }
 
-    /// The cache a try uses: the operator's shared one, or for builds the task's own.
-    fn cache(&self, t: Try) -> Option<PathBuf> {
+    /// The cache a try uses: the shared one of the task's trust level, or for builds the
+    /// task's own.
+    fn cache(&self, t: Try) -> PathBuf {
         if t.build {
-            Some(self.layer.build_dir().join("cache"))
+            self.layer.build_dir().join("cache")
         } else {
-            self.policy.cache_dir.clone()
+            self.cache.clone()
         }
     }
 
@@ -595,9 +690,7 @@ impl Installer {
         for u in &self.policy.extra_index_urls {
             cmd.args(["--extra-index-url", u]);
         }
-        if let Some(c) = self.cache(t) {
-            cmd.arg("--cache-dir").arg(c);
-        }
+        cmd.arg("--cache-dir").arg(self.cache(t));
     }
 
     /// `python -m pip install`, isolated from the user's pip configuration.
@@ -630,18 +723,25 @@ impl Installer {
         writable: &[PathBuf],
     ) -> Result<Ran, InstallError> {
         let program = cmd.get_program().to_string_lossy().into_owned();
-        let cmd = if t.build {
+        let Confined { command, keep } = if t.build {
             let confine = self.confine.as_ref().ok_or_else(|| {
                 InstallError::Unconfined("this kernel has no sandbox to run builds in".into())
             })?;
+            let hosts = self
+                .policy
+                .index_hosts()
+                .map_err(|e| InstallError::Unconfined(format!("a build's network: {e}")))?;
             confine
-                .confine(&cmd, &self.layer.build_dir(), writable)
+                .confine(&cmd, &self.layer.build_dir(), writable, &hosts)
                 .map_err(InstallError::Unconfined)?
         } else {
-            cmd
+            cmd.into()
         };
-        let ran = run(cmd, input, deadline, &self.progress)
-            .map_err(|e| InstallError::Spawn(program, e))?;
+        let ran = run(command, input, deadline, &self.progress)
+            .map_err(|e| InstallError::Spawn(program, e));
+        // The build's network lives until it has ended.
+        drop(keep);
+        let ran = ran?;
         if ran.timed_out {
             return Err(InstallError::Timeout(self.policy.timeout));
         }

@@ -38,6 +38,11 @@ pub struct LayerState {
     pub requirements: Vec<String>,
     /// The layer: `name==version`, sorted by name.
     pub resolved: Vec<String>,
+    /// The shared cache its files are linked from ([`crate::Trust::name`]): a kernel of the
+    /// other trust level rebuilds the layer from its own cache before it uses it. `None`: a
+    /// layer written before this was recorded, or a state read from the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<String>,
 }
 
 /// A task's layer folder.
@@ -277,6 +282,7 @@ mod tests {
             version: STATE_VERSION,
             requirements: vec!["a".into()],
             resolved: vec!["a==1".into()],
+            cache: Some("sandboxed".into()),
         };
         layer.switch(&one, &s1).unwrap();
         assert_eq!(layer.state(), Some(s1));
@@ -287,6 +293,7 @@ mod tests {
             version: STATE_VERSION,
             requirements: vec!["b".into()],
             resolved: vec!["b==2".into()],
+            cache: None,
         };
         layer.switch(&two, &s2).unwrap();
         assert_eq!(layer.state(), Some(s2));

@@ -18,7 +18,7 @@ pub mod layer;
 pub mod policy;
 mod run;
 
-pub use install::{InstallError, Installed, Installer, Tool};
+pub use install::{InstallError, Installed, Installer, Tool, Trust};
 pub use layer::{Layer, LayerState};
 pub use policy::{AllowList, Policy, PolicyError, Requirement};
 

@@ -25,8 +25,8 @@ pub struct Policy {
     pub build: bool,
     /// How long one install may take.
     pub timeout: Duration,
-    /// `--packages-cache`: the shared cache; `None`: the installer's default (uv's
-    /// `~/.cache/uv`, shared with the user's own uv).
+    /// `--packages-cache`: the root of the shared caches (one per trust level, see
+    /// [`crate::Trust`]); `None`: [`Policy::cache_root`]'s default.
     pub cache_dir: Option<PathBuf>,
 }
 
@@ -43,6 +43,101 @@ impl Default for Policy {
             cache_dir: None,
         }
     }
+}
+
+/// The hosts of uv's and pip's default index (PyPI): its pages, and where its files are.
+pub const DEFAULT_INDEX_HOSTS: [&str; 2] = ["pypi.org:443", "files.pythonhosted.org:443"];
+
+impl Policy {
+    /// The root of the shared caches: `--packages-cache`, else
+    /// `$XDG_CACHE_HOME/flowrepl-packages`, else `~/.cache/flowrepl-packages` (`None`: no
+    /// home). Not uv's own cache: the user's uv links it into the user's venvs, which any
+    /// program of the user may edit.
+    pub fn cache_root(&self) -> Option<PathBuf> {
+        if let Some(d) = &self.cache_dir {
+            return Some(d.clone());
+        }
+        let home = |var: &str| {
+            std::env::var_os(var)
+                .map(PathBuf::from)
+                .filter(|p| p.is_absolute())
+        };
+        home("XDG_CACHE_HOME")
+            .or_else(|| home("HOME").map(|h| h.join(".cache")))
+            .map(|c| c.join("flowrepl-packages"))
+    }
+
+    /// Where the installer fetches from, as `host:port` (an IPv6 address in brackets): the
+    /// hosts of `--index-url` (by default PyPI's, [`DEFAULT_INDEX_HOSTS`]) and of each
+    /// `--extra-index-url`, each once. A `file:` index names none. `Err`: a URL that is not
+    /// `http`, `https` or `file`, or has no host.
+    pub fn index_hosts(&self) -> Result<Vec<String>, String> {
+        let mut out: Vec<String> = Vec::new();
+        let mut add = |h: String| {
+            if !out.contains(&h) {
+                out.push(h);
+            }
+        };
+        match &self.index_url {
+            None => DEFAULT_INDEX_HOSTS
+                .iter()
+                .for_each(|h| add((*h).to_owned())),
+            Some(u) => {
+                if let Some(h) = url_host(u)? {
+                    add(h);
+                }
+            }
+        }
+        for u in &self.extra_index_urls {
+            if let Some(h) = url_host(u)? {
+                add(h);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `host:port` of an `http(s)` URL (the scheme's port when none is written); `None` for a
+/// `file:` URL.
+fn url_host(url: &str) -> Result<Option<String>, String> {
+    let bad = |why: &str| Err(format!("the index URL {url:?} {why}"));
+    let Some((scheme, rest)) = url.split_once(':') else {
+        return bad("has no scheme");
+    };
+    let default_port = match scheme.to_ascii_lowercase().as_str() {
+        "file" => return Ok(None),
+        "http" => 80,
+        "https" => 443,
+        _ => return bad("is not http, https or file"),
+    };
+    let Some(rest) = rest.strip_prefix("//") else {
+        return bad("has no host");
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    // Credentials (`user:password@`) are not part of the host.
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = if let Some(inner) = host_port.strip_prefix('[') {
+        let Some((addr, after)) = inner.split_once(']') else {
+            return bad("has an unclosed [");
+        };
+        (format!("[{addr}]"), after.strip_prefix(':'))
+    } else {
+        match host_port.rsplit_once(':') {
+            Some((h, p)) => (h.to_owned(), Some(p)),
+            None => (host_port.to_owned(), None),
+        }
+    };
+    if host.is_empty() || host == "[]" {
+        return bad("has no host");
+    }
+    let port = match port {
+        None | Some("") => default_port,
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 => n,
+            _ => return bad("has a port that is not one"),
+        },
+    };
+    Ok(Some(format!("{}:{port}", host.to_ascii_lowercase())))
 }
 
 /// Why a requirement or the allow list is refused.
@@ -113,8 +208,12 @@ impl Requirement {
         if t.contains('@') || t.contains("://") {
             return bad("direct references (URLs, `name @ url`) are not taken; packages come from the operator's index");
         }
-        if t.contains('/') || t.contains('\\') {
-            return bad("paths are not taken; packages come from the operator's index");
+        if t.contains('/')
+            || t.contains('\\')
+            || t.starts_with(['.', '~'])
+            || t.get(..5).is_some_and(|p| p.eq_ignore_ascii_case("file:"))
+        {
+            return bad(NOT_A_FILE);
         }
         let (spec, marker) = match t.split_once(';') {
             Some((s, m)) => (s.trim(), Some(m.trim())),
@@ -127,6 +226,9 @@ impl Requirement {
             || !name.ends_with(|c: char| c.is_ascii_alphanumeric())
         {
             return bad("it does not start with a package name");
+        }
+        if file_name(name) {
+            return bad(NOT_A_FILE);
         }
         let mut rest = spec[end..].trim_start();
         if let Some(after) = rest.strip_prefix('[') {
@@ -158,6 +260,37 @@ impl Requirement {
             name: normalize(name),
         })
     }
+}
+
+/// Why a path or a file name is refused (uv and pip would look for a local file).
+const NOT_A_FILE: &str = "file names and paths are not requirements (the installer would look for a local file); packages come from the operator's index by name, e.g. six==1.16.0 (a package whose name ends in .whl, .zip, .tar... is named with - instead: foo-zip)";
+
+/// The endings of the files installers take for a path rather than a name: wheels, sdists and
+/// other archives (uv reads `foo.tar.gz` or `six-1.16.0-py2.py3-none-any.whl` as a file in its
+/// working folder).
+const FILE_ENDINGS: [&str; 16] = [
+    ".whl",
+    ".zip",
+    ".tar",
+    ".tar.gz",
+    ".tgz",
+    ".tar.bz2",
+    ".tbz",
+    ".tbz2",
+    ".tar.xz",
+    ".txz",
+    ".tar.zst",
+    ".tzst",
+    ".tar.lz",
+    ".tlz",
+    ".tar.lzma",
+    ".egg",
+];
+
+/// Whether `name` ends as a file an installer would read does.
+fn file_name(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    FILE_ENDINGS.iter().any(|e| lower.ends_with(e))
 }
 
 /// PEP 508's marker variables and operators: a marker holds these, quoted strings and
@@ -293,6 +426,10 @@ mod tests {
             "httpx[http2,cli]>=0.27",
             "tinypkg; python_version >= '3.10'",
             "numpy (>=1.0)",
+            "foo-zip",
+            "backports.tarfile",
+            "zipp",
+            "wheel",
         ] {
             let r = Requirement::parse(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
             assert!(!r.name.is_empty());
@@ -309,6 +446,21 @@ mod tests {
             "https://evil.example/pkg.whl",
             "./local",
             "/abs/path.whl",
+            "six-1.16.0-py2.py3-none-any.whl",
+            "Foo.TAR.GZ",
+            "pkg.zip>=1",
+            "pkg.tgz; python_version > '3'",
+            "pkg.tar",
+            "pkg.egg",
+            "..",
+            "../pkg",
+            "~/pkg",
+            "~pkg",
+            ".hidden",
+            "file:pkg.whl",
+            "FILE:///tmp/x",
+            "pkg @ file:///tmp/pkg.whl",
+            "C:\\pkg.whl",
             "pkg\n--extra-index-url http://x",
             "pkg --index-url http://x",
             "pkg[",
@@ -318,6 +470,43 @@ mod tests {
             &"a".repeat(300),
         ] {
             assert!(Requirement::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn file_names_are_refused_as_files() {
+        for f in [
+            "six-1.16.0-py2.py3-none-any.whl",
+            "./x",
+            "file:x",
+            "x.tar.gz",
+        ] {
+            let e = Requirement::parse(f).unwrap_err().to_string();
+            assert!(
+                e.contains("file names and paths are not requirements"),
+                "{f}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_index_hosts_are_the_urls_hosts_and_ports() {
+        let mut p = Policy::default();
+        assert_eq!(p.index_hosts().unwrap(), DEFAULT_INDEX_HOSTS);
+        p.index_url = Some("http://127.0.0.1:8081/simple/".into());
+        p.extra_index_urls = vec![
+            "https://user:pw@Pypi.Example.internal/simple".into(),
+            "http://[::1]:9000".into(),
+            "file:///srv/wheels".into(),
+            "http://127.0.0.1:8081/other/".into(),
+        ];
+        assert_eq!(
+            p.index_hosts().unwrap(),
+            ["127.0.0.1:8081", "pypi.example.internal:443", "[::1]:9000"]
+        );
+        for bad in ["ftp://x/", "http:x", "https:///simple", "http://x:0/", "x"] {
+            p.extra_index_urls = vec![bad.into()];
+            assert!(p.index_hosts().is_err(), "{bad}");
         }
     }
 

@@ -3,7 +3,7 @@
 //! unpickles), then `install` calls between cells.
 
 use crate::config::Config;
-use flowrepl_packages::{Installed, Installer, Trigger, Who};
+use flowrepl_packages::{Installed, Installer, Trigger, Trust, Who};
 use flowrepl_protocol::packages::InstallReply;
 use flowrepl_protocol::Mode;
 use std::path::{Path, PathBuf};
@@ -11,15 +11,39 @@ use std::process::Command;
 use std::time::Instant;
 
 /// Runs the installer's builds in the sandbox (`flowrepl-worker --confined-exec`), whatever
-/// the task's own `--sandbox`: every layer or no build (strict), the host's network kept (the
-/// index), nothing writable but the build's own folder (its working folder, its cache of the
-/// task's own, its `/tmp`) and the generation being written; the log folder hidden, the
-/// shared cache not there at all.
+/// the task's own `--sandbox`: every layer or no build (strict); for a network, a namespace
+/// with only `lo` whose one way out is an egress proxy of the kernel's allowing the index's
+/// hosts alone (as `--sandbox-net=allow:` gives cells; uv fetches a build's sdist and build
+/// requirements in the same run as it builds, so the build cannot go without the index);
+/// nothing writable but the build's own folder (its working folder, its cache of the task's
+/// own, its `/tmp`) and the generation being written; the log folder hidden, the shared
+/// cache not there at all.
 #[derive(Debug)]
 struct WorkerConfine {
     worker_exe: PathBuf,
     readable: Vec<PathBuf>,
     log_dir: PathBuf,
+    network: BuildNetwork,
+}
+
+/// A build's network.
+#[derive(Debug)]
+enum BuildNetwork {
+    /// Only the index's hosts, through an egress proxy recording as this says.
+    Index(flowrepl_egress::proxy::ProxyConfig),
+    /// The host's (`FLOWREPL_PACKAGES_BUILD_NET=host`: how builds ran before the proxy; for
+    /// diagnosis, and the tests' control).
+    Host,
+}
+
+/// Leaves a build the host's network when `host` (diagnosis: see [`BuildNetwork::Host`]).
+pub const BUILD_NET: &str = "FLOWREPL_PACKAGES_BUILD_NET";
+
+/// The egress proxy of one build, and the kernel's copy of the socket the build hands its
+/// listener through; dropped when the build has ended.
+struct BuildProxy {
+    _proxy: flowrepl_egress::Proxy,
+    _theirs: std::os::fd::OwnedFd,
 }
 
 /// What a build may read: what a sandboxed worker of the task may, and the installer.
@@ -44,7 +68,8 @@ impl flowrepl_packages::install::Confine for WorkerConfine {
         cmd: &Command,
         workdir: &Path,
         writable: &[PathBuf],
-    ) -> Result<Command, String> {
+        hosts: &[String],
+    ) -> Result<flowrepl_packages::install::Confined, String> {
         if !self.worker_exe.is_file() {
             return Err(format!("{} not found", self.worker_exe.display()));
         }
@@ -52,13 +77,18 @@ impl flowrepl_packages::install::Confine for WorkerConfine {
         let tmp = workdir.join("build-tmp");
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        let network = match &self.network {
+            BuildNetwork::Index(_) => flowrepl_protocol::sandbox::Network::Proxy,
+            BuildNetwork::Host => flowrepl_protocol::sandbox::Network::Host,
+        };
         let policy = flowrepl_protocol::sandbox::SandboxPolicy {
             strict: true,
-            network: flowrepl_protocol::sandbox::Network::Host,
+            network,
             workspace: workdir.to_path_buf(),
             writable: writable.to_vec(),
             readable: self.readable.clone(),
             hidden: vec![self.log_dir.clone()],
+            protected: Vec::new(),
             tmp,
             skip: Vec::new(),
         };
@@ -73,7 +103,59 @@ impl flowrepl_packages::install::Confine for WorkerConfine {
             .current_dir(workdir)
             .env_clear()
             .envs(flowrepl_sandbox::environment::kept());
-        Ok(confined)
+        let BuildNetwork::Index(proxy) = &self.network else {
+            return Ok(confined.into());
+        };
+        let mut rules = flowrepl_egress::Rules::default();
+        for h in hosts {
+            rules.add(
+                flowrepl_egress::Rule::parse(h).map_err(|e| format!("the index's host: {e}"))?,
+            );
+        }
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| format!("the build's proxy channel: {e}"))?;
+        let theirs = std::os::fd::OwnedFd::from(theirs);
+        give_proxy_fd(&mut confined, &theirs);
+        let proxy = flowrepl_egress::Proxy::start(
+            ours,
+            flowrepl_egress::proxy::ProxyConfig {
+                rules: std::sync::Arc::new(rules),
+                ..proxy.clone()
+            },
+        )
+        .map_err(|e| format!("the build's egress proxy: {e}"))?;
+        Ok(flowrepl_packages::install::Confined {
+            command: confined,
+            keep: Some(Box::new(BuildProxy {
+                _proxy: proxy,
+                _theirs: theirs,
+            })),
+        })
+    }
+}
+
+/// Puts `theirs` at the child's fd [`flowrepl_protocol::sandbox::PROXY_FD`] (without
+/// close-on-exec), where `flowrepl-worker` hands its proxy's listening socket over.
+fn give_proxy_fd(cmd: &mut Command, theirs: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let fd = theirs.as_raw_fd();
+    let target = flowrepl_protocol::sandbox::PROXY_FD;
+    // SAFETY: between fork and exec, only dup2 and fcntl (async-signal-safe); `fd` stays open
+    // in the parent until the command has ended (it is kept with the proxy).
+    unsafe {
+        cmd.pre_exec(move || {
+            let ok = if fd == target {
+                libc::fcntl(fd, libc::F_SETFD, 0) >= 0
+            } else {
+                libc::dup2(fd, target) >= 0
+            };
+            if ok {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
     }
 }
 
@@ -106,14 +188,36 @@ pub fn prepare(config: &Config) -> Packages {
                 log_dir: flowrepl_task_logger::path::log_dir_of(&config.log_file)
                     .map(Path::to_path_buf)
                     .unwrap_or_default(),
+                network: if std::env::var(BUILD_NET).is_ok_and(|v| v.trim() == "host") {
+                    tracing::warn!("{BUILD_NET}=host: builds keep the host's network");
+                    BuildNetwork::Host
+                } else {
+                    BuildNetwork::Index(flowrepl_egress::proxy::ProxyConfig {
+                        rules: Default::default(),
+                        log: config.logging.then(|| config.log_file.clone()),
+                        who: flowrepl_egress::Who {
+                            plan_id: config.identity.plan_id.clone(),
+                            task_id: config.identity.task_id.clone(),
+                            task_name: config.identity.task_name.clone(),
+                            session_id: config.identity.session_id.clone(),
+                        },
+                    })
+                },
             }) as Box<dyn flowrepl_packages::install::Confine>
         });
     // No layer folder here: a fresh disk for the task (or its layer was deleted).
     let fresh = !flowrepl_task_logger::path::packages_root(&config.log_file).exists();
+    // One shared cache per trust level (flowrepl_packages::Trust).
+    let trust = if config.worker.as_ref().is_some_and(|w| w.sandbox.is_some()) {
+        Trust::Sandboxed
+    } else {
+        Trust::Unsandboxed
+    };
     let installer = match Installer::new(
         config.packages.clone(),
         config.python.clone(),
         &config.log_file,
+        trust,
         confine,
     ) {
         Ok(i) => i,
@@ -132,7 +236,11 @@ pub fn prepare(config: &Config) -> Packages {
     };
     if let Some(wanted) = wanted {
         let have = installer.layer().state();
-        if have.as_ref().map(|h| &h.resolved) != Some(&wanted.resolved) {
+        // Missing, different, or linked from the other trust level's cache.
+        if have
+            .as_ref()
+            .is_none_or(|h| h.resolved != wanted.resolved || installer.foreign(h))
+        {
             let started = Instant::now();
             let result = installer.rebuild(&wanted);
             match &result {
@@ -170,7 +278,17 @@ pub fn reply(
     elapsed_ms: f64,
 ) -> InstallReply {
     let source = if i.from_cache { "cache" } else { "index" };
-    let mut message = if i.added.is_empty() {
+    let mut message = if !i.excluded.is_empty() && i.added.is_empty() {
+        format!(
+            "nothing installed: the environment markers excluded {} on this Python; the layer has {} ({elapsed_ms:.0} ms)",
+            i.excluded.join(", "),
+            if i.state.resolved.is_empty() {
+                "nothing".to_owned()
+            } else {
+                i.state.resolved.join(", ")
+            }
+        )
+    } else if i.added.is_empty() {
         format!(
             "nothing new to install: the layer already has {} ({elapsed_ms:.0} ms)",
             i.state.resolved.join(", ")
@@ -187,6 +305,12 @@ pub fn reply(
             }
         )
     };
+    if !i.excluded.is_empty() && !i.added.is_empty() {
+        message.push_str(&format!(
+            "; the environment markers excluded {} on this Python",
+            i.excluded.join(", ")
+        ));
+    }
     if installer.tool() == &flowrepl_packages::Tool::Pip {
         message.push_str("; uv was not found, pip installed them");
     }

@@ -64,9 +64,9 @@ pub enum Answer {
 
 /// How a front answers the calls the dispatcher runs.
 pub trait Responder {
-    /// A cell is about to run.
+    /// A cell (or an install) is about to run: calls the front answers at once may come.
     fn cell_starts(&mut self) {}
-    /// The cell ended; true if the front already answered it ([`not_stopped`]).
+    /// The cell (or install) ended; true if the front already answered it ([`not_stopped`]).
     fn cell_ended(&mut self) -> bool {
         false
     }
@@ -478,10 +478,17 @@ impl Session {
                 Ok(answer) => to.answer(answer)?,
                 Err(e) => to.failed(e)?,
             },
-            Call::Install(p) => match self.install(&p.packages) {
-                Ok(reply) => to.answer(Answer::Installed(reply))?,
-                Err(e) => to.failed(e)?,
-            },
+            Call::Install(p) => {
+                // Answered in its turn, but like a cell it leaves the front answering
+                // `status` (busy), `interrupt` and `approve` at once while it runs.
+                to.cell_starts();
+                let result = self.install(&p.packages);
+                to.cell_ended();
+                match result {
+                    Ok(reply) => to.answer(Answer::Installed(reply))?,
+                    Err(e) => to.failed(e)?,
+                }
+            }
             Call::Shutdown => {
                 to.answer(Answer::Shutdown(ShutdownReply {
                     shutting_down: true,

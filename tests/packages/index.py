@@ -2,9 +2,14 @@
 folder laid out as a PEP 503 simple repository and serves it, counting requests.
 
 Usage: index.py FOLDER MARKER     builds the packages (below) into FOLDER, serves it, prints
-                                  the port on stdout's first line, then serves until killed.
+                                  the port on stdout's first line and the secret server's port
+                                  (below) on the second, then serves until killed.
        GET /_requests             how many requests the index answered (this one not counted).
+       GET /_secret_hits          how many connections the secret server took.
        GET /slowpkg/...           answered after 60 s: an install that must time out.
+
+Beside the index, a **secret server** on another port of 127.0.0.1 (a host service that is not
+the index) answers every request with SECRET: what a build must not reach.
 
 Packages built (all pure Python, no dependency on anything outside this file):
 - tinypkg 1.0 and 2.0: `tinypkg.Thing(v)`, `tinypkg.VERSION`; 2.0 depends on `tinydep`.
@@ -17,6 +22,9 @@ Packages built (all pure Python, no dependency on anything outside this file):
   writes the file MARKER (an absolute path outside everything the installer should write)
   when it runs, then builds a wheel. Installing it runs its code: the test of `--no-build`
   and of the confined build.
+- netsdist 1.0: an sdist only; its build backend asks the secret server for its answer (with
+  urllib, which takes HTTP_PROXY when set, and with a bare socket), then fails with what it
+  got in its error: the test of a build's network.
 """
 
 import base64
@@ -31,7 +39,9 @@ import time
 import zipfile
 
 REQUESTS = 0
+SECRET_HITS = 0
 LOCK = threading.Lock()
+SECRET = "flowrepl-secret-answer"
 
 
 def record_line(name, data):
@@ -98,16 +108,42 @@ def build_wheel(d, config_settings=None, metadata_directory=None):
 '''
 
 
-def sdist(folder, marker):
+NET_BACKEND = '''
+def _probe():
+    said = []
+    try:
+        import urllib.request
+        with urllib.request.urlopen("http://127.0.0.1:PORT/", timeout=10) as r:
+            said.append("urllib got: " + r.read().decode())
+    except Exception as e:
+        said.append("urllib failed: %r" % e)
+    try:
+        import socket
+        with socket.create_connection(("127.0.0.1", PORT), timeout=10) as s:
+            s.sendall(b"GET / HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n")
+            said.append("socket got: " + s.recv(4096).decode(errors="replace"))
+    except Exception as e:
+        said.append("socket failed: %r" % e)
+    raise RuntimeError("netsdist asked the secret server: " + " | ".join(said))
+def get_requires_for_build_wheel(config_settings=None):
+    _probe()
+def prepare_metadata_for_build_wheel(d, config_settings=None):
+    _probe()
+def build_wheel(d, config_settings=None, metadata_directory=None):
+    _probe()
+'''
+
+
+def sdist(folder, name, backend):
     files = {
-        "evilsdist-1.0/PKG-INFO": "Metadata-Version: 2.1\nName: evilsdist\nVersion: 1.0\n",
-        "evilsdist-1.0/pyproject.toml": (
+        f"{name}-1.0/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{name}-1.0/pyproject.toml": (
             '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
-            '[project]\nname = "evilsdist"\nversion = "1.0"\n'
+            f'[project]\nname = "{name}"\nversion = "1.0"\n'
         ),
-        "evilsdist-1.0/backend.py": BACKEND.replace("MARKER", repr(marker), 1),
+        f"{name}-1.0/backend.py": backend,
     }
-    path = os.path.join(folder, "evilsdist", "evilsdist-1.0.tar.gz")
+    path = os.path.join(folder, name, f"{name}-1.0.tar.gz")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tarfile.open(path, "w:gz") as t:
         for p, text in files.items():
@@ -117,7 +153,7 @@ def sdist(folder, marker):
             t.addfile(info, io.BytesIO(data))
 
 
-def build(folder, marker):
+def build(folder, marker, secret_port):
     thing = "VERSION = {v!r}\n\nclass Thing:\n    def __init__(self, v):\n        self.v = v\n"
     wheel(folder, "tinypkg", "1.0", {"tinypkg/__init__.py": thing.format(v="1.0")})
     wheel(folder, "tinypkg", "2.0", {"tinypkg/__init__.py": thing.format(v="2.0")}, ["tinydep"])
@@ -132,7 +168,8 @@ def build(folder, marker):
         "        pass\n"
     ).replace("MARKER", repr(marker + "-pth"))
     wheel(folder, "dotpth", "1.0", {"dotpth_hook.py": hook, "dotpth.pth": "import dotpth_hook\n"})
-    sdist(folder, marker)
+    sdist(folder, "evilsdist", BACKEND.replace("MARKER", repr(marker), 1))
+    sdist(folder, "netsdist", NET_BACKEND.replace("PORT", str(secret_port)))
     for name in sorted(os.listdir(folder)):
         files = sorted(os.listdir(os.path.join(folder, name)))
         links = "".join(f'<a href="{f}">{f}</a>\n' for f in files if f != "index.html")
@@ -147,9 +184,9 @@ def build(folder, marker):
 class Handler(http.server.SimpleHTTPRequestHandler):
     def do_GET(self):
         global REQUESTS
-        if self.path == "/_requests":
+        if self.path in ("/_requests", "/_secret_hits"):
             with LOCK:
-                body = str(REQUESTS).encode()
+                body = str(REQUESTS if self.path == "/_requests" else SECRET_HITS).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -165,13 +202,31 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class Secret(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global SECRET_HITS
+        with LOCK:
+            SECRET_HITS += 1
+        body = SECRET.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
 def main():
     folder = os.path.abspath(sys.argv[1])
     os.makedirs(folder, exist_ok=True)
-    build(folder, os.path.abspath(sys.argv[2]))
+    secret = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Secret)
+    threading.Thread(target=secret.serve_forever, daemon=True).start()
+    build(folder, os.path.abspath(sys.argv[2]), secret.server_address[1])
     handler = lambda *a, **k: Handler(*a, directory=folder, **k)  # noqa: E731
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     print(server.server_address[1], flush=True)
+    print(secret.server_address[1], flush=True)
     server.serve_forever()
 
 

@@ -400,7 +400,9 @@ fn install_packages_over_mcp_and_through_serve() {
     );
     let installs = read_log_all(&server.log_of("with")).installs;
     assert_eq!(installs.len(), 1);
-    assert_eq!(installs[0].source, "cache", "the tasks share the cache");
+    // serve's kernels are sandboxed: they install from the sandboxed tasks' cache, which the
+    // kernels above (without the sandbox) did not fill.
+    assert_eq!(installs[0].source, "index", "{:?}", installs[0]);
 }
 
 /// `--packages-build`: an sdist is built, in the sandbox (whatever the task's own setting):
@@ -541,4 +543,260 @@ fn a_cells_uv_config_does_not_reach_the_installer() {
         evil.requests() > 0,
         "without --no-config uv reads the cell's uv.toml"
     );
+}
+
+/// `--packages-build`: the build's only network is the index. An sdist whose build backend
+/// asks a service on 127.0.0.1 that is not the index (the index's secret server), with urllib
+/// (through the proxy the build gets) and with a bare socket, gets no answer: the install's
+/// error carries the backend's failures and not the service's answer, and the service saw no
+/// connection. The index itself (an explicit rule for its 127.0.0.1:port) still serves the
+/// build: evilsdist builds (with_packages_build_an_sdist_is_built_confined), and the build's
+/// connections are egress records. The same build with the host's network (the proxy left
+/// out, FLOWREPL_PACKAGES_BUILD_NET=host) reaches the service and the answer comes back.
+#[test]
+fn a_build_reaches_the_index_and_nothing_else() {
+    use flowrepl_tests::index::SECRET;
+    let index = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    let mut k = kernel("in_process", &index, cache.path())
+        .arg("--packages-build")
+        .start();
+    let e = refused(&install(&mut k, &["netsdist"]));
+    assert!(e.contains("netsdist asked the secret server"), "{e}");
+    assert!(!e.contains(SECRET), "the build reached the service: {e}");
+    assert!(e.contains("urllib failed"), "{e}");
+    assert!(e.contains("socket failed"), "{e}");
+    assert_eq!(index.secret_hits(), 0, "the service saw the build");
+    let r = install(&mut k, &["evilsdist"]);
+    assert_eq!(r["result"]["installed"], json!(["evilsdist==1.0"]), "{r}");
+    let log = k.log_file();
+    k.close();
+    let egress = read_log_all(&log).egress;
+    assert!(
+        egress.iter().any(|e| e.port == index.port && e.allowed),
+        "{egress:?}"
+    );
+    assert!(
+        egress
+            .iter()
+            .any(|e| e.port == index.secret_port && !e.allowed),
+        "{egress:?}"
+    );
+
+    let mut k = kernel("in_process", &index, cache.path())
+        .arg("--packages-build")
+        .env("FLOWREPL_PACKAGES_BUILD_NET", "host")
+        .start();
+    let e = refused(&install(&mut k, &["netsdist"]));
+    assert!(
+        e.contains(&format!("urllib got: {SECRET}")),
+        "with the host's network the build reaches the service: {e}"
+    );
+    assert!(index.secret_hits() > 0);
+}
+
+/// File names and anything path-like are not requirements: refused before the installer
+/// runs (uv takes `tinypkg-1.0-py3-none-any.whl` or `foo.tar.gz` for a file in its working
+/// folder). The same name given to uv as the kernel runs it, in the layer's scratch folder
+/// holding such a file, resolves to that file.
+#[test]
+fn file_names_and_paths_are_refused_before_the_installer_runs() {
+    let index = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    let mut k = kernel("in_process", &index, cache.path()).start();
+    install(&mut k, &["tinydep"]);
+    let before = layer(&k);
+    let asked = index.requests();
+    for bad in [
+        "six-1.16.0-py2.py3-none-any.whl",
+        "tinypkg-1.0-py3-none-any.whl",
+        "tinypkg-1.0.tar.gz",
+        "tinypkg.zip",
+        "./tinypkg",
+        "../tinypkg",
+        "..",
+        "~/tinypkg",
+        "file:tinypkg-1.0-py3-none-any.whl",
+        "/tmp/tinypkg-1.0-py3-none-any.whl",
+    ] {
+        let e = refused(&install(&mut k, &[bad]));
+        assert!(
+            e.contains("file names and paths are not requirements"),
+            "{bad}: {e}"
+        );
+        assert_eq!(layer(&k), before, "{bad}");
+    }
+    for bad in [
+        "tinypkg @ file:///tmp/tinypkg-1.0-py3-none-any.whl",
+        "http://127.0.0.1:9/tinypkg-1.0-py3-none-any.whl",
+    ] {
+        let e = refused(&install(&mut k, &[bad]));
+        assert!(e.contains("direct references"), "{bad}: {e}");
+    }
+    assert_eq!(index.requests(), asked, "the installer ran");
+    // uv as the kernel runs it, in the same folder, with such a file there: it installs the
+    // file, not the index's package.
+    let work = k.log_file().with_extension("packages").join("work");
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", index.port)).unwrap();
+    use std::io::{Read as _, Write as _};
+    s.write_all(b"GET /tinypkg/tinypkg-1.0-py3-none-any.whl HTTP/1.0\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    let body = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    std::fs::write(work.join("tinypkg-1.0-py3-none-any.whl"), &got[body..]).unwrap();
+    let mut uv_run = std::process::Command::new(uv())
+        .args([
+            "pip",
+            "compile",
+            "--no-config",
+            "--quiet",
+            "--offline",
+            "-",
+            "--python",
+        ])
+        .arg(mcp_venv().join("bin/python"))
+        .arg("--cache-dir")
+        .arg(cache.path())
+        .current_dir(&work)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    uv_run
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"tinypkg-1.0-py3-none-any.whl\n")
+        .unwrap();
+    let out = uv_run.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    // Resolved to the file itself (as a path), not to a version from the cache or index.
+    assert!(
+        out.status.success()
+            && said.lines().any(|l| l == "tinypkg-1.0-py3-none-any.whl")
+            && !said.contains("tinypkg=="),
+        "uv took the name for a file: {said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An install answers in its turn, but `status` (busy) and `interrupt` sent while it runs are
+/// answered at once, as while a cell runs (the index stalls on slowpkg until the install's
+/// timeout). A requirement whose environment marker excludes it is said to be so.
+#[test]
+fn status_is_answered_while_an_install_runs() {
+    use std::time::{Duration, Instant};
+    let index = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    for mode in MODES {
+        let mut k = kernel(mode, &index, cache.path())
+            .arg("--packages-timeout-s")
+            .arg("4")
+            .start();
+        let started = Instant::now();
+        k.send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":\"slow\",\"method\":\"install\",\"params\":{\"packages\":[\"slowpkg\"]}}\n");
+        std::thread::sleep(Duration::from_millis(500));
+        let asked = Instant::now();
+        let st = k.call("status", Value::Null);
+        assert!(
+            asked.elapsed() < Duration::from_secs(2),
+            "{mode}: status waited {:?} for the install",
+            asked.elapsed()
+        );
+        assert_eq!(st["result"]["busy"], true, "{mode}: {st}");
+        let asked = Instant::now();
+        let ack = k.call("interrupt", Value::Null);
+        assert!(asked.elapsed() < Duration::from_secs(2), "{mode}");
+        assert_eq!(ack["result"]["interrupted"], false, "{mode}: {ack}");
+        let r = k.recv();
+        assert_eq!(r["id"], "slow", "{mode}: {r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("did not finish within 4s"),
+            "{mode}: {r}"
+        );
+        assert!(started.elapsed() >= Duration::from_secs(3), "{mode}");
+        // The kernel goes on, and status is not busy.
+        assert_eq!(k.call("status", Value::Null)["result"]["busy"], false);
+        assert_eq!(k.ok("print(1)")["stdout"], "1\n");
+
+        let r = install(&mut k, &["tinydep; python_version < '3'"]);
+        let message = r["result"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(
+                "nothing installed: the environment markers excluded tinydep; python_version < '3' on this Python"
+            ),
+            "{mode}: {r}"
+        );
+        let r = install(&mut k, &["tinypkg==1.0", "tinydep; python_version < '3'"]);
+        assert_eq!(r["result"]["added"], json!(["tinypkg==1.0"]), "{r}");
+        let message = r["result"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("the environment markers excluded tinydep; python_version < '3'"),
+            "{message}"
+        );
+    }
+}
+
+/// One shared cache per trust level. A cell without the sandbox rewrites a file of a package
+/// in its layer (a hard link into its cache); another task without the sandbox installing the
+/// same package from that cache imports the change (the shared-cache behaviour), while a
+/// sandboxed task installing it with the same --packages-cache imports the original, and so
+/// does the first task itself once it runs sandboxed (its layer, linked from the other
+/// cache, is rebuilt before its first cell).
+#[test]
+fn a_cell_without_the_sandbox_cannot_change_what_sandboxed_tasks_install() {
+    let index = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let task = |id: &str, sandboxed: bool| {
+        let o = kernel("in_process", &index, cache.path())
+            .log_dir(logs.path())
+            .env("FLOW_TASK_ID", id);
+        if sandboxed {
+            o.arg("--sandbox")
+                .arg("--workspace")
+                .arg(ws.path().display().to_string())
+        } else {
+            o
+        }
+        .start()
+    };
+    let probe = "import tinypkg\nprint(getattr(tinypkg, 'PLANTED', 'original'))";
+    let mut a = task("plain-a", false);
+    install(&mut a, &["tinypkg==1.0"]);
+    a.ok("import tinypkg\nopen(tinypkg.__file__, 'a').write('\\nPLANTED = \"changed\"\\n')");
+    assert_eq!(
+        a.ok(&format!("import importlib\n{probe}"))["stdout"],
+        "original\n"
+    );
+    a.close();
+
+    // Another task without the sandbox, the same cache: the change is there.
+    let mut b = task("plain-b", false);
+    let r = install(&mut b, &["tinypkg==1.0"]);
+    assert_eq!(r["result"]["source"], "cache", "{r}");
+    assert_eq!(b.ok(probe)["stdout"], "changed\n");
+    b.close();
+
+    // A sandboxed task, the same --packages-cache: its own cache, the original.
+    let mut s = task("sandboxed", true);
+    let r = install(&mut s, &["tinypkg==1.0"]);
+    assert_eq!(r["result"]["source"], "index", "{r}");
+    assert_eq!(s.ok(probe)["stdout"], "original\n");
+    s.close();
+    // The first task, now sandboxed: its layer is rebuilt from the sandboxed cache.
+    let mut a = task("plain-a", true);
+    assert_eq!(a.ok(probe)["stdout"], "original\n");
+    let log = a.log_file();
+    a.close();
+    let installs = read_log_all(&log).installs;
+    let last = installs.last().unwrap();
+    assert_eq!(last.trigger, "rebuild", "{last:?}");
+    assert_eq!(last.source, "cache", "{last:?}");
 }
