@@ -250,8 +250,8 @@ pub struct Cli {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub packages_timeout_s: u64,
 
-    /// The wheel cache every task's installs share (also FLOWREPL_PACKAGES_CACHE); default:
-    /// uv's own (~/.cache/uv).
+    /// The root of the wheel caches tasks' installs share, DIR/sandboxed and DIR/unsandboxed
+    /// (also FLOWREPL_PACKAGES_CACHE); default: ~/.cache/flowrepl-packages.
     #[arg(global = true, long, env = "FLOWREPL_PACKAGES_CACHE")]
     pub packages_cache: Option<PathBuf>,
 

@@ -826,11 +826,31 @@ async def packages(s, opts):
     async def on_progress(progress, total, message):
         seen.append(message)
 
-    r = await s.call_tool("install_packages", {"packages": ["slowpkg"]}, progress_callback=on_progress)
+    # While it runs, the tools answered at once are: interrupt (nothing to interrupt) and
+    # list_files come back within a second, before the install ends.
+    result = {}
+    at_once = {}
+
+    async def slow():
+        result["r"] = await s.call_tool("install_packages", {"packages": ["slowpkg"]},
+                                        progress_callback=on_progress)
+        result["ended"] = time.monotonic()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(slow)
+        await anyio.sleep(0.5)
+        for tool, args in [("interrupt", {}), ("list_files", {})]:
+            t0 = time.monotonic()
+            r = await s.call_tool(tool, args)
+            at_once[tool] = time.monotonic() - t0
+            assert not r.is_error, text_of(r)
+            assert "ended" not in result, f"{tool} waited for the install"
+    assert all(t < 1.0 for t in at_once.values()), at_once
+    r = result["r"]
     assert r.is_error and "did not finish within" in text_of(r), text_of(r)
     assert seen and all(m.startswith("installing for") for m in seen), seen
     return {"installed": sc["installed"], "source": sc["source"], "refused": refused,
-            "progress": seen}
+            "progress": seen, "at_once": at_once}
 
 
 async def main():
