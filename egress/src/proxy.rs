@@ -288,14 +288,23 @@ impl Shared {
     /// Serves one connection; `Err` when it was refused or failed (status 0: no answer can
     /// be sent any more).
     async fn handle(&self, client: &mut TcpStream, c: &mut Connection) -> Result<(), Refusal> {
-        let (head, rest) = tokio::select! {
-            h = tokio::time::timeout(HEAD_TIMEOUT, read_head(client)) => match h {
-                Ok(Ok(h)) => h,
-                Ok(Err(r)) => return Err(r),
-                Err(_) => return Err(refusal(408, format!("no request within {} s", HEAD_TIMEOUT.as_secs()))),
+        let mut buf = Vec::with_capacity(1024);
+        let read = tokio::select! {
+            h = tokio::time::timeout(HEAD_TIMEOUT, read_head(client, &mut buf)) => match h {
+                Ok(r) => r,
+                Err(_) => Err(refusal(408, format!("no request within {} s", HEAD_TIMEOUT.as_secs()))),
             },
-            _ = self.cancel.cancelled() => return Err(refusal(0, "the worker ended")),
+            _ = self.cancel.cancelled() => Err(refusal(0, "the worker ended")),
         };
+        let rest = match read {
+            Ok(rest) => rest,
+            Err(r) => {
+                // A head that did not end (too long, too slow): what its first line names.
+                named_by_first_line(&buf, c);
+                return Err(r);
+            }
+        };
+        let head = buf;
         let request = Request::parse(&head, c)?;
         let allowed = self.rules.allows(&request.host, request.port).ok_or_else(|| {
             refusal(
@@ -549,9 +558,9 @@ async fn connect(
     ))
 }
 
-/// Reads up to the end of a request head; returns it and the bytes after it.
-async fn read_head(client: &mut TcpStream) -> Result<(Vec<u8>, Vec<u8>), Refusal> {
-    let mut buf = Vec::with_capacity(1024);
+/// Reads up to the end of a request head into `buf` (what was read stays there when it
+/// fails); returns the bytes after it.
+async fn read_head(client: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Vec<u8>, Refusal> {
     let mut chunk = [0u8; 4096];
     loop {
         let n = client
@@ -565,8 +574,7 @@ async fn read_head(client: &mut TcpStream) -> Result<(Vec<u8>, Vec<u8>), Refusal
         buf.extend_from_slice(&chunk[..n]);
         if let Some(i) = memchr::memmem::find(&buf[from..], b"\r\n\r\n") {
             let end = from + i + 4;
-            let rest = buf.split_off(end);
-            return Ok((buf, rest));
+            return Ok(buf.split_off(end));
         }
         if buf.len() > MAX_HEAD {
             return Err(refusal(
@@ -622,6 +630,28 @@ fn named(authority: &str, default_port: u16) -> (String, u16) {
             .collect()
     });
     (host, port)
+}
+
+/// What the first line of a head that never ended names (`METHOD TARGET ...`), into `c`.
+fn named_by_first_line(buf: &[u8], c: &mut Connection) {
+    let line = &buf[..memchr::memmem::find(buf, b"\r\n").unwrap_or(buf.len())];
+    let line = String::from_utf8_lossy(&line[..line.len().min(4096)]);
+    let mut words = line.split(' ');
+    let (Some(method), Some(target)) = (words.next(), words.next()) else {
+        return;
+    };
+    let (authority, port) = if method.eq_ignore_ascii_case("CONNECT") {
+        c.via = "connect";
+        (target, 0)
+    } else if let Some(rest) = strip_prefix_ignore_case(target, "http://") {
+        (rest, 80)
+    } else if let Some(rest) = strip_prefix_ignore_case(target, "https://") {
+        (rest, 443)
+    } else {
+        return;
+    };
+    let authority = &authority[..authority.find(['/', '?']).unwrap_or(authority.len())];
+    (c.host, c.port) = named(authority, port);
 }
 
 impl Request {
@@ -1205,6 +1235,35 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(head)
             );
+        }
+    }
+
+    /// A head that never ended (too long, too slow) records what its first line named.
+    #[test]
+    fn a_head_that_never_ended_records_what_its_first_line_named() {
+        for (buf, via, host, port) in [
+            (
+                &b"GET http://Example.com:81/x?y HTTP/1.1\r\nX: aaaa"[..],
+                "http",
+                "example.com",
+                81,
+            ),
+            (b"POST https://example.com/", "http", "example.com", 443),
+            (
+                b"CONNECT example.com:443 HTTP/1.1\r\n",
+                "connect",
+                "example.com",
+                443,
+            ),
+            (b"GET /x HTTP/1.1\r\n", "http", "", 0),
+            (b"\x16\x03\x01", "http", "", 0),
+        ] {
+            let mut c = Connection {
+                via: "http",
+                ..Connection::default()
+            };
+            named_by_first_line(buf, &mut c);
+            assert_eq!((c.via, c.host.as_str(), c.port), (via, host, port));
         }
     }
 
