@@ -671,6 +671,7 @@ impl Installer {
         cmd.args(["pip", sub, "--no-config", "--python"])
             .arg(&self.python)
             .current_dir(self.layer.work());
+        without_python_variables(&mut cmd);
         if !t.build {
             cmd.arg("--no-build");
         }
@@ -696,7 +697,10 @@ impl Installer {
     /// `python -m pip install`, isolated from the user's pip configuration.
     fn pip(&self, t: Try) -> Command {
         let mut cmd = Command::new(&self.python);
+        without_python_variables(&mut cmd);
         cmd.args([
+            // Isolated: no `PYTHON*` variables, no user site, not the current folder first.
+            "-I",
             "-m",
             "pip",
             "install",
@@ -789,6 +793,18 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|d| d.join(name))
         .find(|p| p.is_file())
+}
+
+/// Leaves the kernel's `PYTHON*` variables out of an installer's environment: the installer
+/// runs the task's interpreter outside the sandbox (uv to inspect it, pip as itself), and a
+/// `PYTHONPATH` or `PYTHONSTARTUP` naming a folder in the workspace would have it import a
+/// cell's `sitecustomize.py` there.
+fn without_python_variables(cmd: &mut Command) {
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("PYTHON") {
+            cmd.env_remove(name);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -232,19 +232,32 @@ pub fn read_untrusted(path: &Path, max: u64) -> Option<String> {
 }
 
 /// Reads a state file (`None`: there is none). A file over 1 MiB, not JSON, or of another
-/// version is an error.
+/// version is an error; so is anything but a regular file (opened without following a link
+/// and without blocking, the type checked on the descriptor: a FIFO put there would stop the
+/// kernel, which reads it outside the sandbox).
 pub fn read_state(path: &Path) -> std::io::Result<Option<LayerState>> {
-    use std::io::Read;
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::SFlag;
+    let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK;
+    let fd = match nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty()) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::ENOENT) => return Ok(None),
+        Err(e) => return Err(std::io::Error::other(format!("{}: {e}", path.display()))),
     };
-    let mut text = String::new();
-    file.take(MAX_STATE_BYTES + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_STATE_BYTES {
-        return Err(std::io::Error::other("over 1 MiB"));
+    let kind = SFlag::from_bits_truncate(nix::sys::stat::fstat(&fd)?.st_mode) & SFlag::S_IFMT;
+    if kind != SFlag::S_IFREG {
+        return Err(std::io::Error::other(format!(
+            "{}: not a regular file",
+            path.display()
+        )));
     }
+    let bytes = flowrepl_task_logger::untrusted::read_bounded(
+        std::fs::File::from(fd),
+        MAX_STATE_BYTES,
+        path,
+    )
+    .map_err(|_| std::io::Error::other("over 1 MiB"))?;
+    let text = String::from_utf8(bytes).map_err(std::io::Error::other)?;
     let state: LayerState = serde_json::from_str(&text).map_err(std::io::Error::other)?;
     if state.version != STATE_VERSION {
         return Err(std::io::Error::other(format!(
@@ -359,6 +372,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s.json");
         assert!(read_state(&p).unwrap().is_none());
+        // A FIFO or a link in its place is an error at once, not a kernel stopped reading it.
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let e = read_state(&p).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        std::fs::remove_file(&p).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", &p).unwrap();
+        assert!(read_state(&p).is_err());
+        std::fs::remove_file(&p).unwrap();
         std::fs::write(&p, r#"{"version":9,"requirements":[],"resolved":[]}"#).unwrap();
         assert!(read_state(&p).is_err());
         std::fs::write(&p, " ".repeat(2 << 20)).unwrap();

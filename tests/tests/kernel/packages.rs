@@ -800,3 +800,48 @@ fn a_cell_without_the_sandbox_cannot_change_what_sandboxed_tasks_install() {
     assert_eq!(last.trigger, "rebuild", "{last:?}");
     assert_eq!(last.source, "cache", "{last:?}");
 }
+
+/// The operator's `PYTHONPATH` names a folder in the workspace (`./lib`, where the user's
+/// modules are). A sandboxed cell writes a `sitecustomize.py` there: the installer runs the
+/// task's interpreter outside the sandbox (pip, when uv is not there), which would import it
+/// with the kernel's rights; it runs isolated (`-I`, and no `PYTHON*` variable), and the
+/// cell's file never runs outside. The control: the same interpreter with that `PYTHONPATH`
+/// runs the cell's file.
+#[test]
+fn a_cells_sitecustomize_on_the_pythonpath_never_runs_in_the_installer() {
+    let index = Index::start();
+    let ws = tempfile::tempdir().unwrap();
+    let lib = ws.path().join("lib");
+    std::fs::create_dir(&lib).unwrap();
+    let planted = tempfile::tempdir().unwrap();
+    let ran = planted.path().join("ran-outside.txt");
+    let mut k = Kernel::options()
+        .arg("--sandbox")
+        .arg("--workspace")
+        .arg(ws.path().display().to_string())
+        .arg("--python")
+        .arg(mcp_venv().join("bin/python").display().to_string())
+        .arg("--index-url")
+        .arg(index.url())
+        .env("PATH", "/usr/bin:/bin")
+        .env("PYTHONPATH", lib.display().to_string())
+        .start();
+    k.ok(&format!(
+        "open('lib/sitecustomize.py', 'w').write('open({:?}, \"w\").write(\"ran\")\\n')",
+        ran.display().to_string()
+    ));
+    let r = install(&mut k, &["tinypkg==2.0"]);
+    assert_eq!(r["result"]["installer"], "pip", "{r}");
+    assert!(
+        !ran.exists(),
+        "the cell's sitecustomize ran outside the sandbox"
+    );
+    drop(k);
+    let control = std::process::Command::new(mcp_venv().join("bin/python"))
+        .args(["-c", "pass"])
+        .env("PYTHONPATH", &lib)
+        .status()
+        .unwrap();
+    assert!(control.success());
+    assert!(ran.exists(), "the control: the interpreter imports it");
+}
