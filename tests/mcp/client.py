@@ -827,7 +827,7 @@ async def packages(s, opts):
         seen.append(message)
 
     # While it runs, the tools answered at once are: interrupt (nothing to interrupt) and
-    # list_files come back within a second, before the install ends.
+    # list_files come back before the install ends (at its 3 s timeout).
     result = {}
     at_once = {}
 
@@ -845,7 +845,7 @@ async def packages(s, opts):
             at_once[tool] = time.monotonic() - t0
             assert not r.is_error, text_of(r)
             assert "ended" not in result, f"{tool} waited for the install"
-    assert all(t < 1.0 for t in at_once.values()), at_once
+    assert all(t < 2.0 for t in at_once.values()), at_once
     r = result["r"]
     assert r.is_error and "did not finish within" in text_of(r), text_of(r)
     assert seen and all(m.startswith("installing for") for m in seen), seen
