@@ -508,6 +508,7 @@ fn a_flood_of_connections_is_capped_and_recorded_within_the_budget() {
         1,
         "one summary"
     );
+    assert!(flowrepl_tests::schema::validate_logs(k.dir.path()) > connections as usize);
 }
 
 /// `flowrepl serve`: the server's `--sandbox-net=allow:` applies to every task, and
@@ -739,6 +740,8 @@ fn a_plain_http_connection_carries_one_request_framed_exactly() {
         .iter()
         .filter(|r| r["target"].as_str().unwrap().starts_with("/s"))
         .all(|r| r["host"] == "evil.example"));
+    k.close();
+    assert!(flowrepl_tests::schema::validate_logs(k.dir.path()) >= 10);
 }
 
 /// A name under an allowed `*.domain` that resolves to an address of the host's own
