@@ -33,6 +33,7 @@ mod record;
 pub use record::{Op, Recorder, Via};
 
 use base64::Engine as _;
+pub use flowrepl_os::beneath::shown;
 use flowrepl_os::beneath::{Beneath, BeneathError, Writing};
 use flowrepl_protocol::files::{
     Deleted, Downloaded, FileEntry, FileInfo, ListParams, Listing, UploadParams, LIST_PAGE,
@@ -104,6 +105,15 @@ pub enum FileError {
     /// `upload_file` without exactly one valid content.
     #[error("{0}")]
     Content(String),
+    /// The task has no workspace (`flowrepl serve`: nothing was ever written for it), and the
+    /// operation does not make one.
+    #[error("task {task:?} of plan {plan:?} does not exist here (it has no workspace)")]
+    NoTask {
+        /// The plan (as messages show it).
+        plan: String,
+        /// The task (as messages show it).
+        task: String,
+    },
     /// The file system failed while the bytes moved.
     #[error("{path:?}: {source}")]
     Io {
@@ -140,7 +150,9 @@ impl FileError {
     /// Its kind.
     pub fn kind(&self) -> Kind {
         match self {
-            FileError::Path(BeneathError::BadPath(_)) | FileError::Content(_) => Kind::BadRequest,
+            FileError::Path(BeneathError::BadPath(_) | BeneathError::TooLong(_))
+            | FileError::Content(_) => Kind::BadRequest,
+            FileError::NoTask { .. } => Kind::NotFound,
             FileError::Path(BeneathError::Escapes(_) | BeneathError::HardLinked(_))
             | FileError::Own(_) => Kind::Forbidden,
             FileError::Path(BeneathError::NotFound(_)) => Kind::NotFound,
@@ -214,7 +226,7 @@ impl Workspace {
                     .is_some_and(|r| r.starts_with('/'))
         });
         if own {
-            return Err(FileError::Own(path.chars().take(200).collect()));
+            return Err(FileError::Own(shown(path)));
         }
         Ok(())
     }
@@ -250,7 +262,9 @@ impl Workspace {
     pub fn upload(&self, path: &str, length: Option<u64>, via: Via) -> Result<Upload, FileError> {
         let started = Instant::now();
         match self.start_upload(path, length) {
-            Ok((writing, room)) => Ok(Upload {
+            Ok((writing, room, replaced)) => Ok(Upload {
+                usage: (self.limits.max_workspace_bytes > 0)
+                    .then(|| (self.root().to_path_buf(), replaced)),
                 marker: self.marker.clone(),
                 writing: Some(writing),
                 hasher: Sha256::new(),
@@ -268,35 +282,50 @@ impl Workspace {
         }
     }
 
-    fn start_upload(&self, path: &str, length: Option<u64>) -> Result<(Writing, u64), FileError> {
+    /// The writing, the most bytes the file may take, and the allocated bytes of the file it
+    /// replaces.
+    fn start_upload(
+        &self,
+        path: &str,
+        length: Option<u64>,
+    ) -> Result<(Writing, u64, u64), FileError> {
         self.checked(path)?;
         let mut room = self.limits.max_file_bytes;
+        let mut replaced = 0;
         if self.limits.max_workspace_bytes > 0 {
             // The file it replaces makes room.
-            let replaced = self.dir.read(path).map(|(_, n)| n).unwrap_or(0);
-            let used = usage(self.root());
-            let left = self
-                .limits
-                .max_workspace_bytes
-                .saturating_sub(used.saturating_sub(replaced));
+            replaced = self
+                .dir
+                .read(path)
+                .ok()
+                .and_then(|(f, _)| f.metadata().ok())
+                .map_or(0, |m| allocated(&m));
+            let cap = self.limits.max_workspace_bytes;
+            let left_of = |used: u64| cap.saturating_sub(used.saturating_sub(replaced));
+            let (mut used, fresh) = usage::get(self.root(), false);
+            if length.is_some_and(|n| n > left_of(used)) && !fresh {
+                // A miss on a kept figure: cells may have deleted files since; look again.
+                used = usage::get(self.root(), true).0;
+            }
+            let left = left_of(used);
             if left < room {
                 room = left;
                 if length.is_some_and(|n| n > left) {
                     return Err(FileError::WorkspaceFull {
-                        path: path.to_owned(),
+                        path: shown(path),
                         used,
-                        cap: self.limits.max_workspace_bytes,
+                        cap,
                     });
                 }
             }
         }
         if length.is_some_and(|n| n > self.limits.max_file_bytes) {
             return Err(FileError::TooBig {
-                path: path.to_owned(),
+                path: shown(path),
                 limit: self.limits.max_file_bytes,
             });
         }
-        Ok((self.dir.write(path)?, room))
+        Ok((self.dir.write(path)?, room, replaced))
     }
 
     /// `upload_file`: writes `text` or `base64` to `path`.
@@ -330,7 +359,7 @@ impl Workspace {
         };
         if size > self.limits.max_file_bytes {
             let e = FileError::TooBig {
-                path: path.to_owned(),
+                path: shown(path),
                 limit: self.limits.max_file_bytes,
             };
             return self.refused(Op::Download, path, via, started, e);
@@ -338,6 +367,7 @@ impl Workspace {
         Ok(Download {
             file,
             size,
+            want: size,
             hasher: Sha256::new(),
             read: 0,
             path: path.to_owned(),
@@ -375,7 +405,7 @@ impl Workspace {
         if d.size() > max {
             d.ended = true;
             let e = FileError::TooBigForOneMessage {
-                path: path.to_owned(),
+                path: shown(path),
                 limit: max,
             };
             return self.refused(Op::Download, path, via, started, e);
@@ -386,7 +416,7 @@ impl Workspace {
             .take(max)
             .read_to_end(&mut bytes)
             .map_err(|source| FileError::Io {
-                path: path.to_owned(),
+                path: shown(path),
                 source,
             })?;
         let info = d.finish();
@@ -411,7 +441,8 @@ impl Workspace {
     }
 
     /// `list_files`: a page of the folder's entries, sorted by name (flowrepl's own folders and
-    /// files being written are left out).
+    /// the temporary files of uploads under way here are left out; a cell's file named like
+    /// one is listed, and a name that is not UTF-8 is listed with its bytes in `name_base64`).
     pub fn list(&self, p: &ListParams) -> Result<Listing, FileError> {
         let folder = p.path.as_deref().unwrap_or("").trim_end_matches('/');
         if !folder.is_empty() {
@@ -431,10 +462,9 @@ impl Workspace {
         let mut entries = Vec::new();
         let mut next_cursor = None;
         for e in self.dir.list(folder)? {
-            if flowrepl_os::beneath::is_temporary(&e.name)
-                || p.cursor
-                    .as_ref()
-                    .is_some_and(|c| e.name.as_str() <= c.as_str())
+            if p.cursor
+                .as_ref()
+                .is_some_and(|c| e.name.as_str() <= c.as_str())
             {
                 continue;
             }
@@ -466,7 +496,8 @@ impl Workspace {
                 continue;
             };
             for e in entries {
-                if flowrepl_os::beneath::is_temporary(&e.name) {
+                // A name that is not UTF-8 has no URI a client could read it by.
+                if e.raw_name.is_some() {
                     continue;
                 }
                 let path = if folder.is_empty() {
@@ -496,7 +527,8 @@ impl Workspace {
     pub fn delete(&self, path: &str, via: Via) -> Result<Deleted, FileError> {
         let started = Instant::now();
         match self.checked(path).and_then(|()| Ok(self.dir.remove(path)?)) {
-            Ok(()) => {
+            Ok(freed) => {
+                usage::changed(self.root(), 0, freed);
                 touch(self.marker.as_deref());
                 self.record(Entry {
                     op: Op::Delete,
@@ -520,6 +552,9 @@ impl Workspace {
 /// A listing's entry.
 fn entry(path: String, e: flowrepl_os::beneath::Entry) -> FileEntry {
     FileEntry {
+        name_base64: e
+            .raw_name
+            .map(|raw| base64::engine::general_purpose::STANDARD.encode(raw)),
         name: e.name,
         path,
         kind: e.kind.to_owned(),
@@ -538,24 +573,103 @@ fn decode_base64(text: &str) -> Result<Vec<u8>, FileError> {
         .map_err(|e| FileError::Content(format!("base64 does not decode: {e}")))
 }
 
-/// The bytes of the regular files under `root`, found without following links.
-fn usage(root: &Path) -> u64 {
-    fn walk(dir: &Path, depth: usize, total: &mut u64) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let Ok(meta) = e.metadata() else { continue };
-            if meta.is_file() {
-                *total += meta.len();
-            } else if meta.is_dir() && depth < MAX_DEPTH {
-                walk(&e.path(), depth + 1, total);
+/// The disk space a file takes: its allocated blocks (a sparse file of 8 TB with no data
+/// takes none), not its apparent size.
+fn allocated(meta: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    meta.blocks().saturating_mul(512)
+}
+
+/// What each workspace holds, for `--max-workspace-mb`: the allocated bytes of its regular
+/// files (found without following links), added up by one walk and then kept, moved by what
+/// each upload and delete here changes, and walked again once it is older than
+/// [`usage::COST_FACTOR`] times what its walk took, at most [`usage::FRESH`] (cells write files
+/// too: a small workspace, walked in a fraction of a millisecond, is walked again at nearly
+/// every upload; one of 200,000 files, walked in most of a second, every 30 s at most), or when
+/// a kept figure would refuse an upload. Walks take at most about 1/32 of the time.
+pub mod usage {
+    use std::collections::HashMap;
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    /// The longest a walked figure is used (moved by uploads and deletes) before the next walk.
+    pub const FRESH: Duration = Duration::from_secs(30);
+    /// A walked figure is used for this many times what its walk took (at most [`FRESH`]).
+    pub const COST_FACTOR: u32 = 32;
+    /// Workspaces whose figure is kept (past it, the oldest figure goes).
+    const KEPT: usize = 4096;
+
+    /// A workspace's bytes, until when they are used, and when they were walked.
+    type Known = HashMap<PathBuf, (u64, Instant, Instant)>;
+
+    static KNOWN: Mutex<Option<Known>> = Mutex::new(None);
+
+    fn known<T>(f: impl FnOnce(&mut Known) -> T) -> T {
+        let mut k = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
+        f(k.get_or_insert_with(HashMap::new))
+    }
+
+    /// The bytes under `root`, and whether they were just walked: the kept figure while it is
+    /// fresh, unless `walk`.
+    pub fn get(root: &Path, walk: bool) -> (u64, bool) {
+        if !walk {
+            let kept = known(|k| {
+                k.get(root)
+                    .filter(|(_, until, _)| Instant::now() < *until)
+                    .map(|(n, _, _)| *n)
+            });
+            if let Some(n) = kept {
+                return (n, false);
             }
         }
+        let started = Instant::now();
+        let n = walked(root);
+        let now = Instant::now();
+        let until = now + (now - started).saturating_mul(COST_FACTOR).min(FRESH);
+        known(|k| {
+            if k.len() >= KEPT && !k.contains_key(root) {
+                let oldest = k
+                    .iter()
+                    .min_by_key(|(_, (_, _, at))| *at)
+                    .map(|(p, _)| p.clone());
+                if let Some(oldest) = oldest {
+                    k.remove(&oldest);
+                }
+            }
+            k.insert(root.to_path_buf(), (n, until, now));
+        });
+        (n, true)
     }
-    let mut total = 0;
-    walk(root, 0, &mut total);
-    total
+
+    /// Moves the kept figure of `root` (if any) by what a change added and freed.
+    pub fn changed(root: &Path, added: u64, freed: u64) {
+        known(|k| {
+            if let Some((n, _, _)) = k.get_mut(root) {
+                *n = n.saturating_add(added).saturating_sub(freed);
+            }
+        });
+    }
+
+    /// Walks `root`: the allocated bytes of its regular files.
+    pub fn walked(root: &Path) -> u64 {
+        fn walk(dir: &Path, depth: usize, total: &mut u64) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for e in entries.flatten() {
+                let Ok(meta) = e.metadata() else { continue };
+                if meta.is_file() {
+                    *total += super::allocated(&meta);
+                } else if meta.is_dir() && depth < super::MAX_DEPTH {
+                    walk(&e.path(), depth + 1, total);
+                }
+            }
+        }
+        let mut total = 0;
+        walk(root, 0, &mut total);
+        total
+    }
 }
 
 /// Says a client changed the workspace's files: the marker's modification time moves.
@@ -582,6 +696,9 @@ pub fn hex(digest: &[u8]) -> String {
 /// recorded.
 #[derive(Debug)]
 pub struct Upload {
+    /// With a workspace cap: the workspace's folder and the allocated bytes of the file this
+    /// one replaces (the kept usage moves by the difference when it is put in place).
+    usage: Option<(PathBuf, u64)>,
     writing: Option<Writing>,
     hasher: Sha256,
     head: Vec<u8>,
@@ -667,11 +784,15 @@ impl Upload {
 
     /// Puts the file in place (after its data reached the disk's cache; readers see it whole).
     pub fn finish(mut self) -> Result<FileInfo, FileError> {
-        let Some(w) = self.writing.take() else {
+        let Some(mut w) = self.writing.take() else {
             return Err(FileError::Content("the upload has ended".into()));
         };
+        let added = w.file().metadata().map_or(self.bytes, |m| allocated(&m));
         if let Err(e) = w.commit() {
             return Err(self.fail(e.into()));
+        }
+        if let Some((root, replaced)) = &self.usage {
+            usage::changed(root, added, *replaced);
         }
         touch(self.marker.as_deref());
         let sha256 = hex(&std::mem::take(&mut self.hasher).finalize());
@@ -705,6 +826,8 @@ impl Drop for Upload {
 pub struct Download {
     file: std::fs::File,
     size: u64,
+    /// The bytes to send: the file's size, or a range's length.
+    want: u64,
     hasher: Sha256,
     read: u64,
     path: String,
@@ -726,6 +849,47 @@ impl Download {
         let mut head = [0u8; mime::SNIFF_BYTES];
         let n = self.file.read_at(&mut head, 0).unwrap_or(0);
         mime::guess(&self.path, &head[..n])
+    }
+
+    /// Only `len` bytes of the file will be sent (a range).
+    pub fn range(&mut self, len: u64) {
+        self.want = len;
+    }
+
+    /// Ends the download without a record: nothing was to be sent (a `HEAD`).
+    pub fn discard(mut self) {
+        self.ended = true;
+    }
+
+    /// Ends the download refused, recorded with `why` (an unsatisfiable range).
+    pub fn refuse(mut self, why: String) {
+        self.ended = true;
+        self.record_error(why);
+    }
+
+    /// Ends the download cut because the file changed while it was read (a cell rewrote it):
+    /// recorded with the bytes sent, the bytes promised and the file's size now.
+    pub fn changed(mut self, now: u64) {
+        self.ended = true;
+        let why = format!(
+            "the file changed while it was read (a cell wrote it): {} of {} bytes sent before the change was seen, and no more; it is now {now} bytes",
+            self.read, self.want
+        );
+        self.record_error(why);
+    }
+
+    fn record_error(&mut self, why: String) {
+        if let Some(r) = &self.recorder {
+            r.write(Entry {
+                op: Op::Download,
+                path: &self.path,
+                bytes: self.read,
+                sha256: None,
+                via: self.via,
+                started: self.started,
+                error: Some(why),
+            });
+        }
     }
 
     /// Records the download (bytes read and their hash) and says what was sent.
@@ -801,20 +965,11 @@ impl Read for Download {
 impl Drop for Download {
     fn drop(&mut self) {
         if !self.ended {
-            if let Some(r) = &self.recorder {
-                r.write(Entry {
-                    op: Op::Download,
-                    path: &self.path,
-                    bytes: self.read,
-                    sha256: None,
-                    via: self.via,
-                    started: self.started,
-                    error: Some(format!(
-                        "cut short after {} of {} bytes (the client went away)",
-                        self.read, self.size
-                    )),
-                });
-            }
+            let why = format!(
+                "cut short after {} of {} bytes (the client went away)",
+                self.read, self.want
+            );
+            self.record_error(why);
         }
     }
 }

@@ -95,9 +95,17 @@ pub fn parse_output_uri(uri: &str) -> Result<(TaskRef, u64, String), ErrorData> 
             plan: decode(plan).ok_or_else(bad)?,
             task: decode(task).ok_or_else(bad)?,
         },
-        cell.parse().map_err(|_| bad())?,
+        cell_number(cell).ok_or_else(bad)?,
         part.to_owned(),
     ))
+}
+
+/// A cell number as links write it: ASCII digits, no sign, no leading zero (`0` alone is
+/// a number; `01`, `+1`, ` 1` are not: one cell has one link).
+fn cell_number(s: &str) -> Option<u64> {
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    canonical.then(|| s.parse().ok()).flatten()
 }
 
 /// Splits a `flowrepl://files/{plan}/{task}/{path}` URI (percent-decoded).
@@ -323,6 +331,21 @@ pub fn list(ws: &Workspace, args: &ListParams) -> CallToolResult {
     }
 }
 
+/// `list_files` of a task that has no workspace yet (`serve`, before anything was written for
+/// it): the workspace is empty; a folder in it does not exist (`e` says why).
+pub fn list_empty(path: Option<&str>, e: &FileError) -> CallToolResult {
+    let folder = path.unwrap_or("").trim_end_matches('/');
+    if !folder.is_empty() {
+        return refused(e);
+    }
+    let page = flowrepl_protocol::files::Listing {
+        path: String::new(),
+        entries: Vec::new(),
+        next_cursor: None,
+    };
+    structured("the workspace (0 entries):".into(), &page, false)
+}
+
 /// `delete_file`.
 pub fn delete(ws: &Workspace, args: &PathParams) -> CallToolResult {
     match ws.delete(&args.path, Via::Mcp) {
@@ -433,5 +456,31 @@ mod tests {
         let out = t.output_uri(7, "stdout");
         assert_eq!(parse_output_uri(&out).unwrap(), (t, 7, "stdout".to_owned()));
         assert!(parse_output_uri("flowrepl://output/p/t/x/stdout").is_err());
+        // One cell, one spelling: no sign, no leading zero, digits only.
+        for bad in [
+            "01",
+            "+1",
+            "-1",
+            " 1",
+            "1 ",
+            "",
+            "١",
+            "0x1",
+            "18446744073709551616",
+        ] {
+            let uri = format!("flowrepl://output/p/t/{bad}/stdout");
+            assert!(
+                parse_output_uri(&uri).is_err(),
+                "{bad:?} was read as a cell"
+            );
+            // What the plain parse accepted (the check left out).
+            if bad == "01" || bad == "+1" {
+                assert_eq!(bad.parse::<u64>().unwrap(), 1);
+            }
+        }
+        for (good, n) in [("0", 0), ("1", 1), ("10", 10), ("907", 907)] {
+            let uri = format!("flowrepl://output/p/t/{good}/stdout");
+            assert_eq!(parse_output_uri(&uri).unwrap().1, n);
+        }
     }
 }

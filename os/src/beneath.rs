@@ -35,6 +35,9 @@ pub enum BeneathError {
     NotAFile(String),
     /// A regular file with more than one link (it may be a file outside the folder).
     HardLinked(String),
+    /// A name over `NAME_MAX` (255 bytes) or the path over `PATH_MAX` (4096 bytes with its
+    /// NUL): the file system could not take it.
+    TooLong(String),
     /// `openat2` is not available here.
     Unsupported,
     /// The file system failed.
@@ -61,6 +64,10 @@ impl std::fmt::Display for BeneathError {
                 f,
                 "{p:?} has more than one hard link (it may be a file outside the workspace): refused"
             ),
+            BeneathError::TooLong(p) => write!(
+                f,
+                "{p:?}: a name is over {NAME_MAX} bytes or the path over {MAX_PATH} (the file system's limits)"
+            ),
             BeneathError::Unsupported => write!(
                 f,
                 "confined file access needs openat2 (Linux 5.6 or newer), which this system refuses"
@@ -82,8 +89,11 @@ impl std::error::Error for BeneathError {
 /// What a listing says of one entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// Its name.
+    /// Its name; a name that is not UTF-8 has each byte that is not part of a UTF-8 character
+    /// written `\xNN` (and its bytes in `raw_name`).
     pub name: String,
+    /// The name's bytes, when they are not UTF-8 (`name` is then only a readable form).
+    pub raw_name: Option<Vec<u8>>,
     /// `file`, `dir`, `symlink` or `other`.
     pub kind: &'static str,
     /// Its size in bytes.
@@ -103,9 +113,28 @@ const RESOLVE: ResolveFlag = ResolveFlag::RESOLVE_BENEATH
     .union(ResolveFlag::RESOLVE_NO_SYMLINKS)
     .union(ResolveFlag::RESOLVE_NO_MAGICLINKS);
 
-/// Splits and checks a client's path: names separated by `/`, none empty, `.` or `..`, no NUL.
+/// The longest name a file system takes (`NAME_MAX`).
+pub const NAME_MAX: usize = 255;
+/// The longest path, in bytes (`PATH_MAX` less its NUL).
+pub const MAX_PATH: usize = 4095;
+/// How much of a path a message shows.
+const SHOWN_CHARS: usize = 200;
+
+/// `path` as messages show it: its first 200 characters, then `…` if cut (a client can name
+/// a path as long as its request; an answer never echoes it whole).
+pub fn shown(path: &str) -> String {
+    let mut chars = path.chars();
+    let mut out: String = chars.by_ref().take(SHOWN_CHARS).collect();
+    if chars.next().is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// Splits and checks a client's path: names separated by `/`, none empty, `.` or `..`, no NUL;
+/// no name over [`NAME_MAX`] bytes, the whole at most [`MAX_PATH`].
 pub fn check(path: &str) -> Result<Vec<&str>, BeneathError> {
-    let bad = || BeneathError::BadPath(path.chars().take(200).collect());
+    let bad = || BeneathError::BadPath(shown(path));
     if path.is_empty() || path.contains('\0') || path.starts_with('/') {
         return Err(bad());
     }
@@ -116,17 +145,22 @@ pub fn check(path: &str) -> Result<Vec<&str>, BeneathError> {
     {
         return Err(bad());
     }
+    if path.len() > MAX_PATH || parts.iter().any(|p| p.len() > NAME_MAX) {
+        return Err(BeneathError::TooLong(shown(path)));
+    }
     Ok(parts)
 }
 
 fn fail(path: &str, e: Errno) -> BeneathError {
+    let path = shown(path);
     match e {
         // EXDEV: a `..` or an absolute link out; ELOOP: a symbolic link on the way.
-        Errno::EXDEV | Errno::ELOOP => BeneathError::Escapes(path.to_owned()),
-        Errno::ENOENT => BeneathError::NotFound(path.to_owned()),
+        Errno::EXDEV | Errno::ELOOP => BeneathError::Escapes(path),
+        Errno::ENOENT => BeneathError::NotFound(path),
         Errno::ENOSYS => BeneathError::Unsupported,
-        Errno::ENOTDIR | Errno::EISDIR => BeneathError::NotAFile(path.to_owned()),
-        e => BeneathError::Io(path.to_owned(), e.into()),
+        Errno::ENOTDIR | Errno::EISDIR => BeneathError::NotAFile(path),
+        Errno::ENAMETOOLONG => BeneathError::TooLong(path),
+        e => BeneathError::Io(path, e.into()),
     }
 }
 
@@ -135,10 +169,43 @@ static TEMP: AtomicU64 = AtomicU64::new(0);
 /// What the temporary name of a file being written holds (`.<name>.flowrepl-<pid>-<n>`).
 const TEMP_MARK: &str = ".flowrepl-";
 
-/// Whether `name` is the temporary name of a file being written ([`Beneath::write`]): listings
-/// leave such names out.
-pub fn is_temporary(name: &str) -> bool {
-    name.starts_with('.') && name.contains(TEMP_MARK)
+/// The temporary files this process is writing now, by their folder (device, inode) and
+/// name: listings leave out exactly these. A name is not enough (a cell can name its own file
+/// like one, and it must be listed); the folder's identity and the name, held here while the
+/// upload runs, are what a cell cannot forge.
+static WRITING: std::sync::Mutex<Vec<(u64, u64, String)>> = std::sync::Mutex::new(Vec::new());
+
+fn writing() -> std::sync::MutexGuard<'static, Vec<(u64, u64, String)>> {
+    WRITING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The (device, inode) of an open folder.
+fn identity(dir: &OwnedFd) -> Option<(u64, u64)> {
+    nix::sys::stat::fstat(dir.as_fd())
+        .ok()
+        .map(|st| (st.st_dev, st.st_ino))
+}
+
+/// Whether `name` in the folder `dir` is a temporary file this process is writing now
+/// ([`Beneath::write`]).
+fn is_ours(dir: Option<(u64, u64)>, name: &str) -> bool {
+    dir.is_some_and(|(dev, ino)| {
+        writing()
+            .iter()
+            .any(|(d, i, n)| *d == dev && *i == ino && n == name)
+    })
+}
+
+/// `bytes` as text: UTF-8 as it is, every other byte as `\xNN`.
+pub fn escaped_name(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
 }
 
 impl Beneath {
@@ -177,10 +244,10 @@ impl Beneath {
         let fd = self.at(path, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty())?;
         let st = nix::sys::stat::fstat(fd.as_fd()).map_err(|e| fail(path, e))?;
         if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-            return Err(BeneathError::NotAFile(path.to_owned()));
+            return Err(BeneathError::NotAFile(shown(path)));
         }
         if st.st_nlink > 1 {
-            return Err(BeneathError::HardLinked(path.to_owned()));
+            return Err(BeneathError::HardLinked(shown(path)));
         }
         // Reads block as usual from here (O_NONBLOCK only kept a FIFO from blocking the open).
         let flags = nix::fcntl::fcntl(fd.as_fd(), nix::fcntl::FcntlArg::F_GETFL)
@@ -216,7 +283,7 @@ impl Beneath {
         }
         self.at(&walked, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty())
             .map_err(|e| match e {
-                BeneathError::NotAFile(_) => BeneathError::NotAFile(path.to_owned()),
+                BeneathError::NotAFile(_) => BeneathError::NotAFile(shown(path)),
                 e => e,
             })
     }
@@ -250,14 +317,19 @@ impl Beneath {
                 Mode::from_bits_truncate(0o644),
             ) {
                 Ok(fd) => {
+                    let id = identity(&dir);
+                    if let Some((dev, ino)) = id {
+                        writing().push((dev, ino, tmp.clone()));
+                    }
                     return Ok(Writing {
                         file: File::from(fd),
                         dir,
+                        id,
                         tmp,
                         name: (*name).to_owned(),
                         path: path.to_owned(),
                         done: false,
-                    })
+                    });
                 }
                 Err(Errno::EEXIST) => continue,
                 Err(e) => return Err(fail(path, e)),
@@ -265,8 +337,9 @@ impl Beneath {
         }
     }
 
-    /// Removes the file at `path` (a folder is refused).
-    pub fn remove(&self, path: &str) -> Result<(), BeneathError> {
+    /// Removes the file at `path` (a folder is refused); says the disk space it freed (its
+    /// allocated blocks, when it was its only link).
+    pub fn remove(&self, path: &str) -> Result<u64, BeneathError> {
         let parts = check(path)?;
         let (name, folders) = parts.split_last().expect("check gives at least one part");
         let dir = self.folder_existing(path, folders)?;
@@ -274,10 +347,16 @@ impl Beneath {
             nix::sys::stat::fstatat(dir.as_fd(), *name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
                 .map_err(|e| fail(path, e))?;
         if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR {
-            return Err(BeneathError::NotAFile(path.to_owned()));
+            return Err(BeneathError::NotAFile(shown(path)));
         }
         nix::unistd::unlinkat(dir.as_fd(), *name, nix::unistd::UnlinkatFlags::NoRemoveDir)
-            .map_err(|e| fail(path, e))
+            .map_err(|e| fail(path, e))?;
+        let regular = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG;
+        Ok(if regular && st.st_nlink == 1 {
+            (st.st_blocks as u64).saturating_mul(512)
+        } else {
+            0
+        })
     }
 
     fn folder_existing(&self, path: &str, folders: &[&str]) -> Result<OwnedFd, BeneathError> {
@@ -289,7 +368,7 @@ impl Beneath {
         };
         self.at(at, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty())
             .map_err(|e| match e {
-                BeneathError::NotFound(_) => BeneathError::NotFound(path.to_owned()),
+                BeneathError::NotFound(_) => BeneathError::NotFound(shown(path)),
                 e => e,
             })
     }
@@ -308,17 +387,20 @@ impl Beneath {
         let fd = dir
             .as_fd()
             .try_clone_to_owned()
-            .map_err(|e| BeneathError::Io(path.into(), e))?;
+            .map_err(|e| BeneathError::Io(shown(path), e))?;
+        let id = identity(&fd);
         for entry in dir.iter() {
             let entry = entry.map_err(|e| fail(path, e))?;
-            let Ok(name) = entry.file_name().to_str() else {
-                continue;
+            let raw = entry.file_name();
+            let (name, raw_name) = match raw.to_str() {
+                Ok(n) => (n.to_owned(), None),
+                Err(_) => (escaped_name(raw.to_bytes()), Some(raw.to_bytes().to_vec())),
             };
-            if name == "." || name == ".." {
+            if name == "." || name == ".." || is_ours(id, &name) {
                 continue;
             }
             let Ok(st) =
-                nix::sys::stat::fstatat(fd.as_fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                nix::sys::stat::fstatat(fd.as_fd(), raw, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
             else {
                 continue;
             };
@@ -329,7 +411,8 @@ impl Beneath {
                 _ => "other",
             };
             out.push(Entry {
-                name: name.to_owned(),
+                name,
+                raw_name,
                 kind,
                 bytes: st.st_size as u64,
                 mtime: st.st_mtime,
@@ -346,6 +429,8 @@ impl Beneath {
 pub struct Writing {
     file: File,
     dir: OwnedFd,
+    /// The folder's (device, inode), under which the temporary name is registered.
+    id: Option<(u64, u64)>,
     tmp: String,
     name: String,
     path: String,
@@ -389,6 +474,15 @@ impl Drop for Writing {
                 self.tmp.as_str(),
                 nix::unistd::UnlinkatFlags::NoRemoveDir,
             );
+        }
+        if let Some((dev, ino)) = self.id {
+            let mut w = writing();
+            if let Some(i) = w
+                .iter()
+                .position(|(d, n, t)| *d == dev && *n == ino && *t == self.tmp)
+            {
+                w.swap_remove(i);
+            }
         }
     }
 }
@@ -590,5 +684,48 @@ mod tests {
             read(&s.b, "nothing"),
             Err(BeneathError::NotFound(_))
         ));
+    }
+
+    #[test]
+    fn listings_hide_only_uploads_under_way_and_show_names_that_are_not_utf8() {
+        use std::os::unix::ffi::OsStrExt;
+        let s = setup();
+        let w = s.b.write("report.csv").unwrap();
+        let on_disk: Vec<String> = std::fs::read_dir(s.root.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let tmp = on_disk
+            .iter()
+            .find(|n| n.contains(TEMP_MARK))
+            .unwrap()
+            .clone();
+        // A cell's own file with a name of the same shape, and a name that is not UTF-8.
+        std::fs::write(s.root.path().join(".x.flowrepl-1-1"), b"mine").unwrap();
+        std::fs::write(
+            s.root.path().join(std::ffi::OsStr::from_bytes(b"caf\xe9")),
+            b"x",
+        )
+        .unwrap();
+        let listed = s.b.list("").unwrap();
+        let names: Vec<&str> = listed.iter().map(|e| e.name.as_str()).collect();
+        assert!(!names.contains(&tmp.as_str()), "{names:?}");
+        assert!(names.contains(&".x.flowrepl-1-1"), "{names:?}");
+        let odd = listed.iter().find(|e| e.raw_name.is_some()).unwrap();
+        assert_eq!(odd.name, "caf\\xe9");
+        assert_eq!(odd.raw_name.as_deref(), Some(&b"caf\xe9"[..]));
+        assert_eq!(odd.kind, "file");
+        drop(w);
+        assert!(!writing().iter().any(|(_, _, t)| *t == tmp));
+        // Names and paths past the file system's limits, refused before any call.
+        assert!(matches!(
+            check(&"n".repeat(256)),
+            Err(BeneathError::TooLong(_))
+        ));
+        assert!(check(&"n".repeat(255)).is_ok());
+        let long = vec!["d".repeat(200); 21].join("/");
+        let e = check(&long).unwrap_err();
+        assert!(matches!(e, BeneathError::TooLong(_)));
+        assert!(e.to_string().len() < 400, "{e}");
     }
 }

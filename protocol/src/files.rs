@@ -89,8 +89,13 @@ pub struct Downloaded {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct FileEntry {
-    /// Its name.
+    /// Its name. A name that is not UTF-8 (a cell can make one) is given readable, each byte
+    /// outside a UTF-8 character as `\xNN`, and exactly in `name_base64`.
     pub name: String,
+    /// The name's bytes, standard base64, present only when the name is not UTF-8 (`name` and
+    /// `path` are then a readable form, not a path a request can name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name_base64: Option<String>,
     /// Its path, relative to the workspace.
     pub path: String,
     /// `file`, `dir`, `symlink` (listed, never followed) or `other` (a FIFO, socket or

@@ -54,15 +54,27 @@ pub struct Places {
 }
 
 impl Places {
-    /// The task's workspace (made if missing), recording as this server.
-    pub fn open(&self, key: &TaskKey) -> Result<Workspace, FileError> {
-        let root = self
-            .spawn
-            .make_workspace(key)
-            .map_err(|source| FileError::Io {
-                path: String::new(),
-                source,
-            })?;
+    /// The task's workspace, recording as this server. With `create`, made if missing (an
+    /// upload); without, a task that has no workspace is [`FileError::NoTask`] and nothing is
+    /// made: no folder, no log, no record (a probe of names leaves no trace).
+    pub fn open(&self, key: &TaskKey, create: bool) -> Result<Workspace, FileError> {
+        let root = if create {
+            self.spawn
+                .make_workspace(key)
+                .map_err(|source| FileError::Io {
+                    path: String::new(),
+                    source,
+                })?
+        } else {
+            let root = self.spawn.workspace_of(key);
+            if !root.is_dir() {
+                return Err(FileError::NoTask {
+                    plan: flowrepl_files::shown(&key.plan),
+                    task: flowrepl_files::shown(&key.task),
+                });
+            }
+            root
+        };
         let log_file = flowrepl_task_logger::task_log_path(&self.log_dir, &key.plan, &key.task);
         let recorder = Recorder::new(
             log_file.clone(),
@@ -140,14 +152,16 @@ pub async fn serve(
         }
     }
     let places = Arc::clone(&files.places);
-    let ws = match tokio::task::spawn_blocking(move || places.open(&key)).await {
+    let create = method == Method::PUT;
+    let ws = match tokio::task::spawn_blocking(move || places.open(&key, create)).await {
         Ok(Ok(ws)) => ws,
         Ok(Err(e)) => return refusal(&e),
         Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     };
     match method {
         Method::PUT => put(ws, &path, request).await,
-        Method::GET => get(ws, &path).await,
+        Method::GET => get(ws, &path, request.headers(), false).await,
+        Method::HEAD => get(ws, &path, request.headers(), true).await,
         Method::DELETE => {
             match tokio::task::spawn_blocking(move || ws.delete(&path, Via::Http)).await {
                 Ok(Ok(_)) => StatusCode::NO_CONTENT.into_response(),
@@ -156,10 +170,11 @@ pub async fn serve(
             }
         }
         _ => {
-            let mut r = (StatusCode::METHOD_NOT_ALLOWED, "PUT, GET or DELETE\n").into_response();
+            let mut r =
+                (StatusCode::METHOD_NOT_ALLOWED, "PUT, GET, HEAD or DELETE\n").into_response();
             r.headers_mut().insert(
                 header::ALLOW,
-                header::HeaderValue::from_static("PUT, GET, DELETE"),
+                header::HeaderValue::from_static("PUT, GET, HEAD, DELETE"),
             );
             r
         }
@@ -238,29 +253,176 @@ async fn put(ws: Workspace, path: &str, request: Request) -> Response {
 /// What the download's reader hands its hasher.
 enum Read {
     Chunk(Bytes),
-    /// The whole file was sent: record it.
+    /// Every byte promised was sent: record it.
     Done,
+    /// The file changed while it was read (its size now): the answer was cut.
+    Changed(u64),
 }
 
-/// The file's bytes to the client: one blocking thread reads them a chunk ahead and hands
-/// each to the response and to a second thread that hashes (SHA-256, which bounds the speed,
-/// runs beside the copying), which records the download once every byte was sent.
-async fn get(ws: Workspace, path: &str) -> Response {
-    let download = match ws.download(path, Via::Http) {
+/// What a request's `Range` asks of a file of `size` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// The whole file (no range, several ranges, an `If-Range`, or a range that does not
+    /// parse, which RFC 9110 lets a server ignore).
+    Whole,
+    /// `len` bytes from `start`.
+    Part {
+        /// The first byte.
+        start: u64,
+        /// How many.
+        len: u64,
+    },
+    /// No byte of the file is in the range: 416.
+    Unsatisfiable,
+}
+
+/// Reads a `Range` header (single byte ranges: `bytes=a-b`, `a-`, `-n`).
+pub fn wanted(headers: &HeaderMap, size: u64) -> Want {
+    let Some(v) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) else {
+        return Want::Whole;
+    };
+    if headers.contains_key(header::IF_RANGE) || headers.get_all(header::RANGE).iter().count() > 1 {
+        return Want::Whole;
+    }
+    let Some((unit, spec)) = v.split_once('=') else {
+        return Want::Whole;
+    };
+    let spec = spec.trim();
+    if !unit.trim().eq_ignore_ascii_case("bytes") || spec.contains(',') {
+        return Want::Whole;
+    }
+    let Some((a, b)) = spec.split_once('-') else {
+        return Want::Whole;
+    };
+    let number = |s: &str| {
+        (!s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| s.parse::<u64>().ok())
+            .flatten()
+    };
+    match (a.trim(), b.trim()) {
+        ("", n) => match number(n) {
+            None => Want::Whole,
+            Some(0) => Want::Unsatisfiable,
+            Some(_) if size == 0 => Want::Unsatisfiable,
+            Some(n) => {
+                let len = n.min(size);
+                Want::Part {
+                    start: size - len,
+                    len,
+                }
+            }
+        },
+        (a, "") => match number(a) {
+            None => Want::Whole,
+            Some(a) if a >= size => Want::Unsatisfiable,
+            Some(a) => Want::Part {
+                start: a,
+                len: size - a,
+            },
+        },
+        (a, b) => match (number(a), number(b)) {
+            (Some(a), Some(b)) if a <= b => {
+                if a >= size {
+                    Want::Unsatisfiable
+                } else {
+                    Want::Part {
+                        start: a,
+                        len: b.min(size - 1) - a + 1,
+                    }
+                }
+            }
+            _ => Want::Whole,
+        },
+    }
+}
+
+/// What says the file was rewritten: its size, modification and change times.
+fn signature(m: &std::fs::Metadata) -> (u64, i64, i64, i64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    (
+        m.len(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    )
+}
+
+/// The file's bytes to the client (`GET`; a `HEAD` gets the same head and no body): one
+/// blocking thread reads them a chunk ahead and hands each to the response and to a second
+/// thread that hashes (SHA-256, which bounds the speed, runs beside the copying), which
+/// records the download once every byte was sent. A single byte range is answered 206.
+/// Exactly the bytes promised by `Content-Length` are read; a file that changes while it is
+/// read (its size, modification or change time moved: a cell is writing it) ends the answer
+/// short before the bytes read after the change are sent, so the client sees a cut body,
+/// never a whole-looking mix, and the record says so with the real counts.
+async fn get(ws: Workspace, path: &str, headers: &HeaderMap, head: bool) -> Response {
+    use std::io::{Seek, SeekFrom};
+    let mut download = match ws.download(path, Via::Http) {
         Ok(d) => d,
         Err(e) => return refusal(&e),
     };
-    let file = match download.reader() {
-        Ok(f) => f,
+    let opened = download.reader().and_then(|f| Ok((f.metadata()?, f)));
+    let (meta, mut file) = match opened {
+        Ok(m) => m,
         Err(source) => {
             return refusal(&FileError::Io {
-                path: path.to_owned(),
+                path: flowrepl_files::shown(path),
                 source,
             })
         }
     };
     let size = download.size();
+    let before = signature(&meta);
     let mime = download.mime_type();
+    let (status, start, len) = match wanted(headers, size) {
+        Want::Whole => (StatusCode::OK, 0, size),
+        Want::Part { start, len } => (StatusCode::PARTIAL_CONTENT, start, len),
+        Want::Unsatisfiable => {
+            let why = format!("the range asked for is not in the file ({size} bytes)");
+            if head {
+                download.discard();
+            } else {
+                download.refuse(why.clone());
+            }
+            let mut r = (StatusCode::RANGE_NOT_SATISFIABLE, format!("{why}\n")).into_response();
+            if let Ok(v) = header::HeaderValue::from_str(&format!("bytes */{size}")) {
+                r.headers_mut().insert(header::CONTENT_RANGE, v);
+            }
+            return r;
+        }
+    };
+    let mut heads = HeaderMap::new();
+    heads.insert(header::CONTENT_LENGTH, header::HeaderValue::from(len));
+    heads.insert(
+        header::ACCEPT_RANGES,
+        header::HeaderValue::from_static("bytes"),
+    );
+    if let Ok(v) = header::HeaderValue::from_str(mime) {
+        heads.insert(header::CONTENT_TYPE, v);
+    }
+    if status == StatusCode::PARTIAL_CONTENT {
+        let range = format!("bytes {start}-{}/{size}", start + len - 1);
+        if let Ok(v) = header::HeaderValue::from_str(&range) {
+            heads.insert(header::CONTENT_RANGE, v);
+        }
+    }
+    if head {
+        download.discard();
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = status;
+        *r.headers_mut() = heads;
+        return r;
+    }
+    download.range(len);
+    if start > 0 {
+        if let Err(source) = file.seek(SeekFrom::Start(start)) {
+            return refusal(&FileError::Io {
+                path: flowrepl_files::shown(path),
+                source,
+            });
+        }
+    }
     let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_AHEAD);
     let (to_hash, hashing) = std::sync::mpsc::sync_channel::<Read>(CHUNKS_AHEAD);
     tokio::task::spawn_blocking(move || {
@@ -272,43 +434,94 @@ async fn get(ws: Workspace, path: &str) -> Response {
                     download.finish();
                     return;
                 }
+                Read::Changed(now) => {
+                    download.changed(now);
+                    return;
+                }
             }
         }
         // Dropped unfinished: recorded as cut short.
     });
-    tokio::task::spawn_blocking(move || loop {
-        let mut chunk = bytes::BytesMut::with_capacity(READ_CHUNK);
-        match flowrepl_files::read_into(&file, &mut chunk, READ_CHUNK) {
-            Ok(0) => {
+    tokio::task::spawn_blocking(move || {
+        let mut left = len;
+        let changed = |file: &std::fs::File| -> Option<u64> {
+            let now = file.metadata().ok()?;
+            (signature(&now) != before || now.len() != size).then_some(now.len())
+        };
+        let cut = |now: u64| {
+            let _ = to_hash.send(Read::Changed(now));
+            let _ = tx.blocking_send(Err(std::io::Error::other(CHANGED)));
+        };
+        loop {
+            if left == 0 {
+                // Every byte promised was read: sent only if the file did not move meanwhile.
+                if let Some(now) = changed(&file) {
+                    return cut(now);
+                }
                 let _ = to_hash.send(Read::Done);
                 return;
             }
-            Ok(_) => {
-                let chunk = chunk.freeze();
-                if tx.blocking_send(Ok(chunk.clone())).is_err() {
-                    return; // the client went away
+            let mut chunk = bytes::BytesMut::with_capacity(READ_CHUNK);
+            let max = READ_CHUNK.min(usize::try_from(left).unwrap_or(READ_CHUNK));
+            match flowrepl_files::read_into(&file, &mut chunk, max) {
+                // Shorter than promised: it was cut while read.
+                Ok(0) => return cut(changed(&file).unwrap_or(0)),
+                Ok(n) => {
+                    if let Some(now) = changed(&file) {
+                        return cut(now);
+                    }
+                    left -= n as u64;
+                    let chunk = chunk.freeze();
+                    if tx.blocking_send(Ok(chunk.clone())).is_err() {
+                        return; // the client went away
+                    }
+                    if to_hash.send(Read::Chunk(chunk)).is_err() {
+                        return;
+                    }
                 }
-                if to_hash.send(Read::Chunk(chunk)).is_err() {
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
                     return;
                 }
             }
-            Err(e) => {
-                let _ = tx.blocking_send(Err(e));
-                return;
-            }
         }
     });
-    let mut r = Response::new(Body::new(Chunks { rx }));
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_LENGTH, header::HeaderValue::from(size));
-    if let Ok(v) = header::HeaderValue::from_str(mime) {
-        h.insert(header::CONTENT_TYPE, v);
-    }
+    // The first chunk (or why there is none) before the head is sent: a file that changed
+    // before a byte was read is a plain refusal, not a connection closed without a word.
+    let mut rx = rx;
+    let first = match rx.recv().await {
+        Some(Ok(chunk)) => Some(chunk),
+        Some(Err(e)) if e.to_string().contains(CHANGED) => {
+            return (
+                StatusCode::CONFLICT,
+                format!(
+                    "{:?}: {CHANGED} (a cell is writing it); nothing was sent, try again\n",
+                    flowrepl_files::shown(path)
+                ),
+            )
+                .into_response()
+        }
+        Some(Err(e)) => {
+            return refusal(&FileError::Io {
+                path: flowrepl_files::shown(path),
+                source: e,
+            })
+        }
+        None => None,
+    };
+    let mut r = Response::new(Body::new(Chunks { first, rx }));
+    *r.status_mut() = status;
+    *r.headers_mut() = heads;
     r
 }
 
+/// What a download cut by a change says.
+const CHANGED: &str = "the file changed while it was read";
+
 /// A body of chunks read ahead by a blocking thread.
 struct Chunks {
+    /// The first chunk, taken before the head was sent.
+    first: Option<Bytes>,
     rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
 }
 
@@ -320,6 +533,9 @@ impl http_body::Body for Chunks {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
         self.rx.poll_recv(cx).map(|c| c.map(|r| r.map(Frame::data)))
     }
 }

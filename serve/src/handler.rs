@@ -160,6 +160,7 @@ impl Serve {
             serde_json::from_value(Value::Object(args))
                 .map_err(|e| ErrorData::invalid_params(format!("invalid arguments: {e}"), None))
         }
+        let mut listed = None;
         let op: Box<FileOp> = match name {
             f::UPLOAD_FILE => {
                 let a: flowrepl_protocol::files::UploadParams = parse(args)?;
@@ -172,6 +173,7 @@ impl Serve {
             }
             f::LIST_FILES => {
                 let a: flowrepl_protocol::files::ListParams = parse(args)?;
+                listed = Some(a.path.clone());
                 Box::new(move |ws, _| f::list(ws, &a))
             }
             _ => {
@@ -185,13 +187,19 @@ impl Serve {
             }
         }
         let places = Arc::clone(&self.files.places);
+        let upload = name == f::UPLOAD_FILE;
         tokio::task::spawn_blocking(move || {
             let task = f::TaskRef {
                 plan: key.plan.clone(),
                 task: key.task.clone(),
             };
-            match places.open(&key) {
+            match places.open(&key, upload) {
                 Ok(ws) => op(&ws, &task),
+                // A task with no workspace yet has no files (nothing is made for a look).
+                Err(e @ flowrepl_files::FileError::NoTask { .. }) => match listed {
+                    Some(path) => f::list_empty(path.as_deref(), &e),
+                    None => f::refused(&e),
+                },
                 Err(e) => f::refused(&e),
             }
         })
@@ -209,13 +217,26 @@ impl Serve {
         let (task, _, _) = flowrepl_mcp::files::parse_output_uri(uri)?;
         let key = uri_task(context, task)?;
         let Some(kernel) = self.pool.running_kernel(&key) else {
-            return Err(ErrorData::resource_not_found(
+            // A task that ran has a log (and a workspace); one that never did has neither.
+            let log = flowrepl_task_logger::task_log_path(
+                &self.files.places.log_dir,
+                &key.plan,
+                &key.task,
+            );
+            let ran = log.exists() || self.files.places.spawn.workspace_of(&key).is_dir();
+            let why = if ran {
                 format!(
                     "task {:?}'s kernel has stopped, and the output it held went with it; every cell's full output is in the task log",
                     key.task
-                ),
-                None,
-            ));
+                )
+            } else {
+                format!(
+                    "task {:?} of plan {:?} does not exist here: no kernel ever ran it, so it has no output",
+                    flowrepl_files::shown(&key.task),
+                    flowrepl_files::shown(&key.plan)
+                )
+            };
+            return Err(ErrorData::resource_not_found(why, None));
         };
         kernel
             .read_resource(uri)
@@ -416,12 +437,14 @@ impl ServerHandler for Serve {
                 plan: key.plan.clone(),
                 task: key.task.clone(),
             };
-            match places.open(&key) {
+            match places.open(&key, false) {
                 Ok(ws) => Ok(flowrepl_mcp::files::resources(
                     &ws,
                     &task,
                     cursor.as_deref(),
                 )),
+                // No workspace yet: no files.
+                Err(flowrepl_files::FileError::NoTask { .. }) => Ok((Vec::new(), None)),
                 Err(e) => Err(flowrepl_mcp::files::resource_error(&e)),
             }
         })
@@ -449,7 +472,7 @@ impl ServerHandler for Serve {
         let uri = request.uri;
         tokio::task::spawn_blocking(move || {
             let ws = places
-                .open(&key)
+                .open(&key, false)
                 .map_err(|e| flowrepl_mcp::files::resource_error(&e))?;
             flowrepl_mcp::files::read(&ws, &uri, &path)
         })

@@ -27,6 +27,7 @@
 pub mod auth;
 pub mod child;
 pub mod files;
+pub mod framing;
 pub mod handler;
 pub mod listen;
 pub mod pool;
@@ -105,6 +106,10 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
             );
             return ExitCode::from(2);
         }
+    }
+    if let Some(why) = roots_apart(cli, args) {
+        eprintln!("flowrepl serve: {why}");
+        return ExitCode::from(2);
     }
     let forwarded = cli
         .forwarded
@@ -374,6 +379,122 @@ async fn wait_for_signal() -> &'static str {
     }
 }
 
+/// The folders and files the server keeps for itself, by flag: none may lie inside
+/// `--workspace-root` (a task whose workspace it is would read and replace it: with
+/// `--log-dir W/lg`, task (lg, p1)'s workspace *is* the log folder of plan p1), nor may the
+/// workspace root lie inside one of them. Compared after resolving symbolic links (of the
+/// part that exists), component by component. `None`: they are apart.
+pub fn roots_apart(cli: &Cli, args: &ServeArgs) -> Option<String> {
+    let mut kept: Vec<(&str, std::path::PathBuf)> = vec![
+        ("--log-dir", cli.log_dir.clone()),
+        ("--state-dir", args.state_dir.clone()),
+    ];
+    kept.extend(args.token_file.clone().map(|p| ("--token-file", p)));
+    kept.extend(args.task_net.clone().map(|p| ("--task-net", p)));
+    kept.extend(cli.packages_cache.clone().map(|p| ("--packages-cache", p)));
+    kept.extend(cli.packages_allow.clone().map(|p| ("--packages-allow", p)));
+    if let Some(dir) = cli.store.as_deref().and_then(|s| s.strip_prefix("file://")) {
+        kept.push(("--store", dir.into()));
+    }
+    overlap(&args.workspace_root, &kept)
+}
+
+/// The first of `kept` that lies inside `workspace_root` or holds it, as a line naming both.
+fn overlap(
+    workspace_root: &std::path::Path,
+    kept: &[(&str, std::path::PathBuf)],
+) -> Option<String> {
+    let ws = resolved(workspace_root);
+    for (flag, path) in kept {
+        let p = resolved(path);
+        let (inner, outer): ((&str, &std::path::Path), (&str, &std::path::Path)) =
+            if p.starts_with(&ws) {
+                ((flag, path), ("--workspace-root", workspace_root))
+            } else if ws.starts_with(&p) {
+                (("--workspace-root", workspace_root), (flag, path))
+            } else {
+                continue;
+            };
+        return Some(format!(
+            "{} {} lies inside {} {}{}: a task whose workspace is there could read and replace what the server keeps; put the workspace root and the server's own folders apart",
+            inner.0,
+            inner.1.display(),
+            outer.0,
+            outer.1.display(),
+            if p == ws { " (the same folder)" } else { "" },
+        ));
+    }
+    None
+}
+
+/// `p` absolute, its longest existing part with symbolic links resolved, the rest (which
+/// does not exist yet) added as it is.
+fn resolved(p: &std::path::Path) -> std::path::PathBuf {
+    let abs = absolute(p);
+    let mut existing = abs.clone();
+    let mut rest = Vec::new();
+    let base = loop {
+        if let Ok(real) = std::fs::canonicalize(&existing) {
+            break real;
+        }
+        match (
+            existing.file_name().map(|n| n.to_owned()),
+            existing.parent(),
+        ) {
+            (Some(name), Some(parent)) => {
+                rest.push(name);
+                existing = parent.to_path_buf();
+            }
+            _ => break existing,
+        }
+    };
+    let mut out = base;
+    out.extend(rest.into_iter().rev());
+    out
+}
+
 fn absolute(p: &std::path::Path) -> std::path::PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    fn kept(flag: &'static str, p: &Path) -> Vec<(&'static str, PathBuf)> {
+        vec![(flag, p.to_path_buf())]
+    }
+
+    /// The guard with and without: each layout it refuses gives a task's workspace path that
+    /// is the kept folder (so without the guard the task reaches it); apart, neither holds
+    /// the other.
+    #[test]
+    fn kept_folders_inside_the_workspace_root_or_around_it_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let w = t.path().join("W");
+        std::fs::create_dir(&w).unwrap();
+        let lg = w.join("lg");
+        let why = overlap(&w, &kept("--log-dir", &lg)).unwrap();
+        assert!(
+            why.contains("--log-dir") && why.contains("--workspace-root"),
+            "{why}"
+        );
+        // Without the guard: task (plan lg, task p1)'s workspace is the log folder of plan p1.
+        let spawn_ws = w.join("lg").join("p1");
+        assert_eq!(spawn_ws, lg.join("p1"));
+        // The reverse, a kept folder holding the workspace root, and the same folder.
+        assert!(overlap(&w, &kept("--state-dir", t.path())).is_some());
+        assert!(overlap(&w, &kept("--state-dir", &w))
+            .unwrap()
+            .contains("same folder"));
+        // Through a symbolic link to the root, and with a part that does not exist yet.
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&w, &link).unwrap();
+        assert!(overlap(&link, &kept("--log-dir", &w.join("x/y"))).is_some());
+        assert!(overlap(&w, &kept("--log-dir", &link.join("lg"))).is_some());
+        // Apart: siblings, and a name that merely starts the same.
+        assert!(overlap(&w, &kept("--log-dir", &t.path().join("logs"))).is_none());
+        assert!(overlap(&w, &kept("--log-dir", &t.path().join("W2"))).is_none());
+    }
 }

@@ -10,6 +10,8 @@
 //! - **Connection cap** (`--max-connections`, 512, lowered to what the descriptor limit leaves
 //!   after the kernels' own): past it, a new connection is answered `503` with `Retry-After`
 //!   and closed at once, never left unanswered.
+//! - **One framing per request**: a request with both `Transfer-Encoding` and
+//!   `Content-Length` is 400 and its connection closed ([`crate::framing`]).
 //! - `TCP_NODELAY` on every connection (a reply written in two parts waited 40 ms for the
 //!   client's delayed ACK).
 //!
@@ -126,7 +128,7 @@ pub async fn serve(
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
             .keep_alive(true)
-            .serve_connection(TokioIo::new(tcp), service);
+            .serve_connection(TokioIo::new(crate::framing::Framing::new(tcp)), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

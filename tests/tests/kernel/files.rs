@@ -664,3 +664,431 @@ fn the_inspector_cli_moves_files() {
         "{refused}"
     );
 }
+
+/// Sends `request` as it is on a new connection and reads the reply to its end: status,
+/// head, body.
+fn raw(server: &Server, request: &[u8]) -> (u16, String, Vec<u8>) {
+    let mut s = std::net::TcpStream::connect(server.host()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(request).unwrap();
+    let mut all = Vec::new();
+    let _ = s.read_to_end(&mut all);
+    let end = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(all.len(), |e| e + 4);
+    let head = String::from_utf8_lossy(&all[..end]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head, all[end..].to_vec())
+}
+
+/// A request's head with the token, the server's Host and `Connection: close`.
+fn head_of(server: &Server, method: &str, path: &str, extra: &str) -> String {
+    format!(
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n{extra}\r\n",
+        server.host()
+    )
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// The attack pass on serve's file routes, each attempt refused, beside its control:
+/// - a probe of a task that does not exist (GET, HEAD, DELETE) is 404 and leaves no folder and
+///   no log (before: every probe made both), while the same probe on a task that exists leaves
+///   its refusal record (the recording is there; only a task that is not gets none);
+/// - a name over 255 bytes, a path over 4095: 400 with the path cut (before: 500 echoing it);
+/// - a request with both `Transfer-Encoding` and `Content-Length`: 400 and closed (before:
+///   taken as chunked); the same body chunked alone is written;
+/// - HEAD answers the GET's head without a body (before: 405); single byte ranges are 206 with
+///   Content-Range, past the end 416, several ranges the whole file; GETs say Accept-Ranges.
+#[test]
+fn serve_file_routes_refuse_probes_long_names_and_double_framing_and_answer_head_and_ranges() {
+    let server = Server::start(&["--no-sandbox"]);
+    let ws = server.dir.path().join("workspaces/p1/t1");
+    let body: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+    let mut put = head_of(
+        &server,
+        "PUT",
+        "/files/p1/t1/data.bin",
+        "Content-Length: 1000\r\n",
+    )
+    .into_bytes();
+    put.extend_from_slice(&body);
+    assert_eq!(raw(&server, &put).0, 200);
+
+    // Probes of tasks that do not exist: 404, nothing made.
+    for (method, path) in [
+        ("GET", "/files/ghost/t/x"),
+        ("HEAD", "/files/ghost/t/x"),
+        ("DELETE", "/files/ghost/t2/x"),
+        ("GET", "/files/p1/nobody/x"),
+    ] {
+        let (status, head, said) = raw(&server, head_of(&server, method, path, "").as_bytes());
+        assert_eq!(status, 404, "{method} {path}: {head}");
+        if method != "HEAD" {
+            assert!(
+                String::from_utf8_lossy(&said).contains("does not exist"),
+                "{said:?}"
+            );
+        }
+    }
+    for gone in ["workspaces/ghost", "logs/ghost", "workspaces/p1/nobody"] {
+        assert!(!server.dir.path().join(gone).exists(), "{gone} was made");
+    }
+    assert!(!flowrepl_task_logger::task_log_path(&server.logs(), "p1", "nobody").exists());
+    // The control: on the task that exists the same probe is recorded.
+    let (status, _, _) = raw(
+        &server,
+        head_of(&server, "GET", "/files/p1/t1/x", "").as_bytes(),
+    );
+    assert_eq!(status, 404);
+    let log = flowrepl_task_logger::task_log_path(&server.logs(), "p1", "t1");
+    assert!(wait_for(Duration::from_secs(5), || read_log_all(&log)
+        .files
+        .iter()
+        .any(|f| f.path == "x" && f.error.is_some())));
+
+    // Names past the file system's limits: 400, the path cut.
+    let long_name = format!("/files/p1/t1/{}", "n".repeat(300));
+    let long_path = format!("/files/p1/t1/{}", vec!["d".repeat(250); 20].join("/"));
+    for path in [&long_name, &long_path] {
+        for method in ["GET", "PUT"] {
+            let extra = if method == "PUT" {
+                "Content-Length: 1\r\n"
+            } else {
+                ""
+            };
+            let mut req = head_of(&server, method, path, extra).into_bytes();
+            if method == "PUT" {
+                req.push(b'x');
+            }
+            let (status, head, said) = raw(&server, &req);
+            assert_eq!(status, 400, "{method} {}: {head}", path.len());
+            assert!(said.len() < 1000, "{} bytes said", said.len());
+            assert!(
+                String::from_utf8_lossy(&said).contains("255 bytes"),
+                "{said:?}"
+            );
+        }
+    }
+
+    // Both framings: refused. Chunked alone: written.
+    let smuggle = format!(
+        "{}0\r\n\r\n",
+        head_of(
+            &server,
+            "PUT",
+            "/files/p1/t1/smuggled.txt",
+            "Content-Length: 40\r\nTransfer-Encoding: chunked\r\n"
+        )
+    );
+    let (status, head, _) = raw(&server, smuggle.as_bytes());
+    assert_eq!(status, 400, "{head}");
+    assert!(!ws.join("smuggled.txt").exists());
+    let chunked = format!(
+        "{}5\r\nhello\r\n0\r\n\r\n",
+        head_of(
+            &server,
+            "PUT",
+            "/files/p1/t1/chunked.txt",
+            "Transfer-Encoding: chunked\r\n"
+        )
+    );
+    let (status, head, _) = raw(&server, chunked.as_bytes());
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(std::fs::read(ws.join("chunked.txt")).unwrap(), b"hello");
+
+    // HEAD: the GET's head, no body.
+    let (status, head, said) = raw(
+        &server,
+        head_of(&server, "HEAD", "/files/p1/t1/data.bin", "").as_bytes(),
+    );
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(header(&head, "content-length"), Some("1000"), "{head}");
+    assert_eq!(header(&head, "accept-ranges"), Some("bytes"), "{head}");
+    assert!(said.is_empty());
+    // Ranges.
+    for (range, status_want, bytes, content_range) in [
+        ("bytes=0-9", 206, &body[..10], Some("bytes 0-9/1000")),
+        ("bytes=990-", 206, &body[990..], Some("bytes 990-999/1000")),
+        ("bytes=-5", 206, &body[995..], Some("bytes 995-999/1000")),
+        (
+            "bytes=500-5000",
+            206,
+            &body[500..],
+            Some("bytes 500-999/1000"),
+        ),
+        ("bytes=0-1,5-6", 200, &body[..], None),
+        ("bytes=1000-", 416, &[][..], Some("bytes */1000")),
+        ("bytes=-0", 416, &[][..], Some("bytes */1000")),
+    ] {
+        let extra = format!("Range: {range}\r\n");
+        let (status, head, said) = raw(
+            &server,
+            head_of(&server, "GET", "/files/p1/t1/data.bin", &extra).as_bytes(),
+        );
+        assert_eq!(status, status_want, "{range}: {head}");
+        assert_eq!(
+            header(&head, "content-range"),
+            content_range,
+            "{range}: {head}"
+        );
+        if status != 416 {
+            assert_eq!(said, bytes, "{range}");
+            assert_eq!(header(&head, "accept-ranges"), Some("bytes"), "{range}");
+        }
+    }
+    let files = read_log_all(&log).files;
+    let part = files
+        .iter()
+        .find(|f| f.op == "download" && f.bytes == 10 && f.error.is_none())
+        .expect("the range's record");
+    assert_eq!(part.sha256.as_deref(), Some(hex(&body[..10]).as_str()));
+}
+
+/// `--max-workspace-mb` counts the disk a workspace takes: a sparse 8 TB file (no blocks)
+/// does not fill it (before: every upload was refused), and uploads are still refused past
+/// the cap, counted from the kept figure.
+#[test]
+fn a_sparse_file_does_not_fill_the_workspace_cap() {
+    let server = Server::start(&["--no-sandbox", "--max-workspace-mb", "1"]);
+    let (status, _, _) = raw(
+        &server,
+        format!(
+            "{}x",
+            head_of(
+                &server,
+                "PUT",
+                "/files/p1/t1/first.txt",
+                "Content-Length: 1\r\n"
+            )
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status, 200);
+    let ws = server.dir.path().join("workspaces/p1/t1");
+    let sparse = std::fs::File::create(ws.join("sparse")).unwrap();
+    sparse.set_len(8 << 40).unwrap();
+    drop(sparse);
+    let meta = std::fs::metadata(ws.join("sparse")).unwrap();
+    assert_eq!(meta.len(), 8 << 40, "the file's apparent size");
+    assert!(std::os::unix::fs::MetadataExt::blocks(&meta) < 64);
+    let put = |name: &str, n: usize| {
+        let mut req = head_of(
+            &server,
+            "PUT",
+            &format!("/files/p1/t1/{name}"),
+            &format!("Content-Length: {n}\r\n"),
+        )
+        .into_bytes();
+        req.extend(std::iter::repeat_n(b'y', n));
+        raw(&server, &req)
+    };
+    // Past the figure kept since the first upload: looked at again on the miss.
+    let (status, head, said) = put("small.txt", 1000);
+    assert_eq!(status, 200, "{head}{}", String::from_utf8_lossy(&said));
+    let (status, _, _) = put("a.bin", 600_000);
+    assert_eq!(status, 200);
+    let (status, head, said) = put("b.bin", 600_000);
+    assert_eq!(status, 507, "{head}");
+    assert!(String::from_utf8_lossy(&said).contains("--max-workspace-mb"));
+    assert!(!ws.join("b.bin").exists());
+    // A delete makes room at once.
+    let (status, _, _) = raw(
+        &server,
+        head_of(&server, "DELETE", "/files/p1/t1/a.bin", "").as_bytes(),
+    );
+    assert_eq!(status, 204);
+    assert_eq!(put("b.bin", 600_000).0, 200);
+}
+
+/// A file a cell keeps rewriting, read over HTTP: an answer is either whole and of one
+/// version, or cut short (the connection closed before `Content-Length`), and its record says
+/// the file changed while it was read, with the real counts (before: "cut short after 0 of 0
+/// bytes (the client went away)").
+#[test]
+fn a_file_rewritten_while_it_is_read_is_cut_and_recorded_as_changed() {
+    let server = Server::start(&["--no-sandbox"]);
+    let (status, _, _) = raw(
+        &server,
+        format!(
+            "{}x",
+            head_of(
+                &server,
+                "PUT",
+                "/files/p1/t1/live.bin",
+                "Content-Length: 1\r\n"
+            )
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status, 200);
+    let file = server.dir.path().join("workspaces/p1/t1/live.bin");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (file, stop) = (file.clone(), std::sync::Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut k = 0u8;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                k = k.wrapping_add(1);
+                let len = (2 << 20) + (usize::from(k) << 14);
+                // As `open(name, 'wb').write(...)` does: truncated, then written.
+                let _ = std::fs::write(&file, vec![b'a' + k % 26; len]);
+            }
+        })
+    };
+    let (mut whole, mut cut) = (0, 0);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(4) || cut == 0 {
+        assert!(started.elapsed() < Duration::from_secs(30), "never cut");
+        let (status, head, said) = raw(
+            &server,
+            head_of(&server, "GET", "/files/p1/t1/live.bin", "").as_bytes(),
+        );
+        if status == 409 {
+            // Changed before a byte was sent: refused with a word.
+            assert!(String::from_utf8_lossy(&said).contains("changed while it was read"));
+            cut += 1;
+            continue;
+        }
+        assert_eq!(status, 200, "{head}");
+        let promised: usize = header(&head, "content-length").unwrap().parse().unwrap();
+        if said.len() == promised {
+            assert!(
+                said.iter().all(|b| *b == said[0]),
+                "a whole answer mixed versions"
+            );
+            whole += 1;
+        } else {
+            assert!(said.len() < promised);
+            cut += 1;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    eprintln!("{whole} whole answers, {cut} cut");
+    let log = flowrepl_task_logger::task_log_path(&server.logs(), "p1", "t1");
+    assert!(wait_for(Duration::from_secs(5), || {
+        read_log_all(&log)
+            .files
+            .iter()
+            .filter(|f| f.op == "download" && f.error.is_some())
+            .count()
+            >= cut
+    }));
+    for f in read_log_all(&log)
+        .files
+        .iter()
+        .filter(|f| f.op == "download")
+    {
+        if let Some(e) = &f.error {
+            assert!(e.contains("changed while it was read"), "{e}");
+            assert!(!e.contains("the client went away"), "{e}");
+        }
+    }
+}
+
+/// `list_files` lists what a cell made that an older listing left out: a name that is not
+/// UTF-8 (readable in `name`, exact in `name_base64`), and a file whose name merely looks like
+/// an upload's temporary one; an upload's real temporary file, on disk while the upload runs,
+/// is not listed.
+#[test]
+fn list_files_shows_non_utf8_names_and_a_cells_temporary_looking_file_but_not_an_uploads() {
+    use std::os::unix::ffi::OsStrExt;
+    let server = Server::start(&["--no-sandbox"]);
+    let (status, _, _) = raw(
+        &server,
+        format!(
+            "{}x",
+            head_of(
+                &server,
+                "PUT",
+                "/files/p1/t1/first.txt",
+                "Content-Length: 1\r\n"
+            )
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status, 200);
+    let ws = server.dir.path().join("workspaces/p1/t1");
+    let raw_name: &[u8] = b"caf\xe9.txt";
+    std::fs::write(ws.join(std::ffi::OsStr::from_bytes(raw_name)), "x").unwrap();
+    std::fs::write(ws.join(".report.csv.flowrepl-1-2"), "mine").unwrap();
+    // An upload under way: its head and part of its body sent.
+    let mut slow = std::net::TcpStream::connect(server.host()).unwrap();
+    slow.write_all(
+        format!(
+            "{}part",
+            head_of(
+                &server,
+                "PUT",
+                "/files/p1/t1/slow.bin",
+                "Content-Length: 100\r\n"
+            )
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    assert!(wait_for(Duration::from_secs(5), || std::fs::read_dir(&ws)
+        .unwrap()
+        .any(|e| {
+            let n = e.unwrap().file_name();
+            let n = n.to_string_lossy();
+            n.starts_with(".slow.bin.flowrepl-")
+        })));
+    let mut http = flowrepl_tests::serve::RawHttp::connect(&server.url);
+    let post = http.open_session(&server);
+    let (status, _, reply) = http.exchange(
+        &post,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"list_files","arguments":{"task":"t1","plan":"p1"}}}"#,
+    );
+    assert_eq!(status, 200, "{reply}");
+    let json = reply
+        .lines()
+        .find_map(|l| l.strip_prefix("data: ").filter(|d| d.starts_with('{')))
+        .unwrap_or(&reply);
+    let reply: Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {reply:?}"));
+    let entries = reply["result"]["structuredContent"]["entries"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{reply}"))
+        .clone();
+    let names: Vec<&str> = entries
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&".report.csv.flowrepl-1-2"), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.starts_with(".slow.bin")),
+        "{names:?}"
+    );
+    let odd = entries
+        .iter()
+        .find(|e| e["name"] == "caf\\xe9.txt")
+        .unwrap_or_else(|| panic!("{names:?}"));
+    assert_eq!(
+        odd["name_base64"],
+        base64::engine::general_purpose::STANDARD.encode(raw_name)
+    );
+    assert!(
+        entries
+            .iter()
+            .filter(|e| e["name_base64"].is_string())
+            .count()
+            == 1
+    );
+    // The upload ends and is listed under its name.
+    slow.write_all(&[b'z'; 96]).unwrap();
+    let mut reply = String::new();
+    let _ = slow.read_to_string(&mut reply);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert_eq!(std::fs::read(ws.join("slow.bin")).unwrap().len(), 100);
+}

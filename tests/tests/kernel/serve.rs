@@ -640,3 +640,104 @@ fn stop_kernel_keeps_a_kernel_whose_checkpoint_fails() {
     let r = call(5, "list_kernels", "{}");
     assert!(r.contains("\"task\":\"cp\""), "{r}");
 }
+
+/// A folder the server keeps inside `--workspace-root`, or the root inside one, is refused at
+/// start (exit 2, a line naming both flags), symbolic links resolved: with `--log-dir W/lg`,
+/// task (plan `lg`, task `p1`)'s workspace is the log folder of plan p1, and its files route
+/// would read and replace task p1/t1's log. The control: on a server whose layout is apart,
+/// the same GET of `lg/p1/t1.jsonl` returns what that workspace holds (the route serves
+/// exactly that name), so only the refusal keeps the log from it.
+#[test]
+fn a_kept_folder_inside_the_workspace_root_or_around_it_is_refused_at_start() {
+    let t = tempfile::tempdir().unwrap();
+    let w = t.path().join("W");
+    std::fs::create_dir(&w).unwrap();
+    let link = t.path().join("link-to-W");
+    std::os::unix::fs::symlink(&w, &link).unwrap();
+    let p = |x: &std::path::Path| x.display().to_string();
+    let apart = |name: &str| p(&t.path().join(name));
+    for (ws, flag, dir) in [
+        (p(&w), "--log-dir", p(&w.join("lg"))),
+        (p(&w), "--state-dir", p(&w.join("state"))),
+        (p(&w), "--task-net", p(&w.join("net"))),
+        (p(&w.join("inner")), "--log-dir", p(&w)),
+        (p(&w), "--log-dir", p(&w)),
+        (p(&link), "--log-dir", p(&w.join("lg"))),
+        (p(&w), "--state-dir", p(&link.join("state"))),
+    ] {
+        let mut cmd = std::process::Command::new(flowrepl_tests::flowrepl_bin());
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--workspace-root", &ws])
+            .args([flag, &dir])
+            .env("FLOWREPL_TOKEN", flowrepl_tests::serve::TOKEN);
+        for (default, there) in [
+            ("--log-dir", apart("logs")),
+            ("--state-dir", apart("state")),
+        ] {
+            if default != flag {
+                cmd.args([default, &there]);
+            }
+        }
+        cmd.env("FLOWREPL_TOKEN", flowrepl_tests::serve::TOKEN);
+        let out = std::process::Command::new("timeout")
+            .args(["-k", "5", "20"])
+            .arg(cmd.get_program())
+            .args(cmd.get_args())
+            .env("FLOWREPL_TOKEN", flowrepl_tests::serve::TOKEN)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{ws} {flag} {dir}: {said}");
+        assert!(
+            said.contains(flag)
+                && said.contains("--workspace-root")
+                && said.contains("lies inside"),
+            "{said}"
+        );
+        assert!(!said.contains("MCP at"), "{said}");
+    }
+    // The control: the route serves `lg/p1/t1.jsonl` of task (lg, p1) to whoever asks.
+    let server = Server::start(&["--no-sandbox"]);
+    let mut http = RawHttp::connect(&server.url);
+    let host = server.host();
+    let auth = format!("Authorization: Bearer {}", flowrepl_tests::serve::TOKEN);
+    let put = format!("PUT /files/lg/p1/t1.jsonl HTTP/1.1\r\nHost: {host}\r\n{auth}");
+    assert_eq!(http.request(&put, "{\"a log line\": 1}\n"), 200);
+    let get = format!("GET /files/lg/p1/t1.jsonl HTTP/1.1\r\nHost: {host}\r\n{auth}");
+    let (status, _, body) = http.exchange(&get, "");
+    assert_eq!((status, body.as_str()), (200, "{\"a log line\": 1}\n"));
+}
+
+/// Output links are read strictly: `01` and `+1` are not cell 1 (-32602); a link to a task
+/// that never existed says so, and makes nothing (before: its kernel "has stopped").
+#[test]
+fn output_links_parse_cells_strictly_and_name_a_task_that_does_not_exist() {
+    let server = Server::start(&["--no-sandbox"]);
+    let mut http = RawHttp::connect(&server.url);
+    let post = http.open_session(&server);
+    let read = |http: &mut RawHttp, id: u32, uri: &str| -> String {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"resources/read","params":{{"uri":"{uri}"}}}}"#
+        );
+        let (status, _, reply) = http.exchange(&post, &body);
+        assert_eq!(status, 200, "{reply}");
+        reply
+    };
+    for (i, cell) in ["01", "+1", "1.0", "-1"].iter().enumerate() {
+        let reply = read(
+            &mut http,
+            2 + i as u32,
+            &format!("flowrepl://output/local/t/{cell}/stdout"),
+        );
+        assert!(
+            reply.contains("-32602") && reply.contains("not a flowrepl output URI"),
+            "{cell}: {reply}"
+        );
+    }
+    let reply = read(&mut http, 10, "flowrepl://output/local/never/1/stdout");
+    assert!(
+        reply.contains("does not exist") && !reply.contains("has stopped"),
+        "{reply}"
+    );
+    assert!(!server.dir.path().join("workspaces/local/never").exists());
+    assert!(!server.log_of("never").exists());
+}
