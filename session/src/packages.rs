@@ -207,8 +207,14 @@ pub fn prepare(config: &Config) -> Packages {
         });
     // No layer folder here: a fresh disk for the task (or its layer was deleted).
     let fresh = !flowrepl_task_logger::path::packages_root(&config.log_file).exists();
-    // One shared cache per trust level (flowrepl_packages::Trust).
-    let trust = if config.worker.as_ref().is_some_and(|w| w.sandbox.is_some()) {
+    // One shared cache per trust level (flowrepl_packages::Trust); a sandbox with layers
+    // left out (FLOWREPL_SANDBOX_SKIP, for diagnosis) may leave the layer writable to cells.
+    let trust = if config
+        .worker
+        .as_ref()
+        .and_then(|w| w.sandbox.as_ref())
+        .is_some_and(|sb| sb.skip.is_empty())
+    {
         Trust::Sandboxed
     } else {
         Trust::Unsandboxed
