@@ -1,4 +1,4 @@
-//! A task's workspace files over plain HTTP, for platforms: `PUT`, `GET` and `DELETE`
+//! A task's workspace files over plain HTTP, for platforms: `PUT`, `GET`, `HEAD` and `DELETE`
 //! `/files/<plan>/<task>/<path>`, behind the same token as `/mcp`, the same `Host` and `Origin`
 //! rules ([`guard`]), streamed both ways (no base64, never a whole file in memory), served by
 //! the server itself, so they work while the task's kernel is stopped. The same places serve
@@ -7,12 +7,16 @@
 //! | request | answer |
 //! | --- | --- |
 //! | `PUT` with the bytes as the body | 200 and the file as JSON (`path`, `bytes`, `sha256`, `mime_type`) |
-//! | `GET` | 200 and the bytes (`Content-Type` guessed, `Content-Length`) |
+//! | `GET` | 200 and the bytes (`Content-Type` guessed, `Content-Length`, `Accept-Ranges`) |
+//! | `GET` with one byte range | 206 and those bytes (`Content-Range`); 416 past the end |
+//! | `HEAD` | the `GET`'s head, no body |
 //! | `DELETE` | 204 |
 //!
-//! Refusals are text: 400 (a bad path), 403 (outside the workspace, through a link, a hard
-//! link, flowrepl's own folder), 404, 409 (not a regular file), 413 (over `--max-file-bytes`),
-//! 507 (over `--max-workspace-mb`), 503 (with `--store`, the task is held by another server).
+//! Refusals are text: 400 (a bad path, a name over 255 bytes or a path over 4095), 403
+//! (outside the workspace, through a link, a hard link, flowrepl's own folder), 404 (no such
+//! file; a task that does not exist, for which nothing is made), 409 (not a regular file; a
+//! file that changed before its first byte was read), 413 (over `--max-file-bytes`), 507 (over
+//! `--max-workspace-mb`), 503 (with `--store`, the task is held by another server).
 //! With `--store`, a `PUT` or `DELETE` starts the task's kernel first, which takes the task's
 //! lease, so that the change goes to the store with the next state.
 
