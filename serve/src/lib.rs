@@ -67,6 +67,10 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    if let Some(why) = roots_apart(cli, args) {
+        eprintln!("flowrepl serve: {why}");
+        return ExitCode::from(2);
+    }
     let (token, source) = match auth::token(args.token_file.as_deref(), &args.state_dir) {
         Ok(t) => t,
         Err(e) => {
@@ -107,10 +111,6 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    if let Some(why) = roots_apart(cli, args) {
-        eprintln!("flowrepl serve: {why}");
-        return ExitCode::from(2);
-    }
     let forwarded = cli
         .forwarded
         .iter()
@@ -134,6 +134,7 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> ExitCode {
             None => Duration::ZERO,
         },
         holder: format!("serve-{}", uuid::Uuid::new_v4()),
+        store: cli.store.clone(),
         task_net: args.task_net.as_deref().map(absolute),
     };
     let places = Arc::new(files::Places {

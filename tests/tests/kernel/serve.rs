@@ -664,6 +664,8 @@ fn a_kept_folder_inside_the_workspace_root_or_around_it_is_refused_at_start() {
         (p(&w), "--log-dir", p(&w)),
         (p(&link), "--log-dir", p(&w.join("lg"))),
         (p(&w), "--state-dir", p(&link.join("state"))),
+        (p(&w), "--token-file", p(&w.join("p/t/token"))),
+        (p(&w), "--packages-cache", p(&w.join("uv"))),
     ] {
         let mut cmd = std::process::Command::new(flowrepl_tests::flowrepl_bin());
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--workspace-root", &ws])
