@@ -443,6 +443,9 @@ pub enum Command {
     /// Serve many kernels, one per task, as one MCP server over streamable HTTP, with a
     /// token and sandboxed by default.
     Serve(ServeArgs),
+    /// The operator's commands on an object store (--store URL): list its tasks, show one,
+    /// release a task whose holder is dead, collect unused blobs. Starts no Python.
+    Store(crate::storecmd::StoreArgs),
 }
 
 /// Settings of `flowrepl serve` (the kernels it starts get the global flags given with it,

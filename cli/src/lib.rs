@@ -8,6 +8,7 @@
 //!   original system's clients start it.
 //! - [`choice`]: which Python versions this build serves, and the interpreter the user means.
 //! - [`logcmd`]: `flowrepl log`: the task logs for people, and as JSON.
+//! - [`storecmd`]: `flowrepl store`: the operator's commands on an object store.
 //!
 //! Nothing here links pyo3: the kernel package passes in what the build knows about Python
 //! ([`choice::Build`]).
@@ -18,3 +19,4 @@ pub mod choice;
 pub mod dropin;
 pub mod env;
 pub mod logcmd;
+pub mod storecmd;

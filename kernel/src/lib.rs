@@ -52,6 +52,9 @@ pub fn run(cli: Cli) -> ExitCode {
     if let Some(Command::Log(args)) = &cli.command {
         return logcmd::run(&cli.log_globals(), args);
     }
+    if let Some(Command::Store(args)) = &cli.command {
+        return flowrepl_cli::storecmd::run(cli.store.as_deref(), args);
+    }
     if let Some(Command::Serve(args)) = &cli.command {
         return flowrepl_serve::run(&cli, args);
     }

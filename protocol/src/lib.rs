@@ -53,4 +53,4 @@ pub use execute::{
 };
 pub use fault::Fault;
 pub use jsonrpc::{ErrorCode, Id, Request, RpcError};
-pub use status::{PythonInfo, StatusInfo, StoreStatus, READY_MARKER};
+pub use status::{PythonInfo, StatusInfo, StoreStatus, TakenOver, READY_MARKER};

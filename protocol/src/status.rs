@@ -100,4 +100,32 @@ pub struct StoreStatus {
     /// by path).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub workspace_skipped: std::collections::BTreeMap<String, String>,
+    /// This kernel took the task from a holder that had not released it (it died, or lost
+    /// the store): what may have been lost (docs/store.md, "What a loss says").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_over: Option<TakenOver>,
+}
+
+/// A task taken from a holder that did not release it: calls it answered after its last
+/// commit to the store may be lost.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct TakenOver {
+    /// The previous holder, as its head named it (`kernel <id> (pid N on HOST)`).
+    pub holder: String,
+    /// Its epoch.
+    pub epoch: u64,
+    /// When it last committed to the store (its own clock, as the head says): UTC, ISO 8601.
+    pub last_committed: String,
+    /// The last record of the task log in the store (type, session, cell, time), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_record: Option<String>,
+    /// Log segments the head counts that the store does not have.
+    #[serde(default)]
+    pub missing_segments: u64,
+    /// Records this disk held that the store never got, kept beside the log in this file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unstored_records: Option<String>,
+    /// The warning the first result carried.
+    pub message: String,
 }

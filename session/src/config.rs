@@ -450,7 +450,7 @@ impl Config {
             executor,
             mcp: cli.command.as_ref().and_then(|c| match c {
                 flowrepl_cli::args::Command::Mcp(m) => Some(m.clone()),
-                flowrepl_cli::args::Command::Log(_) | flowrepl_cli::args::Command::Serve(_) => None,
+                _ => None,
             }),
         };
         config.read_task_files();

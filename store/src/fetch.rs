@@ -8,7 +8,7 @@ use crate::objects::{Store, StoreError};
 use crate::state::{self, Manifest, StateError};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Why the task's state could not be brought here.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +50,7 @@ fn private_dir(dir: &Path) -> Result<(), FetchError> {
 }
 
 /// What the log fetch found.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct LogFetched {
     /// The local log's length afterwards: the uploader starts there.
     pub bytes: u64,
@@ -58,17 +58,103 @@ pub struct LogFetched {
     pub rewritten: bool,
     /// Segments the head counts that the store does not have (lost with a dead holder).
     pub missing: u64,
+    /// Records the local log held that the store's does not (a holder on this disk died
+    /// before they reached the store, and another holder wrote since): kept beside the log
+    /// in this file, with how many lines, instead of being overwritten.
+    pub kept_aside: Option<(PathBuf, u64)>,
+}
+
+/// The name of the file beside `log_file` that keeps the records of epoch `epoch` the store
+/// never got: `<task>.jsonl.unstored-<epoch>` (`-2`, `-3`, … when that exists).
+pub fn unstored_path(log_file: &Path, epoch: u64, n: u32) -> PathBuf {
+    let mut name = log_file.as_os_str().to_owned();
+    name.push(format!(".unstored-{epoch}"));
+    if n > 1 {
+        name.push(format!("-{n}"));
+    }
+    PathBuf::from(name)
+}
+
+fn line_hash(line: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    line.hash(&mut h);
+    h.finish()
+}
+
+/// Writes the lines of `local` that `stored` does not hold into a new file beside
+/// `log_file` (never over an existing one); the file and how many lines, or `None` when the
+/// store holds them all.
+fn keep_aside(
+    here: &Path,
+    stored: &Path,
+    log_file: &Path,
+    epoch: u64,
+) -> Result<Option<(PathBuf, u64)>, FetchError> {
+    use std::io::BufRead;
+    let Ok(file) = std::fs::File::open(here) else {
+        return Ok(None);
+    };
+    let mut known = std::collections::HashSet::new();
+    let theirs = std::fs::File::open(stored).map_err(local("cannot read", stored))?;
+    for line in std::io::BufReader::new(theirs).split(b'\n') {
+        known.insert(line_hash(&line.map_err(local("cannot read", stored))?));
+    }
+    let mut extra = Vec::new();
+    let mut lines = 0u64;
+    for line in std::io::BufReader::new(file).split(b'\n') {
+        let line = line.map_err(local("cannot read", here))?;
+        if line.is_empty() || known.contains(&line_hash(&line)) {
+            continue;
+        }
+        extra.extend_from_slice(&line);
+        extra.push(b'\n');
+        lines += 1;
+    }
+    if lines == 0 {
+        return Ok(None);
+    }
+    for n in 1..=1000 {
+        let path = unstored_path(log_file, epoch, n);
+        match std::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+        {
+            Ok(mut f) => {
+                f.write_all(&extra)
+                    .and_then(|()| f.sync_all())
+                    .map_err(local("cannot write", &path))?;
+                return Ok(Some((path, lines)));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(local("cannot create", &path)(e)),
+        }
+    }
+    Err(FetchError::Local {
+        what: "no free name for the unstored records beside",
+        path: log_file.display().to_string(),
+        source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+    })
 }
 
 /// Makes `log_file` the task's log as the store has it, unless it already is as long, or this
 /// disk wrote the store's log last (`ours`) and has at least as much: then the local file is
 /// kept, and what it has beyond the store's is uploaded next.
+///
+/// A local log that is replaced never loses a record: its lines the store's log does not hold
+/// (a holder on this disk that died before they were uploaded, while another holder wrote
+/// since) are first written beside it, to [`unstored_path`] with `epoch` (the epoch of the
+/// holder that wrote them, as far as this disk knows), and named in
+/// [`LogFetched::kept_aside`]. They are never mixed into the store's order.
 pub async fn log(
     store: &Store,
     keys: &TaskKeys,
     head: &Head,
     log_file: &Path,
     ours: bool,
+    epoch: u64,
 ) -> Result<LogFetched, FetchError> {
     let want = head.log_bytes();
     let have = std::fs::metadata(log_file).map_or(0, |m| m.len());
@@ -77,6 +163,7 @@ pub async fn log(
             bytes: want,
             rewritten: false,
             missing: 0,
+            kept_aside: None,
         });
     }
     let dir = log_file.parent().unwrap_or(Path::new("."));
@@ -88,10 +175,7 @@ pub async fn log(
         let mut missing = 0u64;
         for run in &head.log {
             for seq in 1..=run.segments {
-                match store
-                    .get(&store.key(&keys.log_segment(run.epoch, seq)))
-                    .await?
-                {
+                match store.get(&store.key(&keys.segment(run, seq))).await? {
                     Some((data, _)) => {
                         out.write_all(&data).map_err(local("cannot write", &tmp))?;
                         bytes += data.len() as u64;
@@ -100,11 +184,18 @@ pub async fn log(
                 }
             }
         }
+        drop(out);
+        let kept_aside = if have > 0 {
+            keep_aside(log_file, &tmp, log_file, epoch)?
+        } else {
+            None
+        };
         std::fs::rename(&tmp, log_file).map_err(local("cannot replace", log_file))?;
         Ok(LogFetched {
             bytes,
             rewritten: true,
             missing,
+            kept_aside,
         })
     }
     .await;
@@ -114,28 +205,75 @@ pub async fn log(
     result
 }
 
+/// A log segment the head counts that the store does not have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingSegment {
+    /// Its key under the store's prefix.
+    pub key: String,
+    /// Its holder's epoch.
+    pub epoch: u64,
+    /// Its number in that epoch.
+    pub seq: u64,
+    /// Whether it may still come: the newest segment of a holder that has not released the
+    /// task (counted before it is written), as opposed to one followed by later segments or
+    /// holders, which never will.
+    pub may_come: bool,
+}
+
+/// What [`append_log`] did.
+#[derive(Debug, Clone, Default)]
+pub struct Appended {
+    /// Bytes appended.
+    pub bytes: u64,
+    /// Segments the head counts that are not in the store (each said once: it is added to
+    /// `done` too, unless it may still come).
+    pub missing: Vec<MissingSegment>,
+}
+
 /// Appends to `file` the log segments of `head` not in `done` (each `(epoch, seq)` appended
-/// is added to it), in order; a segment the store does not have yet is left for the next
-/// call. For readers that follow a task (`flowrepl log tail -f --store`).
+/// is added to it), in order.
+///
+/// A segment the head counts that the store does not have never stops the copy: the
+/// segments after it are appended (each segment is whole JSONL lines, so the records after a
+/// gap are whole records, each naming its plan, task, session and cell), and it is named in
+/// [`Appended::missing`]. A holder counts a segment in the head before it writes it, so the
+/// newest segment of a holder that has not released the task may still be on its way: with
+/// `wait_for_newest` it is left for the next call (followers: `tail -f`); without, it is
+/// named as missing with [`MissingSegment::may_come`] (readers that read once). Every other
+/// missing segment is final (its holder died between counting and writing it) and is marked
+/// done, so that it is named once.
 pub async fn append_log(
     store: &Store,
     keys: &TaskKeys,
     head: &Head,
     file: &Path,
     done: &mut std::collections::BTreeSet<(u64, u64)>,
-) -> Result<u64, FetchError> {
-    let mut appended = 0u64;
+    wait_for_newest: bool,
+) -> Result<Appended, FetchError> {
+    let mut appended = Appended::default();
     let mut out: Option<std::fs::File> = None;
-    for run in &head.log {
+    let runs = head.log.len();
+    for (i, run) in head.log.iter().enumerate() {
         for seq in 1..=run.segments {
             if done.contains(&(run.epoch, seq)) {
                 continue;
             }
-            let Some((data, _)) = store
-                .get(&store.key(&keys.log_segment(run.epoch, seq)))
-                .await?
-            else {
-                return Ok(appended);
+            let key = keys.segment(run, seq);
+            let Some((data, _)) = store.get(&store.key(&key)).await? else {
+                let may_come = i + 1 == runs && seq == run.segments && !head.released;
+                if may_come && wait_for_newest {
+                    return Ok(appended);
+                }
+                if !may_come {
+                    done.insert((run.epoch, seq));
+                }
+                appended.missing.push(MissingSegment {
+                    key,
+                    epoch: run.epoch,
+                    seq,
+                    may_come,
+                });
+                continue;
             };
             if out.is_none() {
                 if let Some(dir) = file.parent() {
@@ -153,7 +291,7 @@ pub async fn append_log(
             if let Some(f) = out.as_mut() {
                 f.write_all(&data).map_err(local("cannot write", file))?;
             }
-            appended += data.len() as u64;
+            appended.bytes += data.len() as u64;
             done.insert((run.epoch, seq));
         }
     }
@@ -317,18 +455,33 @@ pub struct WorkspaceFetched {
     pub written: u64,
     /// Files already there.
     pub kept: u64,
-    /// Files not written, and why (a symbolic link in the way, a missing blob).
-    pub not_written: Vec<String>,
+    /// Files not written: path and why (a symbolic link in the way, a blob missing or not of
+    /// its hash).
+    pub not_written: Vec<(String, String)>,
+    /// Of those, the files whose content the store lost (a blob missing or not of its hash):
+    /// path and reason, the reason starting with [`crate::workspace::LOST`], to keep naming
+    /// them in the next state ([`crate::workspace::Limits::lost`]).
+    pub lost: std::collections::BTreeMap<String, String>,
 }
 
-/// Writes the files of `workspace` beneath `root` (see [`crate::workspace`]).
+/// Writes the files of `workspace` beneath `root` (see [`crate::workspace`]). A file whose
+/// blob is missing or not of its hash is not written, and named in
+/// [`WorkspaceFetched::not_written`] and [`WorkspaceFetched::lost`]; so are files the state
+/// already named as lost.
 pub async fn workspace(
     store: &Store,
     keys: &TaskKeys,
     workspace: &crate::workspace::Workspace,
     root: &Path,
 ) -> Result<WorkspaceFetched, FetchError> {
-    let mut done = WorkspaceFetched::default();
+    use crate::workspace::LOST;
+    let mut done = WorkspaceFetched {
+        lost: crate::workspace::lost_of(workspace),
+        ..Default::default()
+    };
+    for (path, why) in &done.lost {
+        done.not_written.push((path.clone(), why.clone()));
+    }
     let beneath = flowrepl_os::beneath::Beneath::open(root).map_err(|e| FetchError::Local {
         what: "cannot open the workspace",
         path: root.display().to_string(),
@@ -342,21 +495,26 @@ pub async fn workspace(
             done.kept += 1;
             continue;
         }
-        let Some((data, _)) = store.get(&store.key(&keys.blob(&entry.sha256))).await? else {
-            done.not_written
-                .push(format!("{path}: its blob {} is missing", entry.sha256));
-            continue;
+        let why = match store.get(&store.key(&keys.blob(&entry.sha256))).await? {
+            None => format!(
+                "{LOST}its content (blob {}) is missing from the store",
+                entry.sha256
+            ),
+            Some((data, _)) if state::sha256(&data) != entry.sha256 => format!(
+                "{LOST}its content in the store (blob {}) does not have that hash",
+                entry.sha256
+            ),
+            Some((data, _)) => {
+                match crate::workspace::write_back(&beneath, path, entry, &data) {
+                    Ok(true) => done.written += 1,
+                    Ok(false) => done.kept += 1,
+                    Err(e) => done.not_written.push((path.clone(), e.why)),
+                }
+                continue;
+            }
         };
-        if state::sha256(&data) != entry.sha256 {
-            done.not_written
-                .push(format!("{path}: its blob does not have that hash"));
-            continue;
-        }
-        match crate::workspace::write_back(&beneath, path, entry, &data) {
-            Ok(true) => done.written += 1,
-            Ok(false) => done.kept += 1,
-            Err(e) => done.not_written.push(e.to_string()),
-        }
+        done.not_written.push((path.clone(), why.clone()));
+        done.lost.insert(path.clone(), why);
     }
     Ok(done)
 }
@@ -375,4 +533,136 @@ fn write_new(path: &Path, data: &[u8]) -> Result<(), FetchError> {
     create_private(path)?
         .write_all(data)
         .map_err(local("cannot write", path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::head::LogRun;
+    use bytes::Bytes;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn head_with(runs: Vec<LogRun>, released: bool) -> Head {
+        Head {
+            v: 2,
+            plan_id: "p".into(),
+            task_id: "t".into(),
+            epoch: runs.last().map_or(1, |r| r.epoch),
+            released,
+            log: runs,
+            ..Default::default()
+        }
+    }
+
+    /// A counted segment that is missing does not stop the copy: the ones after it are
+    /// appended, and it is named; the newest segment of a live holder may still come.
+    #[test]
+    fn a_missing_segment_is_named_and_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("file://{}", dir.path().display())).unwrap();
+        let keys = TaskKeys::new("p", "t");
+        let run1 = LogRun {
+            epoch: 1,
+            segments: 3,
+            bytes: 6,
+            writer: None,
+        };
+        let run2 = LogRun {
+            epoch: 2,
+            segments: 2,
+            bytes: 4,
+            writer: Some("w".into()),
+        };
+        rt().block_on(async {
+            for (run, seq, body) in [(&run1, 1, "a\n"), (&run1, 3, "c\n"), (&run2, 1, "d\n")] {
+                store
+                    .put_new(
+                        &store.key(&keys.segment(run, seq)),
+                        Bytes::from_static(body.as_bytes()),
+                    )
+                    .await
+                    .unwrap();
+            }
+            let head = head_with(vec![run1.clone(), run2.clone()], false);
+            let out = tempfile::tempdir().unwrap();
+            let file = out.path().join("t.jsonl");
+            let mut done = std::collections::BTreeSet::new();
+            // A follower: segment 2 of epoch 1 is gone for good; epoch 2's newest may come.
+            let got = append_log(&store, &keys, &head, &file, &mut done, true)
+                .await
+                .unwrap();
+            assert_eq!(std::fs::read_to_string(&file).unwrap(), "a\nc\nd\n");
+            assert_eq!(got.missing.len(), 1, "{got:?}");
+            assert_eq!((got.missing[0].epoch, got.missing[0].seq), (1, 2));
+            assert!(!got.missing[0].may_come);
+            // Said once.
+            let again = append_log(&store, &keys, &head, &file, &mut done, true)
+                .await
+                .unwrap();
+            assert!(again.missing.is_empty() && again.bytes == 0, "{again:?}");
+            // A one-shot reader names the newest as possibly coming.
+            let got = append_log(&store, &keys, &head, &file, &mut done, false)
+                .await
+                .unwrap();
+            assert_eq!(got.missing.len(), 1);
+            assert!(got.missing[0].may_come, "{got:?}");
+            // The kernel's fetch reads past the gaps too.
+            let log_file = out.path().join("k.jsonl");
+            let fetched = log(&store, &keys, &head, &log_file, false, 1)
+                .await
+                .unwrap();
+            assert_eq!(std::fs::read_to_string(&log_file).unwrap(), "a\nc\nd\n");
+            assert_eq!(fetched.missing, 2);
+        });
+    }
+
+    /// A local log the store's replaces keeps its records the store does not have beside it,
+    /// never over an earlier such file.
+    #[test]
+    fn records_the_store_never_got_are_kept_beside_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("file://{}", dir.path().display())).unwrap();
+        let keys = TaskKeys::new("p", "t");
+        let run = LogRun {
+            epoch: 2,
+            segments: 1,
+            bytes: 4,
+            writer: Some("w".into()),
+        };
+        rt().block_on(async {
+            store
+                .put_new(
+                    &store.key(&keys.segment(&run, 1)),
+                    Bytes::from_static(b"a\nd\n"),
+                )
+                .await
+                .unwrap();
+            let head = head_with(vec![run], true);
+            let out = tempfile::tempdir().unwrap();
+            let file = out.path().join("t.jsonl");
+            for round in 1..=2 {
+                std::fs::write(&file, "a\nb\nc\n").unwrap();
+                let got = log(&store, &keys, &head, &file, false, 1).await.unwrap();
+                assert_eq!(std::fs::read_to_string(&file).unwrap(), "a\nd\n");
+                let (aside, lines) = got.kept_aside.expect("kept aside");
+                assert_eq!(lines, 2);
+                assert_eq!(aside, unstored_path(&file, 1, round));
+                assert_eq!(std::fs::read_to_string(&aside).unwrap(), "b\nc\n");
+            }
+            assert_eq!(
+                std::fs::read_to_string(unstored_path(&file, 1, 1)).unwrap(),
+                "b\nc\n"
+            );
+            // A local log the store holds whole is replaced without a file beside it.
+            std::fs::write(&file, "a\n").unwrap();
+            let got = log(&store, &keys, &head, &file, false, 1).await.unwrap();
+            assert!(got.kept_aside.is_none());
+        });
+    }
 }

@@ -11,11 +11,15 @@
 //! - [`fetch`]: the log and checkpoints brought onto this disk before a kernel starts.
 //! - [`local`]: what this disk last put in the store, so that its newer files are kept.
 //! - [`mirror`]: the uploader thread, off the request path.
+//! - [`gc`]: collection of the blobs and manifests no state needs any more.
+//! - [`admin`]: the operator's commands (`flowrepl store ls|show|release|gc`).
 //!
 //! `docs/store.md` is the user's side: the layout, the lease, what a machine's death loses.
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod fetch;
+pub mod gc;
 pub mod head;
 pub mod lease;
 pub mod local;

@@ -299,6 +299,35 @@ impl Store {
             .collect())
     }
 
+    /// Every object under the folder `prefix` (relative to the store's prefix), at any depth:
+    /// its key relative to the store's prefix, size and the store's modification time (for
+    /// collection, `crate::gc`, and the operator's commands, `crate::admin`).
+    pub async fn list(&self, prefix: &str) -> Result<Vec<Listed>, StoreError> {
+        use futures::TryStreamExt;
+        let full = self.key(prefix);
+        let root = self.root.as_ref().to_owned();
+        let metas: Vec<object_store::ObjectMeta> =
+            self.objects.list(Some(&full)).try_collect().await?;
+        Ok(metas
+            .into_iter()
+            .map(|m| {
+                let key = m.location.as_ref();
+                let key = if root.is_empty() {
+                    key.to_owned()
+                } else {
+                    key.strip_prefix(&format!("{root}/"))
+                        .unwrap_or(key)
+                        .to_owned()
+                };
+                Listed {
+                    key,
+                    bytes: m.size,
+                    modified: m.last_modified,
+                }
+            })
+            .collect())
+    }
+
     /// Whether the store answers and lets this process read and write under its prefix: a
     /// probe object written and removed (a missing bucket or bad credentials fail here, at
     /// start, rather than on the first upload).
@@ -309,6 +338,17 @@ impl Store {
             .await?;
         self.remove(&key).await
     }
+}
+
+/// An object as [`Store::list`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Its key, relative to the store's prefix.
+    pub key: String,
+    /// Its size.
+    pub bytes: u64,
+    /// When the store last wrote it (the store's clock).
+    pub modified: chrono::DateTime<chrono::Utc>,
 }
 
 /// An exclusive `flock` on a `file://` store's swap lock, released when dropped.

@@ -68,6 +68,25 @@ pub struct Limits {
     /// ([`flowrepl_task_logger::path::workspace_marker`]): a new state is kept then, even when
     /// the checkpoint folder did not change.
     pub marker: PathBuf,
+    /// Files the state this kernel started from named, which could not be brought back (a
+    /// blob missing from the store, or not of its hash), with the reason: while such a file
+    /// is not in the workspace again, every state names it in [`Workspace::skipped`] (the
+    /// reason starting with [`LOST`]) instead of forgetting it.
+    pub lost: BTreeMap<String, String>,
+}
+
+/// How a lost file's reason starts in [`Workspace::skipped`].
+pub const LOST: &str = "lost: ";
+
+/// The lost files a state names (its [`Workspace::skipped`] entries that start with
+/// [`LOST`]), to carry into the next.
+pub fn lost_of(workspace: &Workspace) -> BTreeMap<String, String> {
+    workspace
+        .skipped
+        .iter()
+        .filter(|(_, why)| why.starts_with(LOST))
+        .map(|(p, why)| (p.clone(), why.clone()))
+        .collect()
 }
 
 /// When a client last changed the workspace's files (the marker's modification time).
@@ -146,6 +165,15 @@ pub fn walk(limits: &Limits) -> (Vec<Found>, BTreeMap<String, String>) {
         }
     }
     found.sort_by(|a, b| a.path.cmp(&b.path));
+    // Files lost at the restore stay named until the workspace has a file there again.
+    for (path, why) in &limits.lost {
+        if found
+            .binary_search_by(|f| f.path.as_str().cmp(path))
+            .is_err()
+        {
+            skipped.entry(path.clone()).or_insert_with(|| why.clone());
+        }
+    }
     (found, skipped)
 }
 
@@ -284,6 +312,10 @@ mod tests {
             exclude: vec![p.join("logs")],
             max_bytes: 1024,
             marker: p.join("logs/plan/t.files"),
+            lost: BTreeMap::from([
+                ("small".to_owned(), format!("{LOST}its blob is missing")),
+                ("gone.csv".to_owned(), format!("{LOST}its blob is missing")),
+            ]),
         };
         let (found, skipped) = walk(&limits);
         let names: Vec<&str> = found.iter().map(|f| f.path.as_str()).collect();
@@ -291,7 +323,11 @@ mod tests {
         assert!(skipped["leak"].contains("symbolic link"));
         assert!(skipped["pipe"].contains("FIFO"));
         assert!(skipped["zbig"].contains("cap"));
-        assert_eq!(skipped.len(), 3, "{skipped:?}");
+        // A file lost at the restore stays named while it is not there, and is taken again
+        // once it is.
+        assert!(skipped["gone.csv"].starts_with(LOST), "{skipped:?}");
+        assert!(!skipped.contains_key("small"), "{skipped:?}");
+        assert_eq!(skipped.len(), 4, "{skipped:?}");
         // A FIFO swapped in after the walk is refused at open time, without blocking.
         std::fs::remove_file(p.join("small")).unwrap();
         nix::unistd::mkfifo(&p.join("small"), nix::sys::stat::Mode::S_IRWXU).unwrap();

@@ -15,7 +15,9 @@
 //! line at a time. Lines that are not records (corrupt, torn, from a newer format version) are
 //! skipped and named on stderr with their line numbers; the rest is still read. Exit code 0
 //! when something was read, 1 when nothing was (no directory, no such plan or task, nothing
-//! readable; `replay`: when a cell failed now), 2 for bad arguments. Nothing here starts Python
+//! readable; `replay`: when a cell failed now), 2 for bad arguments, 3 with `--store` when the
+//! store lacks log segments its heads count (every record that exists is shown, and each
+//! missing segment is named on stderr). Nothing here starts Python
 //! but `replay`, which starts a kernel.
 
 mod export;
@@ -168,6 +170,10 @@ pub fn run(globals: &Globals, args: &LogArgs) -> ExitCode {
         },
         None => None,
     };
+    let gaps = stored.as_ref().map_or(0, |s| s.missing.len());
+    for m in stored.iter().flat_map(|s| &s.missing) {
+        eprintln!("flowrepl log: {m}");
+    }
     let log_dir = stored
         .as_ref()
         .map_or(globals.log_dir.as_path(), |s| s.log_dir());
@@ -216,6 +222,14 @@ pub fn run(globals: &Globals, args: &LogArgs) -> ExitCode {
         ),
     };
     match out {
+        // Every record that exists was shown; the missing segments were named on stderr.
+        Ok(_) if gaps > 0 => {
+            eprintln!(
+                "flowrepl log: {gaps} log segment(s) counted in the store are missing (named above); exit code {}",
+                stored::EXIT_GAPS
+            );
+            ExitCode::from(stored::EXIT_GAPS)
+        }
         Ok(Read::Something) => ExitCode::SUCCESS,
         Ok(Read::Nothing) => ExitCode::from(1),
         // The reader went away (`| head`): not an error.
