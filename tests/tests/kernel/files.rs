@@ -816,6 +816,16 @@ fn serve_file_routes_refuse_probes_long_names_and_double_framing_and_answer_head
     assert_eq!(header(&head, "content-length"), Some("1000"), "{head}");
     assert_eq!(header(&head, "accept-ranges"), Some("bytes"), "{head}");
     assert!(said.is_empty());
+    // Other methods: 405, and their Allow lists HEAD, which is answered.
+    let (status, head, _) = raw(
+        &server,
+        head_of(&server, "OPTIONS", "/files/p1/t1/data.bin", "").as_bytes(),
+    );
+    assert_eq!(status, 405, "{head}");
+    assert!(
+        header(&head, "allow").is_some_and(|a| a.contains("HEAD")),
+        "{head}"
+    );
     // Ranges.
     for (range, status_want, bytes, content_range) in [
         ("bytes=0-9", 206, &body[..10], Some("bytes 0-9/1000")),
