@@ -195,6 +195,13 @@ pub struct Cli {
     )]
     pub store_workspace_mb: u64,
 
+    /// With --store: answer a cell only once its log record is in the store, so that nothing
+    /// answered is lost with this machine (each cell waits for an upload; also
+    /// FLOWREPL_STORE_SYNC). See docs/store.md.
+    #[arg(global = true, long, env = "FLOWREPL_STORE_SYNC",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub store_sync: bool,
+
     /// The largest file a client may upload or download (upload_file, download_file, serve's
     /// /files/ routes), in bytes (also FLOWREPL_MAX_FILE_BYTES). See docs/files.md.
     #[arg(global = true, long, env = "FLOWREPL_MAX_FILE_BYTES", default_value_t = 4 << 30,

@@ -50,6 +50,8 @@ pub struct StoreSettings {
     pub lease: std::time::Duration,
     /// At most this many bytes of them (0: none are kept).
     pub workspace_max_bytes: u64,
+    /// `--store-sync`: a cell is answered once its record is in the store.
+    pub sync: bool,
 }
 
 /// The resolved configuration.
@@ -420,6 +422,7 @@ impl Config {
                 url: url.clone(),
                 lease: std::time::Duration::from_secs(cli.lease_s),
                 workspace_max_bytes: cli.store_workspace_mb.saturating_mul(1 << 20),
+                sync: cli.store_sync,
             }),
             workspace: match (&worker_sandbox_workspace, &cli.workspace) {
                 (Some(w), _) => w.clone(),

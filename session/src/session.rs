@@ -79,6 +79,22 @@ pub trait Responder {
     fn failed(&mut self, error: RpcError) -> io::Result<()>;
 }
 
+/// With `--store-sync`: how long a cell's answer waits for its record to be in the store.
+const SYNC_WITHIN: Duration = Duration::from_secs(30);
+
+/// Calls that run a cell or change the task's state: with a store, only on a good lease.
+fn needs_lease(call: &Call) -> bool {
+    matches!(
+        call,
+        Call::Execute(..)
+            | Call::Restart(_)
+            | Call::Checkpoint(_)
+            | Call::Restore(_)
+            | Call::UploadFile(_)
+            | Call::DeleteFile(_)
+    )
+}
+
 /// Whether the front's loop goes on.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Flow {
@@ -128,6 +144,15 @@ impl StatusBoard {
     /// Why this kernel must stop: another kernel took its task in the store.
     pub fn fenced(&self) -> Option<String> {
         self.store.as_ref().and_then(|m| m.health().fenced())
+    }
+
+    /// With `--store`: the task's lease is good by this kernel's clock, or was renewed now
+    /// (see `flowrepl_store::mirror::Mirror::ensure_lease`).
+    pub fn ensure_lease(&self) -> Result<(), flowrepl_store::mirror::LeaseLost> {
+        match &self.store {
+            Some(m) => m.ensure_lease(),
+            None => Ok(()),
+        }
     }
 
     /// `execute_code` calls started so far (the session's one counter).
@@ -217,6 +242,8 @@ pub struct Session {
     /// The task's checkpoint folder, and `FLOWREPL_CHECKPOINTS`.
     checkpoint_root: std::path::PathBuf,
     checkpoint_policy: CheckpointPolicy,
+    /// `--store-sync`: a cell is answered once its record is in the store.
+    store_sync: bool,
     /// An automatic restore failed: said in the next cell's warnings.
     restore_failed: Option<String>,
     /// What each cell changed: what a restore from an older checkpoint cannot bring back.
@@ -349,6 +376,7 @@ impl Session {
             logging: config.logging,
             max_download_bytes: (config.max_request_bytes as u64 / 4 * 3)
                 .min(config.file_limits.max_file_bytes),
+            store_sync: config.store.as_ref().is_some_and(|s| s.sync),
             checkpoint_policy: config
                 .checkpoints
                 .as_ref()
@@ -397,21 +425,97 @@ impl Session {
             to.failed(RpcError::new(ErrorCode::InternalError, why))?;
             return Ok(Flow::Shutdown);
         }
+        let executes = matches!(call, Call::Execute(..));
+        if let (true, Some(m)) = (executes, &self.board.store) {
+            // Before the lease check: an idle holder must not park its lease under a cell.
+            m.set_busy(true);
+        }
+        if needs_lease(&call) {
+            // No cell runs, and no state changes, on a lease that is not good by this
+            // kernel's clock: renewed first, or the call is refused and nothing runs.
+            if let Err(lost) = self.board.ensure_lease() {
+                if let (true, Some(m)) = (executes, &self.board.store) {
+                    m.set_busy(false);
+                }
+                tracing::warn!("{}", lost.why);
+                to.failed(RpcError::new(
+                    ErrorCode::InternalError,
+                    format!("{}; the call was not run", lost.why),
+                ))?;
+                return Ok(if lost.fenced {
+                    Flow::Shutdown
+                } else {
+                    Flow::Continue
+                });
+            }
+        }
         match call {
             Call::Execute(params, _) => {
+                let store = self.board.store.clone();
                 to.cell_starts();
                 let (mut result, images) = self.execute(&params);
+                // Before the answer: the cell ran on a lease that may have ended meanwhile
+                // (this kernel paused, the store away). Its answer is not a success unless a
+                // renewal still finds this kernel the holder.
+                let lost = self.board.ensure_lease().err();
+                let mut flow = Flow::Continue;
                 let replied = if to.cell_ended() {
                     result.report.warnings.push(
                         "the request was answered with CellNotStopped before the cell ended; this is the cell's real result".into(),
                     );
                     Ok(())
+                } else if let Some(lost) = lost {
+                    let why = format!(
+                        "{}; the cell ran here (execution_count {}) but this kernel may no longer hold its task: its effects and output are not in the task's store, only in this kernel's log",
+                        lost.why, result.execution_count
+                    );
+                    tracing::warn!("{why}");
+                    result.report.warnings.push(why.clone());
+                    if lost.fenced {
+                        flow = Flow::Shutdown;
+                    }
+                    to.failed(RpcError::new(ErrorCode::InternalError, why))
+                } else if let (true, Some(m)) = (self.store_sync, &store) {
+                    // --store-sync: the record in the store before the answer.
+                    self.record(params.clone(), result.clone());
+                    self.board.flusher.flush();
+                    let upto = std::fs::metadata(&self.log_file).map_or(0, |m| m.len());
+                    match m.sync(upto, SYNC_WITHIN) {
+                        Ok(()) => {
+                            if let Some(m) = &store {
+                                m.set_busy(false);
+                            }
+                            return to.executed(&mut result, images).map(|()| Flow::Continue);
+                        }
+                        Err(e) => {
+                            let why = format!(
+                                "the cell ran (execution_count {}, success: {}; its record is in this kernel's log) but its record could not be put in the store (--store-sync): {e}",
+                                result.execution_count, result.success
+                            );
+                            tracing::warn!("{why}");
+                            if let Some(m) = &store {
+                                m.set_busy(false);
+                            }
+                            to.failed(RpcError::new(ErrorCode::InternalError, why))?;
+                            return Ok(if self.board.fenced().is_some() {
+                                Flow::Shutdown
+                            } else {
+                                Flow::Continue
+                            });
+                        }
+                    }
                 } else {
                     to.executed(&mut result, images)
                 };
+                if let Some(m) = &store {
+                    m.set_busy(false);
+                }
                 // Logged even when the reply could not be written (the client went away).
                 self.record(params, result);
                 replied?;
+                if flow == Flow::Shutdown {
+                    return Ok(flow);
+                }
             }
             Call::Status => {
                 self.engine.refresh_checkpoint_health();
@@ -624,7 +728,7 @@ impl Session {
                 "the session was to start from the last checkpoint, but it could not be restored: {e}"
             ));
         }
-        if let Some(w) = self
+        while let Some(w) = self
             .board
             .store
             .as_ref()

@@ -1,21 +1,26 @@
 //! The uploader: a thread of its own that copies a held task's local files to the store,
 //! so that nothing on the request path waits for the store.
 //!
-//! Every [`TICK`] it looks (a `stat` or two) at:
-//! - the task log: new complete lines become a segment, at most [`INTERVAL`] after the first
-//!   of them was seen (and at once when the last segment is older than that);
-//! - the checkpoint folder: a changed journal becomes a new state manifest (its new segments
-//!   uploaded first, by hash), at most once per [`INTERVAL`]; so does a client's change of the
-//!   workspace files (its marker, [`crate::workspace::changed_at`]);
-//! - the lease: renewed when nothing was committed for a third of it.
+//! Every [`TICK`] it looks (a `stat` or two) at the task log, the checkpoint folder and the
+//! workspace marker ([`crate::workspace::changed_at`]). What changed goes up as one batch at
+//! most every [`INTERVAL`] (at once when the last batch is older than that): the new complete
+//! log lines as a segment, the new blobs, the new state manifest, and then one swap of the head
+//! that counts the segment and names the manifest ([`crate::lease::Lease::commit`]). A batch
+//! starts only while the lease is good by this process's clock ([`Lease::good`]); past it, the
+//! lease is renewed first, so a holder whose task was taken writes nothing. Between batches
+//! the lease is renewed when nothing was committed for a third of it.
 //!
-//! Each upload is committed by swapping the head ([`crate::lease::Lease::commit`]), in the
-//! order the files changed. When the store fails, the same work is tried again with a backoff
-//! (0.5 s doubling to 10 s) and the failure is told once ([`Health::take_warning`]) and in
-//! `status` ([`Health::status`]); when it answers again, everything pending goes up in order.
-//! A refused swap (another kernel took the task) stops the uploader for good
-//! ([`Health::fenced`]): the kernel must stop. [`Mirror::finish`] uploads what is left and
-//! releases the lease (a clean stop).
+//! When the store fails, the same work is tried again with a backoff (0.5 s doubling to 10 s)
+//! and the failure is told once ([`Health::take_warning`]) and in `status` ([`Health::status`]);
+//! when it answers again, everything pending goes up in order. A refused swap (another kernel
+//! took the task) stops the uploader for good ([`Health::fenced`]): the kernel must stop.
+//!
+//! The session asks the uploader for three things ([`Mirror`]): that the lease be good before
+//! it runs or answers a cell ([`Mirror::ensure_lease`]), that a record be in the store before
+//! a call is answered (`--store-sync`, [`Mirror::sync`]), and, at a clean stop, that what is
+//! left go up and the lease be released ([`Mirror::finish`]). A handover another kernel asked
+//! for through the head ([`crate::head::Wanted`]) is done when no cell runs: everything goes
+//! up, the lease is released, and the kernel refuses its next call ("taken over").
 
 use crate::lease::{CommitError, Lease};
 use crate::objects::StoreError;
@@ -31,15 +36,25 @@ use std::time::{Duration, Instant};
 /// How often the uploader looks at the files.
 pub const TICK: Duration = Duration::from_millis(100);
 /// The longest a log record or a checkpoint waits before it goes up (the store sees at most
-/// one log segment and one manifest per interval).
+/// one batch per interval).
 pub const INTERVAL: Duration = Duration::from_secs(1);
 /// How long a clean stop tries to upload what is left before it gives up.
 pub const FINISH_WITHIN: Duration = Duration::from_secs(10);
+/// A holder with no cell running for this long and nothing left to upload parks its lease
+/// (see `Uploader::park`).
+pub const PARK_AFTER: Duration = Duration::from_secs(2);
+/// How long the session waits for a renewal before it refuses a call.
+pub const RENEW_WITHIN: Duration = Duration::from_secs(10);
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(10));
 /// Workspace files not kept that `status` names (the first, by path).
 const SKIPPED_SHOWN: usize = 20;
 /// The largest log segment (bigger backlogs go up in several).
 const MAX_SEGMENT_BYTES: u64 = 64 << 20;
+
+/// Set to `1`, the session's lease check before running and answering a cell is left out:
+/// for the test that shows a stale holder answering a queued call as done without it. Never
+/// for use.
+pub const NO_LEASE_CHECK_VARIABLE: &str = "FLOWREPL_TEST_NO_LEASE_CHECK";
 
 /// What the uploader works on.
 #[derive(Debug, Clone)]
@@ -63,12 +78,22 @@ pub use flowrepl_protocol::StoreStatus;
 pub struct Health {
     fenced: AtomicBool,
     state: Mutex<HealthState>,
+    /// Until when the lease is good (by this process's clock); `None`: not good.
+    lease_until: Mutex<Option<Instant>>,
+    /// A cell runs (a handover waits for its end).
+    busy: AtomicBool,
+    /// When the last cell was answered (or the uploader started).
+    idle_since: Mutex<Option<Instant>>,
+    /// [`NO_LEASE_CHECK_VARIABLE`] was set.
+    unchecked: AtomicBool,
 }
 
 #[derive(Debug, Default)]
 struct HealthState {
     status: StoreStatus,
     warning: Option<String>,
+    /// Said once, with the first result (the head was lost).
+    notes: Vec<String>,
 }
 
 impl Health {
@@ -84,14 +109,52 @@ impl Health {
         self.lock().status.fenced.clone()
     }
 
-    /// A warning for the next cell, once per outage.
+    /// A warning for the next cell, once per outage (and once: what the start found).
     pub fn take_warning(&self) -> Option<String> {
-        self.lock().warning.take()
+        let mut s = self.lock();
+        let mut out: Vec<String> = std::mem::take(&mut s.notes);
+        out.extend(s.warning.take());
+        (!out.is_empty()).then(|| out.join("; "))
+    }
+
+    /// Adds a warning for the next cell's result (said once).
+    pub fn warn(&self, warning: String) {
+        self.lock().notes.push(warning);
+    }
+
+    /// Changes `status`'s `store` (what the start found: `taken_over`).
+    pub fn amend(&self, change: impl FnOnce(&mut StoreStatus)) {
+        change(&mut self.lock().status);
     }
 
     /// `status`'s `store`.
     pub fn status(&self) -> StoreStatus {
         self.lock().status.clone()
+    }
+
+    /// Whether the lease is good now by this process's clock.
+    pub fn lease_good(&self) -> bool {
+        let until = *self.lease_until.lock().unwrap_or_else(|p| p.into_inner());
+        until.is_some_and(|u| Instant::now() < u)
+    }
+
+    fn set_lease(&self, until: Option<Instant>) {
+        *self.lease_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+    }
+
+    fn busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
+    }
+
+    /// How long no cell has run.
+    fn idle_for(&self) -> Duration {
+        if self.busy() {
+            return Duration::ZERO;
+        }
+        self.idle_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map_or(Duration::MAX, |t| t.elapsed())
     }
 
     fn failed(&self, e: &str) {
@@ -134,13 +197,31 @@ impl Health {
     }
 
     fn fence(&self, why: String) {
+        self.set_lease(None);
         self.lock().status.fenced = Some(why);
         self.fenced.store(true, Ordering::Relaxed);
     }
 }
 
+/// Why the session may not run or answer a call: the lease is not good and could not be
+/// renewed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{why}")]
+pub struct LeaseLost {
+    /// What happened (the new holder, when the store named one).
+    pub why: String,
+    /// Another kernel has the task: this kernel must stop. Otherwise the store could not be
+    /// reached to renew the lease: a later call may succeed.
+    pub fenced: bool,
+}
+
 enum Command {
     Finish(mpsc::Sender<()>),
+    /// Renew the lease now (the session found it not good).
+    Renew(mpsc::Sender<Result<(), String>>),
+    /// Upload the log up to this many bytes of the file, and the checkpoint folder and
+    /// workspace as they are, now (`--store-sync`).
+    Sync(u64, mpsc::Sender<Result<(), String>>),
 }
 
 /// The running uploader.
@@ -158,14 +239,31 @@ impl std::fmt::Debug for Mirror {
 }
 
 impl Mirror {
-    /// Starts uploading for the task `lease` holds.
-    pub fn start(lease: Lease, files: Files) -> std::io::Result<Arc<Mirror>> {
+    /// Starts uploading for the task `lease` holds; `notes` are said with the first result.
+    pub fn start(mut lease: Lease, files: Files) -> std::io::Result<Arc<Mirror>> {
+        Mirror::start_with(lease_notes(&mut lease), lease, files)
+    }
+
+    /// [`Mirror::start`] with more to say with the first result (what the start found).
+    pub fn start_with(
+        notes: Vec<String>,
+        mut lease: Lease,
+        files: Files,
+    ) -> std::io::Result<Arc<Mirror>> {
         let health = Arc::new(Health::default());
         {
             let mut s = health.lock();
             s.status.url = lease.store().url().to_owned();
             s.status.epoch = lease.head().epoch;
             s.status.log_bytes = lease.head().log_bytes();
+            s.notes = notes;
+            s.notes.extend(lease_notes(&mut lease));
+        }
+        health.set_lease(Some(lease.good_until()));
+        *health.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        if std::env::var(NO_LEASE_CHECK_VARIABLE).is_ok_and(|v| v == "1") {
+            tracing::warn!("{NO_LEASE_CHECK_VARIABLE}=1: cells run and are answered without checking the task's lease; a stale holder can answer a call as done");
+            health.unchecked.store(true, Ordering::Relaxed);
         }
         let (tx, rx) = mpsc::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -177,14 +275,15 @@ impl Mirror {
             health: Arc::clone(&health),
             hashed: Hashed::new(),
             uploaded: BTreeSet::new(),
-            last_log: None,
-            last_state: None,
+            last_batch: None,
             state_sig: Signature::new(),
             workspace_sig: None,
             state_seq: 0,
             known: crate::workspace::Known::new(),
-            claimed: None,
+            staged: Vec::new(),
             marker: None,
+            collector: crate::gc::Collector::default(),
+            parked: false,
         };
         std::thread::Builder::new()
             .name("flowrepl-store".into())
@@ -204,6 +303,86 @@ impl Mirror {
         &self.health
     }
 
+    fn ask(
+        &self,
+        make: impl FnOnce(mpsc::Sender<Result<(), String>>) -> Command,
+    ) -> Option<mpsc::Receiver<Result<(), String>>> {
+        let (done, wait) = mpsc::channel();
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        tx.as_ref()?.send(make(done)).ok()?;
+        Some(wait)
+    }
+
+    /// Before a cell runs and before it is answered: `Ok` while the lease is good by this
+    /// process's clock, else once the uploader renewed it (within [`RENEW_WITHIN`]). `Err`
+    /// when another kernel took the task, or the renewal did not succeed: the call must not
+    /// run, or its answer must not say it succeeded.
+    pub fn ensure_lease(&self) -> Result<(), LeaseLost> {
+        if let Some(why) = self.health.fenced() {
+            return Err(LeaseLost { why, fenced: true });
+        }
+        if self.health.lease_good() || self.health.unchecked.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        tracing::info!(
+            "the task's lease ran out by this kernel's clock: renewing it before going on"
+        );
+        let answer = self
+            .ask(Command::Renew)
+            .map(|w| w.recv_timeout(RENEW_WITHIN));
+        if let Some(why) = self.health.fenced() {
+            return Err(LeaseLost { why, fenced: true });
+        }
+        let why = match answer {
+            Some(Ok(Ok(()))) if self.health.lease_good() => return Ok(()),
+            Some(Ok(Ok(()))) => "the renewal came too late".to_owned(),
+            Some(Ok(Err(e))) => e,
+            Some(Err(_)) => format!(
+                "the store did not answer within {} s",
+                RENEW_WITHIN.as_secs()
+            ),
+            None => "the uploader has stopped".to_owned(),
+        };
+        Err(LeaseLost {
+            why: format!("this kernel's lease of its task ran out by its own clock and could not be renewed ({why}); another kernel may have taken the task over"),
+            fenced: false,
+        })
+    }
+
+    /// A cell starts (`true`) or was answered (`false`): a handover another kernel asked for
+    /// waits for the running cell.
+    pub fn set_busy(&self, busy: bool) {
+        if !busy {
+            *self
+                .health
+                .idle_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        }
+        self.health.busy.store(busy, Ordering::Release);
+    }
+
+    /// `--store-sync`: uploads the task log up to `log_bytes` bytes of the file (and the
+    /// checkpoints and workspace as they are) now, and waits until the head counts them
+    /// (at most `within`).
+    pub fn sync(&self, log_bytes: u64, within: Duration) -> Result<(), String> {
+        let Some(wait) = self.ask(|done| Command::Sync(log_bytes, done)) else {
+            return Err(self
+                .health
+                .fenced()
+                .unwrap_or_else(|| "the uploader has stopped".into()));
+        };
+        match wait.recv_timeout(within) {
+            Ok(r) => r,
+            Err(_) => Err(self.health.fenced().unwrap_or_else(|| {
+                format!(
+                    "the store did not take the record within {} s",
+                    within.as_secs()
+                )
+            })),
+        }
+    }
+
     /// Uploads what is left and releases the lease, within [`FINISH_WITHIN`]; once.
     pub fn finish(&self) {
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -215,6 +394,10 @@ impl Mirror {
     }
 }
 
+fn lease_notes(lease: &mut Lease) -> Vec<String> {
+    lease.take_lost_head().into_iter().collect()
+}
+
 struct Uploader {
     lease: Lease,
     files: Files,
@@ -222,8 +405,7 @@ struct Uploader {
     hashed: Hashed,
     /// Blobs known to be in the store.
     uploaded: BTreeSet<String>,
-    last_log: Option<Instant>,
-    last_state: Option<Instant>,
+    last_batch: Option<Instant>,
     /// The checkpoint folder as last uploaded.
     state_sig: Signature,
     /// The workspace marker's time as last uploaded.
@@ -231,10 +413,15 @@ struct Uploader {
     state_seq: u64,
     /// Workspace files read before.
     known: crate::workspace::Known,
-    /// A log segment the head counts whose put has not succeeded yet.
-    claimed: Option<(u64, Bytes)>,
+    /// Log segments written (or tried) but not yet counted by the head: (seq, content). They
+    /// are written again with the same content until a swap counts them.
+    staged: Vec<(u64, Bytes)>,
     /// What this disk's marker says ([`crate::local`]).
     marker: Option<crate::local::Marker>,
+    /// Collection of the blobs and manifests no state needs any more ([`crate::gc`]).
+    collector: crate::gc::Collector,
+    /// The lease is parked (`Uploader::park`).
+    parked: bool,
 }
 
 enum Failure {
@@ -248,42 +435,91 @@ impl From<CommitError> for Failure {
     fn from(e: CommitError) -> Failure {
         match e {
             CommitError::Fenced { .. } => Failure::Fenced(e.to_string()),
-            CommitError::Store(s) => Failure::Store(flowrepl_os::chain(&s)),
+            CommitError::Store(s) => s.into(),
         }
     }
 }
 
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Failure {
-        Failure::Store(flowrepl_os::chain(&e))
+        match e {
+            // Another writer's object under this kernel's name: nothing more is written.
+            StoreError::Clash { .. } => Failure::Fenced(e.to_string()),
+            e => Failure::Store(flowrepl_os::chain(&e)),
+        }
     }
+}
+
+/// A batch's objects, written, to be counted and named by one swap of the head.
+#[derive(Default)]
+struct Batch {
+    /// Segments (seq, bytes) and the log offset after them.
+    segments: Vec<(u64, u64)>,
+    log_offset: Option<u64>,
+    /// The new manifest's key, the folder's and workspace's signatures it was made from.
+    state: Option<(String, Signature, Option<std::time::SystemTime>)>,
 }
 
 impl Uploader {
     fn run(&mut self, runtime: &tokio::runtime::Runtime, rx: mpsc::Receiver<Command>) {
         let mut backoff: Option<(Instant, Duration)> = None;
         loop {
-            let finish = match rx.recv_timeout(TICK) {
-                Ok(Command::Finish(done)) => Some(done),
+            let command = match rx.recv_timeout(TICK) {
+                Ok(c) => Some(c),
                 Err(mpsc::RecvTimeoutError::Timeout) => None,
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             };
-            if let Some(done) = finish {
-                self.finish(runtime);
-                let _ = done.send(());
-                return;
-            }
-            if backoff.is_some_and(|(until, _)| Instant::now() < until) {
-                continue;
-            }
-            match runtime.block_on(self.step(false)) {
-                Ok(()) => backoff = None,
+            let result = match command {
+                Some(Command::Finish(done)) => {
+                    self.finish(runtime);
+                    let _ = done.send(());
+                    return;
+                }
+                Some(Command::Renew(done)) => {
+                    // A parked lease is taken back (refused if another took the task).
+                    let r = runtime.block_on(self.commit(|h| h.released = false));
+                    if r.is_ok() {
+                        self.parked = false;
+                    }
+                    let _ = done.send(r.as_ref().map_err(Failure::text).map(|_| ()));
+                    r
+                }
+                Some(Command::Sync(upto, done)) => {
+                    let r = runtime.block_on(self.step(true));
+                    let r = match r {
+                        Ok(()) if self.files.log_offset < upto => Err(Failure::Again),
+                        r => r,
+                    };
+                    let said = match &r {
+                        Ok(()) => Ok(()),
+                        Err(Failure::Again) => Err("the record was still being written".to_owned()),
+                        Err(e) => Err(e.text()),
+                    };
+                    let _ = done.send(said);
+                    r
+                }
+                None => {
+                    if backoff.is_some_and(|(until, _)| Instant::now() < until) {
+                        continue;
+                    }
+                    runtime.block_on(self.step(false))
+                }
+            };
+            match result {
+                Ok(()) => {
+                    backoff = None;
+                    if self.lease.wanted().is_some() && !self.health.busy() {
+                        self.hand_over(runtime);
+                        drain(rx);
+                        return;
+                    }
+                }
                 Err(Failure::Again) => {}
                 Err(Failure::Fenced(why)) => {
                     tracing::error!("{why}");
                     self.health.fence(why);
                     // Nothing more is written; wait for the kernel to stop.
-                    let _ = rx.recv();
+                    drain(rx);
                     return;
                 }
                 Err(Failure::Store(e)) => {
@@ -294,6 +530,26 @@ impl Uploader {
                 }
             }
         }
+    }
+
+    /// Another kernel asked for the task and no cell runs: everything up, the lease released,
+    /// and this kernel refuses its calls from now on.
+    fn hand_over(&mut self, runtime: &tokio::runtime::Runtime) {
+        let by = self
+            .lease
+            .wanted()
+            .map(|w| w.by.to_string())
+            .unwrap_or_default();
+        // No call may start on the lease from here.
+        self.health.set_lease(None);
+        let head = self.lease.head();
+        let why = format!(
+            "task {}/{} was taken over by {by}, which asked for it (this kernel, epoch {}, handed it over)",
+            head.plan_id, head.task_id, head.epoch
+        );
+        tracing::info!(%by, "handing the task over, as asked");
+        self.finish(runtime);
+        self.health.fence(why);
     }
 
     fn finish(&mut self, runtime: &tokio::runtime::Runtime) {
@@ -311,6 +567,7 @@ impl Uploader {
             });
             match attempt {
                 Ok(Ok(())) => {
+                    self.health.set_lease(None);
                     tracing::info!("the task's state is in the store; lease released");
                     return;
                 }
@@ -337,51 +594,171 @@ impl Uploader {
         }
     }
 
+    /// Swaps the head through the lease; the lease's good time goes to the session.
+    async fn commit(&mut self, change: impl FnOnce(&mut crate::head::Head)) -> Result<(), Failure> {
+        self.lease.commit(change).await?;
+        self.health.set_lease(Some(self.lease.good_until()));
+        Ok(())
+    }
+
+    /// One batch if something is due (`all`: whatever changed, now), then a renewal if
+    /// nothing was committed for a third of the lease.
     async fn step(&mut self, all: bool) -> Result<(), Failure> {
-        self.log(all).await?;
-        self.state(all).await?;
+        if self.parked {
+            if !self.changed() {
+                return Ok(());
+            }
+            // Something to upload (a client's file, a record): the lease is taken back
+            // first (refused if another kernel took the task meanwhile).
+            self.commit(|h| h.released = false).await?;
+            self.parked = false;
+        }
+        if !self.lease.good() {
+            // Past the lease by this clock: another may hold the task. Nothing is written
+            // before a swap says it does not.
+            self.commit(|_| {}).await?;
+        }
+        let due = all || self.last_batch.is_none_or(|t| t.elapsed() >= INTERVAL);
+        let mut batch = Batch::default();
+        if due {
+            self.log(&mut batch).await?;
+            self.state(&mut batch).await?;
+        } else {
+            let size = std::fs::metadata(&self.files.log_file).map_or(0, |m| m.len());
+            self.health.ok(
+                self.lease.head().log_bytes(),
+                size.saturating_sub(self.files.log_offset),
+            );
+        }
+        if !batch.segments.is_empty() || batch.state.is_some() {
+            self.commit_batch(batch).await?;
+        }
         let head = self.lease.head();
         let now = crate::local::Marker {
             epoch: head.epoch,
             state: head.state.clone(),
             log_bytes: head.log_bytes(),
         };
-        if self.marker.as_ref() != Some(&now) && self.claimed.is_none() {
+        if self.marker.as_ref() != Some(&now) && self.staged.is_empty() {
             now.write(&self.files.log_file);
             self.marker = Some(now);
         }
+        if !all
+            && self.health.idle_for() >= PARK_AFTER
+            && self.staged.is_empty()
+            && self.lease.wanted().is_none()
+            && !self.changed()
+        {
+            return self.park().await;
+        }
         if self.lease.committed().elapsed() >= self.lease_third() {
-            self.lease.commit(|_| {}).await?;
+            self.commit(|_| {}).await?;
         }
         Ok(())
+    }
+
+    /// Idle, with everything in the store: the head is swapped to `released` (this holder
+    /// still named in it), and no renewal follows. Another kernel may take the task at once
+    /// (a failback or a balancer's move takes no lease time); this kernel's next call takes
+    /// the lease back first (a swap against its own version, refused when another took the
+    /// task: that call is answered "taken over" and nothing runs). An idle task costs no
+    /// request.
+    async fn park(&mut self) -> Result<(), Failure> {
+        self.health.set_lease(None);
+        self.lease.release().await?;
+        self.parked = true;
+        tracing::debug!("idle with everything in the store: lease parked");
+        Ok(())
+    }
+
+    /// Whether anything is left to upload: log lines, the checkpoint folder, the workspace.
+    fn changed(&self) -> bool {
+        let size = std::fs::metadata(&self.files.log_file).map_or(0, |m| m.len());
+        size != self.files.log_offset
+            || state::signature(&self.files.checkpoint_root) != self.state_sig
+            || self
+                .files
+                .workspace
+                .as_ref()
+                .and_then(crate::workspace::changed_at)
+                != self.workspace_sig
     }
 
     fn lease_third(&self) -> Duration {
         Duration::from_millis(self.lease.head().lease_ms / 3)
     }
 
-    /// New complete log lines as a segment.
-    async fn log(&mut self, all: bool) -> Result<(), Failure> {
-        // A segment the head already counts goes up first (its earlier put failed).
-        if let Some((seq, bytes)) = self.claimed.take() {
-            let key = self.segment_key(seq);
-            if let Err(e) = self.lease.store().put_new(&key, bytes.clone()).await {
-                self.claimed = Some((seq, bytes));
-                return Err(e.into());
+    /// The batch's one swap: the segments counted, the manifest named; then the manifest
+    /// it replaced removed.
+    async fn commit_batch(&mut self, batch: Batch) -> Result<(), Failure> {
+        let previous = self.lease.head().state.clone();
+        let segments = batch.segments.clone();
+        let state = batch.state.as_ref().map(|(k, _, _)| k.clone());
+        self.commit(|h| {
+            for (seq, n) in &segments {
+                let run = h.run_mut();
+                run.segments = *seq;
+                run.bytes += n;
             }
+            if let Some(k) = state {
+                h.state = Some(k);
+            }
+        })
+        .await?;
+        self.staged.clear();
+        if let Some(offset) = batch.log_offset {
+            self.files.log_offset = offset;
         }
+        self.last_batch = Some(Instant::now());
+        if let Some((key, sig, workspace_sig)) = batch.state {
+            self.state_sig = sig;
+            self.workspace_sig = workspace_sig;
+            // The manifest it replaced, and the blobs no kept state names, are removed once
+            // the grace period is over (a reader may still be fetching them): `crate::gc`.
+            let _ = (previous, key);
+            self.collector
+                .after_state(
+                    self.lease.store(),
+                    self.lease.keys(),
+                    self.lease.head(),
+                    &mut self.uploaded,
+                )
+                .await;
+        }
+        let size = std::fs::metadata(&self.files.log_file).map_or(0, |m| m.len());
+        self.health.ok(
+            self.lease.head().log_bytes(),
+            size.saturating_sub(self.files.log_offset),
+        );
+        Ok(())
+    }
+
+    /// New complete log lines as segments, written (not yet counted).
+    async fn log(&mut self, batch: &mut Batch) -> Result<(), Failure> {
         let size = std::fs::metadata(&self.files.log_file).map_or(0, |m| m.len());
         if size < self.files.log_offset {
             // The file was started again (deleted and re-created): its lines are new.
             tracing::warn!("the task log is shorter than what was uploaded; uploading it from its start as new records");
             self.files.log_offset = 0;
+            self.staged.clear();
         }
-        let pending = size - self.files.log_offset;
-        if pending > 0 && !all && self.last_log.is_some_and(|t| t.elapsed() < INTERVAL) {
-            self.health.ok(self.lease.head().log_bytes(), pending);
-            return Ok(());
-        }
+        let epoch = self.lease.head().epoch;
+        let writer = self.lease.writer();
+        let mut seq = self
+            .lease
+            .head()
+            .log
+            .last()
+            .filter(|r| r.epoch == epoch && r.writer.as_deref() == Some(writer.as_str()))
+            .map_or(0, |r| r.segments);
         let mut offset = self.files.log_offset;
+        // Segments staged by a batch whose swap failed go again, unchanged.
+        for (s, bytes) in self.staged.clone() {
+            seq = s;
+            self.put_segment(s, bytes.clone()).await?;
+            offset += bytes.len() as u64;
+            batch.segments.push((s, bytes.len() as u64));
+        }
         while offset < size {
             let want = (size - offset).min(MAX_SEGMENT_BYTES);
             let mut buf = vec![0u8; want as usize];
@@ -396,58 +773,44 @@ impl Uploader {
             };
             buf.truncate(end + 1);
             let n = buf.len() as u64;
-            let epoch = self.lease.head().epoch;
-            let seq = self
-                .lease
-                .head()
-                .log
-                .last()
-                .filter(|r| r.epoch == epoch)
-                .map_or(0, |r| r.segments)
-                + 1;
-            // The head counts the segment before it is written: a holder whose lease was
-            // taken is refused here and writes nothing. A kill between the two loses this
-            // segment only (readers skip a counted segment that is missing).
-            self.lease
-                .commit(|h| {
-                    let run = h.run_mut();
-                    run.segments = seq;
-                    run.bytes += n;
-                })
-                .await?;
-            offset += n;
-            self.files.log_offset = offset;
-            self.last_log = Some(Instant::now());
+            seq += 1;
             let bytes = Bytes::from(buf);
-            let key = self.segment_key(seq);
-            if let Err(e) = self.lease.store().put_new(&key, bytes.clone()).await {
-                self.claimed = Some((seq, bytes));
-                return Err(e.into());
-            }
+            self.staged.push((seq, bytes.clone()));
+            self.put_segment(seq, bytes).await?;
+            offset += n;
+            batch.segments.push((seq, n));
         }
-        self.health
-            .ok(self.lease.head().log_bytes(), size - self.files.log_offset);
+        if !batch.segments.is_empty() {
+            batch.log_offset = Some(offset);
+        }
         Ok(())
     }
 
-    fn segment_key(&self, seq: u64) -> object_store::path::Path {
-        let epoch = self.lease.head().epoch;
-        self.lease
+    async fn put_segment(&self, seq: u64, bytes: Bytes) -> Result<(), Failure> {
+        let run = crate::head::LogRun {
+            epoch: self.lease.head().epoch,
+            segments: seq,
+            bytes: 0,
+            writer: Some(self.lease.writer()),
+        };
+        let key = self
+            .lease
             .store()
-            .key(&self.lease.keys().log_segment(epoch, seq))
+            .key(&self.lease.keys().segment(&run, seq));
+        self.lease.store().put_new(&key, bytes).await?;
+        Ok(())
     }
 
-    /// A changed checkpoint folder as a new manifest.
-    async fn state(&mut self, all: bool) -> Result<(), Failure> {
+    /// A changed checkpoint folder (or workspace) as a new manifest, written with its new
+    /// blobs (not yet named by the head).
+    async fn state(&mut self, batch: &mut Batch) -> Result<(), Failure> {
         let sig = state::signature(&self.files.checkpoint_root);
         let workspace_sig = self
             .files
             .workspace
             .as_ref()
             .and_then(crate::workspace::changed_at);
-        if (sig == self.state_sig && workspace_sig == self.workspace_sig)
-            || (!all && self.last_state.is_some_and(|t| t.elapsed() < INTERVAL))
-        {
+        if sig == self.state_sig && workspace_sig == self.workspace_sig {
             return Ok(());
         }
         let (mut manifest, files) = match state::read(
@@ -459,8 +822,6 @@ impl Uploader {
             Err(state::StateError::Changed(_)) => return Err(Failure::Again),
             Err(e) => return Err(Failure::Store(e.to_string())),
         };
-        // The fence before any object is written: a holder whose lease was taken stops here.
-        self.lease.commit(|_| {}).await?;
         for (segment, path) in files {
             if self.uploaded.contains(&segment.sha256) {
                 continue;
@@ -477,29 +838,29 @@ impl Uploader {
                 .key(&self.lease.keys().blob(&segment.sha256));
             self.lease.store().put_new(&key, Bytes::from(data)).await?;
             self.uploaded.insert(segment.sha256);
+            self.keep_lease().await?;
         }
         if let Some(limits) = self.files.workspace.clone() {
             manifest.workspace = Some(self.workspace(&limits).await?);
         }
         self.state_seq += 1;
         let epoch = self.lease.head().epoch;
-        let name = self.lease.keys().state(epoch, self.state_seq);
+        let name = self
+            .lease
+            .keys()
+            .state(epoch, &self.lease.writer(), self.state_seq);
         let key = self.lease.store().key(&name);
         let body = serde_json::to_vec(&manifest).expect("a manifest serializes");
         self.lease.store().put_new(&key, Bytes::from(body)).await?;
-        let previous = self.lease.head().state.clone();
-        self.lease.commit(|h| h.state = Some(name)).await?;
-        // The manifest it replaced is no state any more (its blobs may still be).
-        if let Some(old) = previous {
-            let _ = self
-                .lease
-                .store()
-                .remove(&self.lease.store().key(&old))
-                .await;
+        batch.state = Some((name, sig, workspace_sig));
+        Ok(())
+    }
+
+    /// During a long upload: renews the lease when a third of it passed since the last swap.
+    async fn keep_lease(&mut self) -> Result<(), Failure> {
+        if self.lease.committed().elapsed() >= self.lease_third() {
+            self.commit(|_| {}).await?;
         }
-        self.state_sig = sig;
-        self.workspace_sig = workspace_sig;
-        self.last_state = Some(Instant::now());
         Ok(())
     }
 
@@ -529,6 +890,7 @@ impl Uploader {
                             .key(&self.lease.keys().blob(&entry.sha256));
                         self.lease.store().put_new(&key, Bytes::from(data)).await?;
                         self.uploaded.insert(entry.sha256.clone());
+                        self.keep_lease().await?;
                     }
                     self.known.insert(f.path.clone(), (f.id, entry.clone()));
                     files.insert(f.path, entry);
@@ -541,5 +903,28 @@ impl Uploader {
         self.known.retain(|p, _| files.contains_key(p));
         self.health.workspace(files.len() as u64, &skipped);
         Ok(workspace::Workspace { files, skipped })
+    }
+}
+
+impl Failure {
+    fn text(&self) -> String {
+        match self {
+            Failure::Fenced(w) | Failure::Store(w) => w.clone(),
+            Failure::Again => "the local files changed while they were read".into(),
+        }
+    }
+}
+
+/// After a fence: every request the session still sends is answered (dropped senders say
+/// "stopped"), until the session lets go.
+fn drain(rx: mpsc::Receiver<Command>) {
+    while let Ok(c) = rx.recv() {
+        match c {
+            Command::Finish(done) => {
+                let _ = done.send(());
+                return;
+            }
+            Command::Renew(done) | Command::Sync(_, done) => drop(done),
+        }
     }
 }

@@ -33,6 +33,13 @@ pub enum StoreError {
     /// on one line).
     #[error("{}", one_line(&.0.to_string()))]
     Store(object_store::Error),
+    /// An object written once under a name only this writer uses is already there with
+    /// other content: another writer used the name (a hand-edited store). Never retried.
+    #[error("the store already holds {key} with other content: another writer used this kernel's object names; nothing more is written")]
+    Clash {
+        /// The key.
+        key: String,
+    },
     /// A local file (the swap lock of a `file://` store) failed.
     #[error("{what}: {source}")]
     Local {
@@ -199,9 +206,10 @@ impl Store {
         }
     }
 
-    /// Writes a new object at `key`. An object already there is taken as this write's own
-    /// earlier attempt: every key flowrepl writes this way names its content (a hash) or its
-    /// writer (an epoch and a sequence number), so nobody else writes it.
+    /// Writes a new object at `key`. An object already there with the same content is this
+    /// write's own earlier attempt (its answer lost): every key flowrepl writes this way names
+    /// its content (a hash) or its writer (an epoch, the holder's writer id and a sequence
+    /// number). One with other content is [`StoreError::Clash`]: never taken as one's own.
     pub async fn put_new(&self, key: &Path, bytes: Bytes) -> Result<(), StoreError> {
         let opts = PutOptions {
             mode: PutMode::Create,
@@ -209,12 +217,35 @@ impl Store {
         };
         match self
             .objects
-            .put_opts(key, PutPayload::from(bytes), opts)
+            .put_opts(key, PutPayload::from(bytes.clone()), opts)
             .await
         {
-            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => match self.get(key).await? {
+                Some((there, _)) if there == bytes => Ok(()),
+                // Gone again (removed in between): write it.
+                None => {
+                    self.objects.put(key, PutPayload::from(bytes)).await?;
+                    Ok(())
+                }
+                Some(_) => Err(StoreError::Clash {
+                    key: key.to_string(),
+                }),
+            },
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The names of the objects directly in the folder `prefix` (relative to the store's
+    /// prefix).
+    pub async fn files(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let prefix = self.key(prefix);
+        let listed = self.objects.list_with_delimiter(Some(&prefix)).await?;
+        Ok(listed
+            .objects
+            .iter()
+            .filter_map(|m| m.location.filename().map(str::to_owned))
+            .collect())
     }
 
     /// Writes `bytes` at `key` only if the object there is still `expected` (`None`: only if

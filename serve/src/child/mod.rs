@@ -44,9 +44,44 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-/// How long a child has to answer `initialize` (its Python starts first), besides the time
-/// it may wait for its task's lease ([`Spawn::lease_wait`]).
+/// How long a child has to answer `initialize` (its Python starts first, and a live holder
+/// of its task hands it over), besides the time it may wait for its task's lease
+/// ([`Spawn::lease_wait`], or the lease the task's holder wrote in the store when that is
+/// longer); `FLOWREPL_KERNEL_START_S` sets it.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The variable that sets [`START_TIMEOUT`] (whole seconds, at least 1).
+pub const START_TIMEOUT_VARIABLE: &str = "FLOWREPL_KERNEL_START_S";
+
+fn start_timeout() -> Duration {
+    std::env::var(START_TIMEOUT_VARIABLE)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| *s >= 1)
+        .map_or(START_TIMEOUT, Duration::from_secs)
+}
+
+/// With `--store`: how long the task's holder, if it died, keeps the task from a taker, as
+/// its head in the store says (`lease_ms`); zero when there is no head or it cannot be read
+/// (the kernel's own start then says why).
+async fn holder_lapse(url: &str, key: &TaskKey) -> Duration {
+    let Ok(store) = flowrepl_store::Store::open(url) else {
+        return Duration::ZERO;
+    };
+    let keys = flowrepl_store::head::TaskKeys::new(&key.plan, &key.task);
+    let head = store.key(&keys.head());
+    match tokio::time::timeout(Duration::from_secs(10), store.get(&head)).await {
+        Ok(Ok(Some((bytes, _)))) => serde_json::from_slice::<flowrepl_store::head::Head>(&bytes)
+            .map_or(Duration::ZERO, |h| {
+                if h.released {
+                    Duration::ZERO
+                } else {
+                    flowrepl_store::lease::lapse_of(&h)
+                }
+            }),
+        _ => Duration::ZERO,
+    }
+}
 
 /// The protocol version asked of the child.
 const PROTOCOL_VERSION: &str = "2025-06-18";
@@ -81,6 +116,9 @@ pub struct Spawn {
     pub lease_wait: Duration,
     /// This server's id in the store's leases (`FLOWREPL_STORE_HOLDER` of its kernels).
     pub holder: String,
+    /// `--store`: the store's URL (a start's budget follows the lease its task's holder wrote
+    /// there).
+    pub store: Option<String>,
     /// `--task-net DIR`: each task's own network rules.
     pub task_net: Option<std::path::PathBuf>,
 }
@@ -233,6 +271,12 @@ type Answer = oneshot::Sender<Result<Value, (i64, String)>>;
 impl Child {
     /// Starts the task's kernel and completes the MCP handshake.
     pub async fn start(key: TaskKey, spawn: &Spawn) -> Result<Arc<Child>, ChildError> {
+        // A holder that died keeps the task for its own lease, which may be longer than this
+        // server's: the start is allowed that long.
+        let lapse = match &spawn.store {
+            Some(url) => holder_lapse(url, &key).await,
+            None => Duration::ZERO,
+        };
         let workspace = spawn
             .make_workspace(&key)
             .map_err(|source| ChildError::Workspace {
@@ -320,7 +364,7 @@ impl Child {
             "capabilities": {"elicitation": {}},
             "clientInfo": {"name": "flowrepl-serve", "version": env!("CARGO_PKG_VERSION")},
         });
-        let within = START_TIMEOUT + spawn.lease_wait;
+        let within = start_timeout() + spawn.lease_wait.max(lapse);
         let initialized = tokio::time::timeout(within, child.request("initialize", init))
             .await
             .map_err(|_| ChildError::StartTimeout(within));
