@@ -9,8 +9,9 @@
 //!
 //! Names are compared in lowercase ASCII with a final dot dropped; a name with other
 //! characters is written as the DNS carries it (`xn--…`). A rule that names a host itself
-//! (not a `*.` one) is *explicit*: only explicit rules let a connection reach a loopback,
-//! private or link-local address ([`crate::address`]). Lookups cost one hash probe per label
+//! (not a `*.` one) is *explicit*: only explicit rules let a connection reach an internal
+//! address (loopback, private, a special-purpose range, one of the host's own interfaces:
+//! [`crate::address`]). Lookups cost one hash probe per label
 //! of the name asked for, whatever the number of rules.
 
 use std::collections::HashMap;
