@@ -25,7 +25,7 @@ Examples:
   flowrepl store release --store s3://bucket/flowrepl --plan nightly --task t1 --drop-state
       (the next kernel starts without the stored checkpoints; the log stays)
   flowrepl store gc --store s3://bucket/flowrepl --dry-run
-  flowrepl store gc --store s3://bucket/flowrepl --plan nightly --grace-s 60
+  flowrepl store gc --store s3://bucket/flowrepl --plan nightly --grace-s 60 --idle-s 3600
 
 The store is configured as for the kernel: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ALLOW_HTTP=true for a plain-HTTP endpoint.";
@@ -106,6 +106,10 @@ pub enum StoreCommand {
         /// The grace period in seconds (default: FLOWREPL_STORE_GC_GRACE_S, else 300).
         #[arg(long, value_name = "SECONDS")]
         grace_s: Option<f64>,
+        /// Leave tasks released less than this many seconds ago (their kernel may be idle
+        /// and alive, its lease parked: collecting takes the lease, which stops it).
+        #[arg(long, value_name = "SECONDS", default_value_t = 900)]
+        idle_s: u64,
         /// One JSON document.
         #[arg(long)]
         json: bool,
@@ -186,6 +190,7 @@ pub fn run(url: Option<&str>, args: &StoreArgs) -> ExitCode {
                 task,
                 dry_run,
                 grace_s,
+                idle_s,
                 json,
             } => {
                 let grace = grace_s
@@ -196,6 +201,7 @@ pub fn run(url: Option<&str>, args: &StoreArgs) -> ExitCode {
                     plan.as_deref(),
                     task.as_deref(),
                     grace,
+                    Duration::from_secs(*idle_s),
                     *dry_run,
                     *json,
                 )
@@ -302,6 +308,7 @@ async fn show(store: &Store, plan: &str, task: &str, as_json: bool) -> Result<()
             })).collect::<Vec<_>>(),
             "missing_segments": missing.iter().map(|s| s.key.clone()).collect::<Vec<_>>(),
             "uncounted_log": d.uncounted_log.iter().map(|l| json!({"key": l.key, "bytes": l.bytes})).collect::<Vec<_>>(),
+            "recovered": d.recovered.iter().map(|l| json!({"key": l.key, "bytes": l.bytes})).collect::<Vec<_>>(),
             "states": d.states.iter().map(|s| json!({
                 "key": s.key, "bytes": s.bytes, "modified": s.modified, "current": s.current,
             })).collect::<Vec<_>>(),
@@ -337,6 +344,13 @@ async fn show(store: &Store, plan: &str, task: &str, as_json: bool) -> Result<()
     for l in &d.uncounted_log {
         println!(
             "    not counted by the head: {} ({})",
+            l.key,
+            human(l.bytes)
+        );
+    }
+    for l in &d.recovered {
+        println!(
+            "    recovered records (not in the log's order): {} ({})",
             l.key,
             human(l.bytes)
         );
@@ -448,6 +462,7 @@ async fn collect(
     plan: Option<&str>,
     task: Option<&str>,
     grace: Duration,
+    idle: Duration,
     dry_run: bool,
     as_json: bool,
 ) -> Result<(), AdminError> {
@@ -457,7 +472,7 @@ async fn collect(
     for t in &tasks {
         let keys = TaskKeys::of_folder(&t.folder.0, &t.folder.1);
         let name = format!("{}/{}", t.folder.0, t.folder.1);
-        match admin::gc(store, &keys, grace, dry_run).await? {
+        match admin::gc(store, &keys, grace, idle, dry_run).await? {
             Collected::Done(p) => {
                 removed += p.removed_blobs.len() as u64 + p.removed_manifests.len() as u64;
                 bytes += p.removed_bytes();

@@ -171,8 +171,11 @@ pub struct TaskDetail {
     pub head: Head,
     /// The log segments the head counts, in order, with their sizes (or missing).
     pub segments: Vec<SegmentInfo>,
-    /// Log objects the head does not count (a stale holder's, recovered records).
+    /// Log objects the head does not count (a stale holder's).
     pub uncounted_log: Vec<Listed>,
+    /// Records recovered from a disk the store never got them from, uploaded beside the log
+    /// (`recovered/`, see `crate::fetch::recovered_key`).
+    pub recovered: Vec<Listed>,
     /// The manifests in the store, oldest first.
     pub states: Vec<StateInfo>,
     /// The current manifest's checkpoints (name → segment files) and workspace files, or
@@ -221,6 +224,11 @@ pub async fn show(store: &Store, plan: &str, task: &str) -> Result<TaskDetail, A
         .filter(|l| in_folder(l, "log") && !counted.contains(&l.key))
         .cloned()
         .collect();
+    let recovered = listed
+        .iter()
+        .filter(|l| in_folder(l, "recovered"))
+        .cloned()
+        .collect();
     let mut states: Vec<StateInfo> = listed
         .iter()
         .filter(|l| in_folder(l, "state"))
@@ -266,6 +274,7 @@ pub async fn show(store: &Store, plan: &str, task: &str) -> Result<TaskDetail, A
         head,
         segments,
         uncounted_log,
+        recovered,
         states,
         current,
         missing_blobs,
@@ -411,13 +420,20 @@ pub enum Collected {
     Skipped(String),
 }
 
-/// Collects the task `keys` if no one holds it: takes its lease for the time it collects
-/// (so that no kernel writes meanwhile), removes what [`gc::plan`] says at this machine's
-/// time with `grace`, and releases it again. With `dry_run`, only plans.
+/// Collects the task `keys` if no one holds it and its head was not written for `idle`:
+/// takes its lease for the time it collects (so that no kernel writes meanwhile), removes
+/// what [`gc::plan`] says at this machine's time with `grace`, and releases it again. With
+/// `dry_run`, only plans.
+///
+/// A released task may still have a live kernel that parked its lease while idle; taking
+/// the lease fences that kernel (its next call is answered "taken over", and `serve` starts
+/// another for the task). `idle` (by the store's clock against this machine's) leaves such
+/// tasks alone: `serve` stops an idle kernel after `--idle-stop` (15 min by default).
 pub async fn gc(
     store: &Store,
     keys: &TaskKeys,
     grace: Duration,
+    idle: Duration,
     dry_run: bool,
 ) -> Result<Collected, AdminError> {
     let Some((head, version)) = read_head(store, keys).await? else {
@@ -428,6 +444,16 @@ pub async fn gc(
             "held by {} (epoch {}, last renewed at {}): its holder collects; if it is known dead, `flowrepl store release` it first",
             head.holder, head.epoch, head.renewed_at
         )));
+    }
+    if let Some(at) = store.modified(&store.key(&keys.head())).await? {
+        let quiet = (chrono::Utc::now() - at).to_std().unwrap_or(Duration::ZERO);
+        if quiet < idle {
+            return Ok(Collected::Skipped(format!(
+                "released {} s ago, less than --idle-s {} (its kernel may be idle and alive: taking the lease would stop it)",
+                quiet.as_secs(),
+                idle.as_secs()
+            )));
+        }
     }
     if dry_run {
         let plan = gc::plan(store, keys, &head, chrono::Utc::now(), grace).await?;
@@ -520,7 +546,9 @@ mod tests {
             // Held: gc leaves it to its holder.
             let keys = TaskKeys::new("p", "t");
             assert!(matches!(
-                gc(&store, &keys, Duration::ZERO, false).await.unwrap(),
+                gc(&store, &keys, Duration::ZERO, Duration::ZERO, false)
+                    .await
+                    .unwrap(),
                 Collected::Skipped(_)
             ));
             let started = Instant::now();
@@ -533,7 +561,9 @@ mod tests {
             ));
             // Released: gc collects (it takes and lets go of the lease).
             assert!(matches!(
-                gc(&store, &keys, Duration::ZERO, false).await.unwrap(),
+                gc(&store, &keys, Duration::ZERO, Duration::ZERO, false)
+                    .await
+                    .unwrap(),
                 Collected::Done(_)
             ));
             let (h, _) = read_head(&store, &keys).await.unwrap().unwrap();

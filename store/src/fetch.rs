@@ -205,6 +205,33 @@ pub async fn log(
     result
 }
 
+/// The key of records recovered from a disk ([`LogFetched::kept_aside`]) uploaded by the
+/// holder of `epoch` whose writer id is `writer`: `recovered/<epoch>-<writer>-<from>.jsonl`,
+/// `from` being the epoch of the holder that wrote them. Never part of the log the head counts
+/// (another holder's order); `flowrepl store show` lists them.
+pub fn recovered_key(keys: &TaskKeys, epoch: u64, writer: &str, from: u64) -> String {
+    let base = keys.prefix();
+    format!("{base}/recovered/{epoch:010}-{writer}-{from:010}.jsonl")
+}
+
+/// Uploads the records kept beside the log at `path` as recovered records (see
+/// [`recovered_key`]); the key.
+pub async fn upload_recovered(
+    store: &Store,
+    keys: &TaskKeys,
+    epoch: u64,
+    writer: &str,
+    from: u64,
+    path: &Path,
+) -> Result<String, FetchError> {
+    let data = std::fs::read(path).map_err(local("cannot read", path))?;
+    let key = recovered_key(keys, epoch, writer, from);
+    store
+        .put_new(&store.key(&key), bytes::Bytes::from(data))
+        .await?;
+    Ok(key)
+}
+
 /// A log segment the head counts that the store does not have.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MissingSegment {

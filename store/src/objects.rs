@@ -330,6 +330,18 @@ impl Store {
             .collect())
     }
 
+    /// When the store last wrote the object at `key` (its clock), `None` when there is none.
+    pub async fn modified(
+        &self,
+        key: &Path,
+    ) -> Result<Option<chrono::DateTime<chrono::Utc>>, StoreError> {
+        match self.objects.head(key).await {
+            Ok(meta) => Ok(Some(meta.last_modified)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Every object under the folder `prefix` (relative to the store's prefix), at any depth:
     /// its key relative to the store's prefix, size and the store's modification time (for
     /// collection, `crate::gc`, and the operator's commands, `crate::admin`).

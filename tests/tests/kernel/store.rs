@@ -1247,8 +1247,20 @@ fn the_operator_commands_list_show_release_and_collect() {
         started.elapsed()
     );
     assert_eq!(head(&s3, "op", "t")["released"], true);
-    // gc of a released task runs; of a missing one, says nothing is there.
+    // gc leaves a task released a moment ago (an idle kernel may have parked its lease);
+    // with --idle-s 0 it collects it.
     let out = store_command(&s3, &url, &["gc", "--grace-s", "0", "--json"]);
+    let gc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(gc["tasks"][0]["collected"], false, "{gc}");
+    assert!(
+        gc["tasks"][0]["why"].as_str().unwrap().contains("--idle-s"),
+        "{gc}"
+    );
+    let out = store_command(
+        &s3,
+        &url,
+        &["gc", "--grace-s", "0", "--idle-s", "0", "--json"],
+    );
     assert!(
         out.status.success(),
         "{}",
