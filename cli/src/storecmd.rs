@@ -369,6 +369,7 @@ async fn show(store: &Store, plan: &str, task: &str, as_json: bool) -> Result<()
         None => println!("  current state: none"),
         Some(Err(e)) => println!("  current state: REFUSED: {e}"),
         Some(Ok(m)) => {
+            println!("  current state:");
             for (name, cp) in &m.checkpoints {
                 println!(
                     "    checkpoint {name}: {} segment file(s), {}",

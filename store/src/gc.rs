@@ -113,8 +113,20 @@ pub async fn plan(
     now: DateTime<Utc>,
     grace: Duration,
 ) -> Result<Plan, GcError> {
+    plan_at(store, keys, head, |_| now, grace).await
+}
+
+/// [`plan`], with "now" taken from the listed manifests.
+async fn plan_at(
+    store: &Store,
+    keys: &TaskKeys,
+    head: &Head,
+    now: impl FnOnce(&[Listed]) -> DateTime<Utc>,
+    grace: Duration,
+) -> Result<Plan, GcError> {
     let mut manifests: Vec<Listed> = store.list(&state_folder(keys)).await?;
     manifests.sort_by(|a, b| a.modified.cmp(&b.modified).then(a.key.cmp(&b.key)));
+    let now = now(&manifests);
     let mut plan = Plan::default();
     for (i, m) in manifests.iter().enumerate() {
         let current = head.state.as_deref() == Some(m.key.as_str());
@@ -221,20 +233,14 @@ impl Collector {
             return;
         }
         self.last = Some(Instant::now());
-        let plan = async {
-            // Now, by the store's clock: when the manifest just written was written.
-            let now = match &head.state {
-                Some(key) => store
-                    .list(&state_folder(keys))
-                    .await?
-                    .into_iter()
-                    .find(|l| &l.key == key)
-                    .map_or_else(Utc::now, |l| l.modified),
-                None => Utc::now(),
-            };
-            plan(store, keys, head, now, self.grace).await
-        }
-        .await;
+        // Now, by the store's clock: when the manifest just written was written.
+        let now = |listed: &[Listed]| {
+            listed
+                .iter()
+                .find(|l| head.state.as_deref() == Some(l.key.as_str()))
+                .map_or_else(Utc::now, |l| l.modified)
+        };
+        let plan = plan_at(store, keys, head, now, self.grace).await;
         match plan {
             Ok(plan) if plan.removed_manifests.is_empty() && plan.removed_blobs.is_empty() => {}
             Ok(plan) => match apply(store, &plan).await {
