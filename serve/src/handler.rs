@@ -333,6 +333,17 @@ fn finish_relayed(
 }
 
 /// A relayed call's tool result (a task's relayed calls never ask for input).
+/// A kernel's refusal of a call it did not run because another kernel took its task
+/// (`--store`; the session's lease check, docs/store.md).
+fn taken_over_not_run(r: &CallToolResult) -> bool {
+    r.is_error == Some(true)
+        && r.content.iter().any(|c| {
+            c.as_text().is_some_and(|t| {
+                t.text.contains("taken over") && t.text.contains("the call was not run")
+            })
+        })
+}
+
 async fn relayed(
     call: impl std::future::Future<Output = Result<CallToolResponse, ErrorData>>,
 ) -> Result<CallToolResult, ErrorData> {
@@ -549,9 +560,40 @@ impl ServerHandler for Serve {
                 .request_state
                 .map(|state| (state, request.input_responses.unwrap_or_default())),
         };
-        let response = kernel
-            .call_tool(name, args, progress, &context.peer, &context.ct, how)
+        let again = args.clone();
+        let mut response = kernel
+            .call_tool(
+                name,
+                args,
+                progress.clone(),
+                &context.peer,
+                &context.ct,
+                how,
+            )
             .await?;
+        let mut kernel = kernel;
+        if matches!(&response, CallToolResponse::Complete(r) if taken_over_not_run(r)) {
+            // With --store: another server took the task while this kernel idled (a
+            // balancer's move, a failback). The kernel ran nothing and stops; a new one asks
+            // for the task through the store (its holder hands it over) and gets the call.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !kernel.ended() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            if kernel.ended() {
+                tracing::info!(task = %key.task, "the task was taken over while its kernel idled: starting a kernel that asks for it back");
+                if let Ok(k) = self.pool.kernel(&key).await {
+                    let how = Relay {
+                        asking: Asking::of(&context.meta, &context.peer),
+                        resume: None,
+                    };
+                    response = k
+                        .call_tool(name, again, progress, &context.peer, &context.ct, how)
+                        .await?;
+                    kernel = k;
+                }
+            }
+        }
         Ok(match response {
             CallToolResponse::Complete(result) => {
                 let finish = finish_relayed(kernel, context.peer.clone());

@@ -422,7 +422,10 @@ impl Session {
     pub fn dispatch(&mut self, call: Call, to: &mut impl Responder) -> io::Result<Flow> {
         if let Some(why) = self.board.fenced() {
             // Nothing this kernel does would reach the store, and the task is another's now.
-            to.failed(RpcError::new(ErrorCode::InternalError, why))?;
+            to.failed(RpcError::new(
+                ErrorCode::InternalError,
+                format!("{why}; the call was not run"),
+            ))?;
             return Ok(Flow::Shutdown);
         }
         let executes = matches!(call, Call::Execute(..));

@@ -18,9 +18,17 @@
 //! The session asks the uploader for three things ([`Mirror`]): that the lease be good before
 //! it runs or answers a cell ([`Mirror::ensure_lease`]), that a record be in the store before
 //! a call is answered (`--store-sync`, [`Mirror::sync`]), and, at a clean stop, that what is
-//! left go up and the lease be released ([`Mirror::finish`]). A handover another kernel asked
-//! for through the head ([`crate::head::Wanted`]) is done when no cell runs: everything goes
-//! up, the lease is released, and the kernel refuses its next call ("taken over").
+//! left go up and the lease be released ([`Mirror::finish`]).
+//!
+//! # Parking and handover
+//! A holder with no cell running for [`PARK_AFTER`] and nothing left to upload parks its
+//! lease: the head is swapped to `released` (this holder still named), and nothing more is
+//! sent while it stays idle. Another kernel takes a parked task at once; this kernel's next
+//! call takes the lease back first (a swap against its own last version: refused when another
+//! took the task, and then the call is answered "taken over" and nothing runs). A handover
+//! another kernel asked for through the head ([`crate::head::Wanted`], seen at the next
+//! renewal) parks the same way once the running cell has ended and [`HANDOVER_SETTLE`]
+//! passed.
 
 use crate::lease::{CommitError, Lease};
 use crate::objects::StoreError;
@@ -43,6 +51,10 @@ pub const FINISH_WITHIN: Duration = Duration::from_secs(10);
 /// A holder with no cell running for this long and nothing left to upload parks its lease
 /// (see `Uploader::park`).
 pub const PARK_AFTER: Duration = Duration::from_secs(2);
+/// With a handover asked for ([`crate::head::Wanted`]): how long no cell must have run before
+/// the holder lets go (its automatic checkpoint is written within milliseconds of the end of a
+/// cell, and goes up first).
+pub const HANDOVER_SETTLE: Duration = Duration::from_millis(300);
 /// How long the session waits for a renewal before it refuses a call.
 pub const RENEW_WITHIN: Duration = Duration::from_secs(10);
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(10));
@@ -481,6 +493,7 @@ impl Uploader {
                     if r.is_ok() {
                         self.parked = false;
                     }
+                    self.fence_now(&r);
                     let _ = done.send(r.as_ref().map_err(Failure::text).map(|_| ()));
                     r
                 }
@@ -490,6 +503,7 @@ impl Uploader {
                         Ok(()) if self.files.log_offset < upto => Err(Failure::Again),
                         r => r,
                     };
+                    self.fence_now(&r);
                     let said = match &r {
                         Ok(()) => Ok(()),
                         Err(Failure::Again) => Err("the record was still being written".to_owned()),
@@ -506,14 +520,7 @@ impl Uploader {
                 }
             };
             match result {
-                Ok(()) => {
-                    backoff = None;
-                    if self.lease.wanted().is_some() && !self.health.busy() {
-                        self.hand_over(runtime);
-                        drain(rx);
-                        return;
-                    }
-                }
+                Ok(()) => backoff = None,
                 Err(Failure::Again) => {}
                 Err(Failure::Fenced(why)) => {
                     tracing::error!("{why}");
@@ -530,26 +537,6 @@ impl Uploader {
                 }
             }
         }
-    }
-
-    /// Another kernel asked for the task and no cell runs: everything up, the lease released,
-    /// and this kernel refuses its calls from now on.
-    fn hand_over(&mut self, runtime: &tokio::runtime::Runtime) {
-        let by = self
-            .lease
-            .wanted()
-            .map(|w| w.by.to_string())
-            .unwrap_or_default();
-        // No call may start on the lease from here.
-        self.health.set_lease(None);
-        let head = self.lease.head();
-        let why = format!(
-            "task {}/{} was taken over by {by}, which asked for it (this kernel, epoch {}, handed it over)",
-            head.plan_id, head.task_id, head.epoch
-        );
-        tracing::info!(%by, "handing the task over, as asked");
-        self.finish(runtime);
-        self.health.fence(why);
     }
 
     fn finish(&mut self, runtime: &tokio::runtime::Runtime) {
@@ -591,6 +578,14 @@ impl Uploader {
             }
             std::thread::sleep(delay);
             delay = (delay * 2).min(BACKOFF.1);
+        }
+    }
+
+    /// A refused swap is told to the session before the answer that carries it, so that the
+    /// session sees the kernel must stop.
+    fn fence_now(&self, r: &Result<(), Failure>) {
+        if let Err(Failure::Fenced(why)) = r {
+            self.health.fence(why.clone());
         }
     }
 
@@ -643,12 +638,18 @@ impl Uploader {
             now.write(&self.files.log_file);
             self.marker = Some(now);
         }
-        if !all
-            && self.health.idle_for() >= PARK_AFTER
-            && self.staged.is_empty()
-            && self.lease.wanted().is_none()
-            && !self.changed()
-        {
+        // Idle with everything uploaded: parked after a while, or soon when another kernel
+        // asked for the task (its handover: the cell it waited for ended, its checkpoint is
+        // written within milliseconds and went up with this batch).
+        let settle = if self.lease.wanted().is_some() {
+            HANDOVER_SETTLE
+        } else {
+            PARK_AFTER
+        };
+        if !all && self.health.idle_for() >= settle && self.staged.is_empty() && !self.changed() {
+            if let Some(w) = self.lease.wanted() {
+                tracing::info!(by = %w.by, "handing the task over, as asked");
+            }
             return self.park().await;
         }
         if self.lease.committed().elapsed() >= self.lease_third() {

@@ -218,30 +218,87 @@ fn refused(
     )
 }
 
+/// A kernel like [`stored`] with the default lease (15 s).
+fn stored_default_lease(s3: &S3Server, prefix: &str, task: &str) -> KernelOptions {
+    let mut o = Kernel::options()
+        .mode("in_process")
+        .arg("--python")
+        .arg(mcp_venv().join("bin/python").display().to_string())
+        .arg("--store")
+        .arg(s3.url(prefix))
+        .env("FLOW_PLAN_ID", PLAN)
+        .env("FLOW_TASK_ID", task);
+    for (k, v) in s3.env() {
+        o = o.env(&k, v);
+    }
+    o
+}
+
 #[test]
-fn a_held_task_is_refused_promptly_and_a_released_one_taken_at_once() {
+fn a_held_task_is_handed_over_on_demand_and_a_busy_holder_is_named() {
     let s3 = S3Server::start();
-    let mut a = stored("in_process", &s3, s3.port, "h", "t", 3).start();
+    // The default lease (15 s): an idle holder has parked its lease, and the kernel asked
+    // for the task takes it at once, without waiting for any lease or idle stop.
+    let mut a = stored_default_lease(&s3, "h", "t").start();
     a.ok("x = 1");
-    let (code, err, took) = refused(&s3, &s3.env(), &s3.url("h"), "t");
+    wait_stored(&mut a, &s3, "h", "t", 1);
+    assert!(
+        wait_for(Duration::from_secs(10), || head(&s3, "h", "t")["released"]
+            == true),
+        "the idle holder did not park its lease: {}",
+        head(&s3, "h", "t")
+    );
+    let started = Instant::now();
+    let mut b = stored_default_lease(&s3, "h", "t").arg("--resume").start();
+    let took = started.elapsed();
+    eprintln!("an idle holder's task taken by another kernel in {took:?} (default lease)");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    let r = b.ok("assert x == 1");
+    assert_eq!(r["restored"], true, "{r}");
+    // The old holder's next call: refused, not run.
+    let refused_call = a.call("execute", json!({"code": "x = 99"}));
+    let msg = refused_call["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        msg.contains("taken over") && msg.contains("not run"),
+        "{refused_call}"
+    );
+    a.wait();
+    b.close();
+
+    // A holder running a cell (lease 3 s: renewed every second) is asked, and hands the task
+    // over only when its cell has ended: an asker that waits less says "busy elsewhere",
+    // naming it.
+    let mut c = stored("in_process", &s3, s3.port, "h", "t", 3)
+        .arg("--resume")
+        .start();
+    c.send_raw(
+        b"{\"jsonrpc\":\"2.0\",\"id\":\"long\",\"method\":\"execute\",\"params\":{\"code\":\"import time\\ntime.sleep(5)\\nw = 7\"}}\n",
+    );
+    c.wait_busy();
+    let mut env = s3.env();
+    env.push(("FLOWREPL_HANDOVER_WAIT_S".into(), "1".into()));
+    let (code, err, took) = refused(&s3, &env, &s3.url("h"), "t");
     assert_eq!(code, 75, "{err}");
     assert!(
-        err.contains("is held by") && err.contains(&format!("pid {}", a.pid())),
+        err.contains("busy elsewhere") && err.contains(&format!("pid {}", c.pid())),
         "{err}"
     );
-    // The holder renews every second (a third of 3 s): seen well before its lease is out.
-    assert!(took < Duration::from_secs(3), "{took:?}");
-    eprintln!("a held task refused in {took:?}");
-    a.close();
+    eprintln!("a busy holder named after {took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // One that waits longer takes the task once the cell ended, with its result.
     let started = Instant::now();
-    let mut c = stored("in_process", &s3, s3.port, "h", "t", 3).start();
+    let mut d = stored("in_process", &s3, s3.port, "h", "t", 3)
+        .arg("--resume")
+        .start();
     let took = started.elapsed();
-    assert!(
-        took < Duration::from_secs(3),
-        "a released task is taken at once: {took:?}"
-    );
-    let status = c.call("status", Value::Null)["result"]["store"].clone();
-    assert_eq!(status["epoch"], 2, "{status}");
+    let long = c.recv();
+    assert_eq!(long["result"]["success"], true, "{long}");
+    let r = d.ok("assert (x, w) == (1, 7)");
+    assert_eq!(r["restored"], true, "{r}");
+    eprintln!("a busy holder's task taken {took:?} after asking (the cell had 5 s to run)");
+    assert!(took < Duration::from_secs(10), "{took:?}");
 }
 
 /// What one SIGSTOP round saw.
@@ -518,21 +575,32 @@ fn tasks_move_between_two_servers_behind_nginx_through_the_store() {
         "the state did not reach the store"
     );
 
-    // The other server, asked directly while the holder is alive, refuses at once.
+    // The other server, asked directly while the holder lives (a balancer's move): it asks
+    // for the task through the store, and the holder, idle, hands it over.
+    std::thread::sleep(Duration::from_millis(2500)); // the holder idles: its lease is parked
     let started = Instant::now();
     let direct = format!("http://127.0.0.1:{}/mcp/local/moving", ports[other]);
-    let refused = servers[other]
+    let moved = servers[other]
         .as_ref()
         .unwrap()
-        .run_at(&direct, "calls", &["--code", "1"]);
-    let said = &results(&refused)[0];
-    assert_eq!(said["is_error"], true, "{refused}");
-    assert!(
-        said["text"].as_str().unwrap().contains("is held by"),
-        "{refused}"
-    );
+        .run_at(&direct, "calls", &["--code", "f()"]);
     let took = started.elapsed();
-    eprintln!("a task held by a live server refused by the other in {took:?}");
+    let said = &results(&moved)[0];
+    assert_eq!(said["is_error"], false, "{moved}");
+    assert!(said["text"].as_str().unwrap().contains("42"), "{moved}");
+    assert_eq!(said["restored"], true, "{moved}");
+    eprintln!("a live server's idle task moved to the other on demand in {took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    // Failback: the balancer sends the task's next call to the holder again. Its kernel,
+    // taken over, runs nothing and stops; a new kernel asks for the task back, and the
+    // other server's kernel, done with its cell, hands it over.
+    let started = Instant::now();
+    let back = via(&servers[holder], &["f()"], &[]);
+    let took = started.elapsed();
+    let said = &results(&back)[0];
+    assert_eq!(said["is_error"], false, "{back}");
+    assert!(said["text"].as_str().unwrap().contains("42"), "{back}");
+    eprintln!("failback through nginx answered in {took:?} (lease 2 s)");
     assert!(took < Duration::from_secs(10), "{took:?}");
 
     // The holder's machine dies: its server and kernels are killed at once.
@@ -576,6 +644,8 @@ fn tasks_move_between_two_servers_behind_nginx_through_the_store() {
         codes,
         [
             "x = 41\ndef f(): return x + 1",
+            "f()",
+            "f()",
             "f()",
             "y = f() + 1",
             "(x, y)"
