@@ -241,9 +241,10 @@ pub struct MissingSegment {
     pub epoch: u64,
     /// Its number in that epoch.
     pub seq: u64,
-    /// Whether it may still come: the newest segment of a holder that has not released the
-    /// task (counted before it is written), as opposed to one followed by later segments or
-    /// holders, which never will.
+    /// Whether it may still come: the newest segment of a format-1 holder (which counts a
+    /// segment just before it writes it) that has not released the task, as opposed to one
+    /// followed by later segments or holders, or of a holder that writes its segments before
+    /// counting them, which never will.
     pub may_come: bool,
 }
 
@@ -263,8 +264,8 @@ pub struct Appended {
 /// A segment the head counts that the store does not have never stops the copy: the
 /// segments after it are appended (each segment is whole JSONL lines, so the records after a
 /// gap are whole records, each naming its plan, task, session and cell), and it is named in
-/// [`Appended::missing`]. A holder counts a segment in the head before it writes it, so the
-/// newest segment of a holder that has not released the task may still be on its way: with
+/// [`Appended::missing`]. A format-1 holder counts a segment in the head before it writes
+/// it, so its newest segment may still be on its way while it holds the task: with
 /// `wait_for_newest` it is left for the next call (followers: `tail -f`); without, it is
 /// named as missing with [`MissingSegment::may_come`] (readers that read once). Every other
 /// missing segment is final (its holder died between counting and writing it) and is marked
@@ -287,7 +288,10 @@ pub async fn append_log(
             }
             let key = keys.segment(run, seq);
             let Some((data, _)) = store.get(&store.key(&key)).await? else {
-                let may_come = i + 1 == runs && seq == run.segments && !head.released;
+                // Only a format-1 run counts a segment before writing it; a run with a
+                // writer id writes it first.
+                let may_come =
+                    run.writer.is_none() && i + 1 == runs && seq == run.segments && !head.released;
                 if may_come && wait_for_newest {
                     return Ok(appended);
                 }
@@ -604,7 +608,7 @@ mod tests {
             epoch: 2,
             segments: 2,
             bytes: 4,
-            writer: Some("w".into()),
+            writer: None,
         };
         rt().block_on(async {
             for (run, seq, body) in [(&run1, 1, "a\n"), (&run1, 3, "c\n"), (&run2, 1, "d\n")] {
@@ -639,6 +643,22 @@ mod tests {
                 .unwrap();
             assert_eq!(got.missing.len(), 1);
             assert!(got.missing[0].may_come, "{got:?}");
+            // A holder that writes its segments before counting them (a writer id): its
+            // newest missing segment is gone for good, said to a follower at once.
+            let run3 = LogRun {
+                epoch: 3,
+                segments: 1,
+                bytes: 2,
+                writer: Some("w".into()),
+            };
+            let head3 = head_with(vec![run1.clone(), run2.clone(), run3], false);
+            let got = append_log(&store, &keys, &head3, &file, &mut done, true)
+                .await
+                .unwrap();
+            // (Epoch 2's newest, followed by another holder now, is final too.)
+            assert_eq!(got.missing.len(), 2, "{got:?}");
+            assert!(got.missing.iter().all(|m| !m.may_come), "{got:?}");
+            assert_eq!((got.missing[1].epoch, got.missing[1].seq), (3, 1));
             // The kernel's fetch reads past the gaps too.
             let log_file = out.path().join("k.jsonl");
             let fetched = log(&store, &keys, &head, &log_file, false, 1)
