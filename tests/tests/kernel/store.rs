@@ -966,12 +966,21 @@ fn the_log_command_shows_every_record_past_a_missing_segment() {
         .filter(|k| k.ends_with(".jsonl"))
         .collect();
     assert!(segments.len() >= 3, "{segments:?}");
-    // The first segment (the session's start and the first cell) goes.
-    delete(&s3, &segments[0]);
+    // The segment that holds the first cell goes (a gap before the later cells).
+    let holding = |code: &str| {
+        segments
+            .iter()
+            .find(|k| s3.get(k).is_some_and(|body| body.contains(code)))
+            .unwrap_or_else(|| panic!("no segment holds {code}: {segments:?}"))
+            .clone()
+    };
+    let first = holding("a = 1");
+    assert!(!s3.get(&first).unwrap().contains("c = 3"), "one segment");
+    delete(&s3, &first);
     let out = show(&s3);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(3), "{err}");
-    let name = segments[0].rsplit('/').next().unwrap();
+    let name = first.rsplit('/').next().unwrap();
     assert!(err.contains(name) && err.contains("missing"), "{err}");
     let shown: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
@@ -980,12 +989,14 @@ fn the_log_command_shows_every_record_past_a_missing_segment() {
     assert!(text.contains("b = 2") && text.contains("c = 3"), "{text}");
     // The cells after the gap keep their plan, task and context.
     assert!(text.contains(PLAN) && text.contains("\"step\":3"), "{text}");
-    // A middle segment too: the ones on either side are shown.
-    if segments.len() >= 3 {
-        delete(&s3, &segments[1]);
+    // The segment of the middle cell too: the ones on either side are shown.
+    let middle = holding("b = 2");
+    if middle != first && !s3.get(&middle).unwrap().contains("c = 3") {
+        delete(&s3, &middle);
         let out = show(&s3);
         assert_eq!(out.status.code(), Some(3));
-        assert!(String::from_utf8_lossy(&out.stdout).contains("c = 3"));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("c = 3") && !text.contains("b = 2"), "{text}");
     }
 }
 
