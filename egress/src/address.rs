@@ -28,14 +28,33 @@ pub fn internal(ip: IpAddr) -> Option<&'static str> {
 
 /// Why `ip` is internal: by its range ([`internal`]), or because it is one of `local`, the
 /// addresses of this host's own interfaces ([`local_addresses`]).
+/// An IPv6 address that leads to an IPv4 one (NAT64's well-known prefix, 6to4) is judged by
+/// that one too.
 pub fn internal_here(ip: IpAddr, local: &[IpAddr]) -> Option<&'static str> {
     internal(ip).or_else(|| {
         let ip = ip.to_canonical();
+        let to = leads_to(ip).map(IpAddr::V4);
         local
             .iter()
-            .any(|l| l.to_canonical() == ip)
+            .map(|l| l.to_canonical())
+            .any(|l| l == ip || Some(l) == to)
             .then_some("this host's own (an address of one of its interfaces)")
     })
+}
+
+/// The IPv4 address NAT64's well-known prefix or 6to4 leads to.
+fn leads_to(ip: IpAddr) -> Option<Ipv4Addr> {
+    let IpAddr::V6(v6) = ip else { return None };
+    let s = v6.segments();
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        Some(last_v4(v6))
+    } else if s[0] == 0x2002 {
+        let [a, b] = s[1].to_be_bytes();
+        let [c, d] = s[2].to_be_bytes();
+        Some(Ipv4Addr::new(a, b, c, d))
+    } else {
+        None
+    }
 }
 
 /// The addresses assigned to this host's interfaces (in the proxy's network namespace), read
@@ -285,6 +304,13 @@ mod tests {
             .contains("this host's own"));
         assert!(internal_here(mapped, &local).is_some());
         assert!(internal_here("2606:4700::1".parse().unwrap(), &local).is_some());
+        // Through NAT64 or 6to4 to the host's own IPv4 address.
+        for a in ["64:ff9b::1.2.3.4", "2002:102:304::1"] {
+            let ip: IpAddr = a.parse().unwrap();
+            assert_eq!(internal(ip), None, "{a}");
+            assert!(internal_here(ip, &local).is_some(), "{a}");
+            assert_eq!(internal_here(ip, &[]), None, "{a}");
+        }
         assert_eq!(internal_here("8.8.8.8".parse().unwrap(), &local), None);
         // And they are read: loopback is always among them.
         let here = local_addresses().unwrap();
