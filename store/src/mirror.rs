@@ -498,7 +498,7 @@ impl Uploader {
                     r
                 }
                 Some(Command::Sync(upto, done)) => {
-                    let r = runtime.block_on(self.step(true));
+                    let r = runtime.block_on(self.sync_log());
                     let r = match r {
                         Ok(()) if self.files.log_offset < upto => Err(Failure::Again),
                         r => r,
@@ -579,6 +579,27 @@ impl Uploader {
             std::thread::sleep(delay);
             delay = (delay * 2).min(BACKOFF.1);
         }
+    }
+
+    /// `--store-sync`: the log's new complete lines now, as a segment counted by one swap
+    /// (the checkpoints and workspace go up with the next batch, as without it).
+    async fn sync_log(&mut self) -> Result<(), Failure> {
+        if self.parked {
+            self.commit(|h| h.released = false).await?;
+            self.parked = false;
+        }
+        if !self.lease.good() {
+            self.commit(|_| {}).await?;
+        }
+        let mut batch = Batch::default();
+        self.log(&mut batch).await?;
+        if !batch.segments.is_empty() {
+            // Not a batch for the interval: the checkpoint's upload is not held back by it.
+            let last = self.last_batch;
+            self.commit_batch(batch).await?;
+            self.last_batch = last;
+        }
+        Ok(())
     }
 
     /// A refused swap is told to the session before the answer that carries it, so that the

@@ -14,6 +14,8 @@ use std::time::Duration;
 /// A running `moto_server` with one bucket.
 pub struct S3Server {
     child: Child,
+    /// moto's request log (its stderr: one line per request).
+    log: tempfile::NamedTempFile,
     /// Its port on 127.0.0.1.
     pub port: u16,
     /// The bucket the tests store in.
@@ -47,17 +49,40 @@ pub fn http(port: u16, method: &str, path: &str) -> (u16, String) {
     (code, body)
 }
 
+/// One HTTP/1.1 request with a body (as [`http`]); the status code and the body.
+pub fn http_body(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\nConnection: close\r\nAuthorization: AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (code, body)
+}
+
 impl S3Server {
     /// Starts a server and makes the bucket `bucket`; `env` is set for the server (moto's
     /// own settings).
     pub fn start_with(bucket: &str, env: &[(&str, &str)]) -> S3Server {
         let port = crate::free_port();
+        let log = tempfile::NamedTempFile::new().unwrap();
         let child = Command::new(moto_server())
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log.reopen().unwrap())
             .spawn()
             .expect("moto_server starts");
         crate::wait_listening(port, Duration::from_secs(30), "moto_server");
@@ -65,6 +90,7 @@ impl S3Server {
         assert_eq!(code, 200, "bucket not made: {body}");
         S3Server {
             child,
+            log,
             port,
             bucket: bucket.to_owned(),
         }
@@ -114,6 +140,38 @@ impl S3Server {
             .collect();
         keys.sort();
         keys
+    }
+
+    /// The requests moto has served so far whose path starts with `/<bucket>/<prefix>`, as
+    /// (method, path), from its request log.
+    pub fn requests(&self, prefix: &str) -> Vec<(String, String)> {
+        let text = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+        let want = format!("/{}/{prefix}", self.bucket);
+        text.lines()
+            .filter_map(|line| {
+                // `127.0.0.1 - - [date] "PUT /bucket/key HTTP/1.1" 200 -`, with colour codes.
+                let (_, rest) = line.split_once('"')?;
+                let rest = rest.trim_start_matches(|c: char| {
+                    c == '\u{1b}' || c == '[' || c.is_ascii_digit() || c == ';' || c == 'm'
+                });
+                let mut words = rest.split_whitespace();
+                let method = words.next()?.to_owned();
+                let path = words.next()?.to_owned();
+                path.starts_with(&want).then_some((method, path))
+            })
+            .collect()
+    }
+
+    /// Writes the object at `key` (a hand edit of the store).
+    pub fn put(&self, key: &str, body: &[u8]) {
+        let (code, said) = http_body(self.port, "PUT", &format!("/{}/{key}", self.bucket), body);
+        assert_eq!(code, 200, "{said}");
+    }
+
+    /// Removes the object at `key`.
+    pub fn delete(&self, key: &str) {
+        let (code, said) = http(self.port, "DELETE", &format!("/{}/{key}", self.bucket));
+        assert!(code == 204 || code == 200, "{code} {said}");
     }
 
     /// The object at `key`, if any.
