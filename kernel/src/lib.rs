@@ -139,10 +139,15 @@ pub fn run(cli: Cli) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let uploader = store.clone();
     let mut session = match session::Session::new(engine, &config, approvals, store, packages) {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the record writer");
+            // A failed start releases the task it took (after uploading what is there).
+            if let Some(m) = uploader {
+                m.finish();
+            }
             return ExitCode::from(1);
         }
     };
