@@ -10,6 +10,9 @@ store (started here), with targets. (`x = 1` with and without --store is flowrep
 2. After a SIGKILL (lease 2 s): from the second kernel's start to its first answer.
 3. Upload delay: how long after a cell's reply its record is in the store (the head counts
    its bytes), cells 50 ms apart.
+4. `x = 1` with --store-sync against the async default (interleaved, p50).
+5. Requests (issue 46), counted in moto's request log: per cell at 1 cell/s, and idle, with
+   their cost per task-hour at S3 Standard's request prices.
 
 Usage: bench/store_bench.py --flowrepl target/release/flowrepl [--quick]
 Runs under target/mcp-venv's python (moto, boto3).
@@ -47,8 +50,10 @@ class Moto:
         self.port = s.getsockname()[1]
         s.close()
         moto = os.path.join(os.path.dirname(sys.executable), "moto_server")
+        # Its request log (stderr: one line per request), for the request counts.
+        self.log = tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log")
         self.p = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(self.port)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.time() + 30
         while True:
             try:
@@ -83,6 +88,22 @@ class Moto:
                     f.write(self.s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read())
                 n += 1
         return n
+
+    def requests(self, prefix):
+        """(method, path) of every request served so far under the bucket's `prefix`."""
+        want = f"/{BUCKET}/{prefix}"
+        out = []
+        with open(self.log.name, errors="replace") as f:
+            for line in f:
+                if '"' not in line:
+                    continue
+                req = line.split('"', 2)[1]
+                req = req.replace("\x1b[31m", "").replace("\x1b[1m", "").replace("\x1b[33m", "")
+                req = req.replace("\x1b[0m", "").replace("\x1b[32m", "").replace("\x1b[36m", "")
+                parts = req.split()
+                if len(parts) >= 2 and parts[1].startswith(want):
+                    out.append((parts[0], parts[1]))
+        return out
 
     def close(self):
         self.p.kill()
@@ -247,19 +268,88 @@ def delay(args, moto, root):
     target("a record in the store after its reply, p99", p99 / 1000, 1.2, " s")
 
 
+def sync_cost(args, moto, root):
+    print("\n4. x = 1 with --store-sync against the async default (us), interleaved")
+    ks = {}
+    for name, extra in (("async", ()), ("sync", ("--store-sync",))):
+        folder = os.path.join(root, f"sync-{name}")
+        os.makedirs(folder)
+        ks[name] = Kernel(args, moto, folder, f"sync-{name}", "s", extra)
+        ks[name].ok("x = 0")
+    took = {"async": [], "sync": []}
+    for _ in range(50 if args.quick else 300):
+        for name, k in ks.items():
+            t = time.perf_counter()
+            k.ok("x = 1")
+            took[name].append((time.perf_counter() - t) * 1e6)
+    for k in ks.values():
+        k.close()
+    a, s = statistics.median(took["async"]), statistics.median(took["sync"])
+    print(f"  p50 async {a:.0f} us, --store-sync {s:.0f} us: {s / a:.1f}x")
+    target("--store-sync / async, p50", s / a, 1.5, "x")
+
+
+# S3 Standard, us-east-1: PUT, COPY, POST, LIST per 1,000; GET per 1,000; DELETE free.
+PRICE = {"PUT": 0.005 / 1000, "POST": 0.005 / 1000, "GET": 0.0004 / 1000, "HEAD": 0.0004 / 1000,
+         "DELETE": 0.0}
+
+
+def requests(args, moto, root):
+    print("\n5. requests per task (default lease, 15 s): 1 cell/s, then idle")
+    task, prefix = "req", "q"
+    folder = os.path.join(root, "req")
+    os.makedirs(folder)
+    k = Kernel(args, moto, folder, task, prefix)
+    k.ok("x = 0")
+    k.stored(moto, prefix, task, 1)
+    time.sleep(1.5)
+    n = 20 if args.quick else 60
+    base = len(moto.requests(prefix + "/"))
+    t0 = time.perf_counter()
+    for i in range(1, n + 1):
+        k.ok(f"x = {i}")
+        time.sleep(max(0.0, t0 + i - time.perf_counter()))
+    active = moto.requests(prefix + "/")[base:]
+    by = {}
+    for m, _ in active:
+        by[m] = by.get(m, 0) + 1
+    heads = sum(1 for m, p in active if m == "PUT" and p.endswith("head.json"))
+    cost = sum(PRICE.get(m, 0.005 / 1000) * c for m, c in by.items()) / n * 3600
+    print(f"  1 cell/s for {n} s: {by} = {by.get('PUT', 0) / n:.2f} PUT per cell"
+          f" ({heads} head swaps); ${cost:.4f} per task-hour")
+    target("PUTs per cell at 1 cell/s", by.get("PUT", 0) / n, 3)
+    # Idle: parked once everything is up.
+    deadline = time.time() + 10
+    while time.time() < deadline and not moto.head(prefix, task).get("released"):
+        time.sleep(0.1)
+    base = len(moto.requests(prefix + "/"))
+    idle_s = 10 if args.quick else 60
+    time.sleep(idle_s)
+    idle = len(moto.requests(prefix + "/")) - base
+    print(f"  idle for {idle_s} s: {idle} requests (${idle / idle_s * 3600 * 0.005 / 1000:.4f}"
+          " per task-hour at most)")
+    target("requests per lease third (5 s) idle", idle / (idle_s / 5), 1)
+    k.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flowrepl", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only-46", action="store_true",
+                    help="only the --store-sync and request figures")
     args, _ = ap.parse_known_args()
     # The kernels run in folders of their own.
     args.flowrepl = os.path.abspath(args.flowrepl)
     moto = Moto()
     root = tempfile.mkdtemp(prefix="flowrepl-store-bench-")
     try:
-        handover(args, moto, root)
-        killed(args, moto, root)
-        delay(args, moto, root)
+        if not args.only_46:
+            handover(args, moto, root)
+            killed(args, moto, root)
+            delay(args, moto, root)
+        sync_cost(args, moto, root)
+        requests(args, moto, root)
     finally:
         moto.close()
         shutil.rmtree(root, ignore_errors=True)
