@@ -53,6 +53,14 @@ pub fn looks_like_python(args: &[OsString]) -> bool {
     let Some(first) = args.first().and_then(|a| a.to_str()) else {
         return false;
     };
+    // `-h` and `-V` with no script are flowrepl's own (its help, its version): Python's
+    // meaning of a flag wins only when the arguments are a Python invocation.
+    let flags_only = args
+        .iter()
+        .all(|a| a.to_str().is_some_and(|s| s.starts_with('-')));
+    if flags_only && args.iter().any(|a| a == "-h" || a == "-V") {
+        return false;
+    }
     match first.strip_prefix('-') {
         Some(rest) => {
             !rest.starts_with('-')
@@ -230,11 +238,17 @@ mod tests {
             &["--python", "x"],
             &["log"],
             &["script"],
+            // flowrepl's own help and version (they exited 2 as unsupported Python flags).
+            &["-h"],
+            &["-V"],
+            &["-B", "-V"],
         ] {
             assert!(!looks_like_python(&args(a)), "{a:?}");
         }
         assert!(looks_like_python(&args(&["repl.py"])));
         assert!(looks_like_python(&args(&["-B", "repl"])));
+        // With a script, Python's meaning wins (and drop-in mode refuses them).
+        assert!(looks_like_python(&args(&["-V", "repl.py"])));
     }
 
     #[test]

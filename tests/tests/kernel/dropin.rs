@@ -478,3 +478,27 @@ fn startup_files_are_the_sessions_baseline() {
         String::from_utf8_lossy(&out.stderr).contains("startup file /no/such/file.py not found")
     );
 }
+
+/// `-h` and `-V` alone are flowrepl's own, as in any command-line tool (they were taken for
+/// Python's and refused, exit 2); with a script, the line is Python's.
+#[test]
+fn dash_h_and_dash_v_are_flowrepls_own_without_a_script() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(flowrepl_tests::flowrepl_bin())
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let v = run(&["-V"]);
+    assert_eq!(v.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&v.stdout).starts_with("flowrepl "));
+    let short = run(&["-h"]);
+    let long = run(&["--help"]);
+    assert_eq!(short.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&short.stdout).contains("Usage: flowrepl"));
+    assert!(short.stdout.len() < long.stdout.len());
+    let python = run(&["-V", "repl.py"]);
+    assert_eq!(python.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&python.stderr).contains("-V"));
+}
