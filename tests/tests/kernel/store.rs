@@ -1608,3 +1608,71 @@ fn requests_per_cell_and_when_idle() {
         "{idle} requests in 10 s idle (at most one per lease third)"
     );
 }
+
+/// Whether a reader that read the task's head before four more states were written still
+/// finds that older state's manifest and every blob it names once the holder collected, with
+/// the holder's grace `grace_s`.
+fn older_state_survives(s3: &S3Server, prefix: &str, grace_s: &str) -> bool {
+    let mut k = stored("in_process", s3, s3.port, prefix, "reader", 30)
+        .env("FLOWREPL_STORE_GC_GRACE_S", grace_s)
+        .start();
+    k.ok("import os\nx = os.urandom(1 << 20)");
+    wait_stored(&mut k, s3, prefix, "reader", 1);
+    // The reader reads the head (and so the manifest's name) here.
+    let old = head(s3, prefix, "reader")["state"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let manifest: Value =
+        serde_json::from_str(&s3.get(&format!("{prefix}/{old}")).unwrap()).unwrap();
+    let mut blobs: Vec<String> = manifest["checkpoints"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|c| c["segments"].as_object().unwrap().values())
+        .map(|s| s["sha256"].as_str().unwrap().to_owned())
+        .collect();
+    blobs.extend(
+        manifest["workspace"]["files"]
+            .as_object()
+            .into_iter()
+            .flat_map(|f| f.values())
+            .map(|f| f["sha256"].as_str().unwrap().to_owned()),
+    );
+    for i in 2..=5 {
+        k.ok("x = os.urandom(1 << 20)");
+        wait_stored(&mut k, s3, prefix, "reader", i);
+        // A collection runs at most every second.
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    k.ok("y = 1");
+    wait_stored(&mut k, s3, prefix, "reader", 6);
+    std::thread::sleep(Duration::from_millis(500));
+    // The reader goes on fetching what it read.
+    let exists = |key: String| {
+        flowrepl_tests::s3::http(s3.port, "HEAD", &format!("/{}/{key}", s3.bucket)).0 == 200
+    };
+    let survives = exists(format!("{prefix}/{old}"))
+        && blobs
+            .iter()
+            .all(|b| exists(format!("{prefix}/tasks/{PLAN}/reader/blobs/{b}")));
+    k.close();
+    survives
+}
+
+/// Item: collection spares a reader within the grace. A reader mid-fetch of an older state
+/// (it read the head before the holder wrote four more) still finds its manifest and blobs
+/// after the holder collected, with the grace; the control, with no grace, shows the same
+/// reader's objects gone.
+#[test]
+fn a_reader_of_an_older_state_within_the_grace_still_finds_it() {
+    let s3 = S3Server::start();
+    assert!(
+        older_state_survives(&s3, "rg", "60"),
+        "collected within the grace"
+    );
+    assert!(
+        !older_state_survives(&s3, "r0", "0"),
+        "the control kept the older state"
+    );
+}
