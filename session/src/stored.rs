@@ -403,7 +403,7 @@ impl Attached {
                             .collect(),
                         max_bytes: s.workspace_max_bytes,
                         marker: flowrepl_task_logger::path::workspace_marker(&config.log_file),
-                        lost: self.lost_files.clone(),
+                        lost: std::sync::Arc::new(std::sync::Mutex::new(self.lost_files.clone())),
                     })
                 }),
             },

@@ -69,11 +69,14 @@ pub struct Limits {
     /// the checkpoint folder did not change.
     pub marker: PathBuf,
     /// Files the state this kernel started from named, which could not be brought back (a
-    /// blob missing from the store, or not of its hash), with the reason: while such a file
-    /// is not in the workspace again, every state names it in [`Workspace::skipped`] (the
-    /// reason starting with [`LOST`]) instead of forgetting it.
-    pub lost: BTreeMap<String, String>,
+    /// blob missing from the store, or not of its hash), with the reason: until a file is at
+    /// that path again (then it is dropped from here), every state names it in
+    /// [`Workspace::skipped`] (the reason starting with [`LOST`]) instead of forgetting it.
+    pub lost: Lost,
 }
+
+/// The lost files of [`Limits::lost`]: shared, since the walk drops those found again.
+pub type Lost = std::sync::Arc<std::sync::Mutex<BTreeMap<String, String>>>;
 
 /// How a lost file's reason starts in [`Workspace::skipped`].
 pub const LOST: &str = "lost: ";
@@ -166,14 +169,16 @@ pub fn walk(limits: &Limits) -> (Vec<Found>, BTreeMap<String, String>) {
     }
     found.sort_by(|a, b| a.path.cmp(&b.path));
     // Files lost at the restore stay named until the workspace has a file there again.
-    for (path, why) in &limits.lost {
-        if found
+    let mut lost = limits.lost.lock().unwrap_or_else(|p| p.into_inner());
+    lost.retain(|path, _| {
+        found
             .binary_search_by(|f| f.path.as_str().cmp(path))
             .is_err()
-        {
-            skipped.entry(path.clone()).or_insert_with(|| why.clone());
-        }
+    });
+    for (path, why) in lost.iter() {
+        skipped.entry(path.clone()).or_insert_with(|| why.clone());
     }
+    drop(lost);
     (found, skipped)
 }
 
@@ -312,10 +317,10 @@ mod tests {
             exclude: vec![p.join("logs")],
             max_bytes: 1024,
             marker: p.join("logs/plan/t.files"),
-            lost: BTreeMap::from([
+            lost: Lost::new(std::sync::Mutex::new(BTreeMap::from([
                 ("small".to_owned(), format!("{LOST}its blob is missing")),
                 ("gone.csv".to_owned(), format!("{LOST}its blob is missing")),
-            ]),
+            ]))),
         };
         let (found, skipped) = walk(&limits);
         let names: Vec<&str> = found.iter().map(|f| f.path.as_str()).collect();
@@ -328,6 +333,8 @@ mod tests {
         assert!(skipped["gone.csv"].starts_with(LOST), "{skipped:?}");
         assert!(!skipped.contains_key("small"), "{skipped:?}");
         assert_eq!(skipped.len(), 4, "{skipped:?}");
+        // Found again, it is no longer lost: removed later, it is simply gone.
+        assert_eq!(limits.lost.lock().unwrap().len(), 1);
         // A FIFO swapped in after the walk is refused at open time, without blocking.
         std::fs::remove_file(p.join("small")).unwrap();
         nix::unistd::mkfifo(&p.join("small"), nix::sys::stat::Mode::S_IRWXU).unwrap();
