@@ -695,3 +695,23 @@ pub fn assert_help_lists_tools(command: &str, tools: &[serde_json::Value]) {
         "{line}"
     );
 }
+
+/// A folder in the user's home (outside every place a sandbox may touch: the place a cell's
+/// planted code would leave its mark if it ran outside), removed on drop.
+pub struct HomeDir(pub PathBuf);
+
+impl HomeDir {
+    /// `~/.flowrepl-test-<tag>-<pid>`, made.
+    pub fn new(tag: &str) -> HomeDir {
+        let home = std::env::var_os("HOME").expect("HOME");
+        let dir = Path::new(&home).join(format!(".flowrepl-test-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        HomeDir(dir)
+    }
+}
+
+impl Drop for HomeDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -4,7 +4,7 @@
 //! kernel keeps serving after every attempt. Network attempts target only a listener this
 //! test opens on the host's 127.0.0.1.
 
-use flowrepl_tests::Kernel;
+use flowrepl_tests::{HomeDir, Kernel};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -56,27 +56,6 @@ fn detail(k: &Kernel, layer: &str) -> String {
         .as_str()
         .unwrap()
         .to_owned()
-}
-
-/// A folder in the user's home (outside every place the sandbox may touch), removed on drop.
-struct HomeDir(PathBuf);
-
-impl HomeDir {
-    fn new(tag: &str) -> HomeDir {
-        let home = std::env::var_os("HOME").expect("HOME");
-        let dir = Path::new(&home).join(format!(
-            ".flowrepl-sandbox-test-{tag}-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        HomeDir(dir)
-    }
-}
-
-impl Drop for HomeDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[test]

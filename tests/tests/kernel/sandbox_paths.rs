@@ -4,35 +4,26 @@
 //! attempt gets through with only that protection left out (`FLOWREPL_SANDBOX_SKIP` takes
 //! the mount namespace's protections by name), and what it would have led to is shown.
 
-use flowrepl_tests::{Kernel, KernelOptions};
+use flowrepl_tests::{HomeDir, Kernel, KernelOptions};
 use std::path::{Path, PathBuf};
-
-/// A folder in the user's home (outside every place the sandbox may touch), removed on drop.
-struct HomeDir(PathBuf);
-
-impl HomeDir {
-    fn new(tag: &str) -> HomeDir {
-        let home = std::env::var_os("HOME").expect("HOME");
-        let dir = Path::new(&home).join(format!(
-            ".flowrepl-sandbox-paths-{tag}-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        HomeDir(dir)
-    }
-}
-
-impl Drop for HomeDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn sandboxed(o: KernelOptions, workspace: &Path, skip: &[&str]) -> KernelOptions {
     o.arg("--sandbox")
         .arg("--workspace")
         .arg(workspace.display().to_string())
         .env("FLOWREPL_SANDBOX_SKIP", skip.join(","))
+}
+
+/// A venv (without pip) at `<dir>/.venv`, as users make one in their project.
+fn make_venv(dir: &Path) -> PathBuf {
+    let venv = dir.join(".venv");
+    let made = std::process::Command::new(flowrepl_tests::base_python())
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    venv
 }
 
 /// The repr of `code`'s last expression (the cell must not fail).
@@ -107,13 +98,7 @@ fn a_cell_cannot_change_a_venv_in_the_workspace() {
         let home = HomeDir::new("venv");
         let planted = home.0.join("ran-outside.txt");
         let ws = tempfile::tempdir().unwrap();
-        let venv = ws.path().join(".venv");
-        let made = std::process::Command::new(flowrepl_tests::base_python())
-            .args(["-m", "venv", "--without-pip"])
-            .arg(&venv)
-            .status()
-            .unwrap();
-        assert!(made.success());
+        let venv = make_venv(ws.path());
         let python = venv.join("bin/python").display().to_string();
         let start = |skip: &[&str]| {
             sandboxed(Kernel::options(), ws.path(), skip)
@@ -160,13 +145,7 @@ fn a_cell_cannot_change_a_venv_in_the_workspace() {
 fn without_a_mount_namespace_a_venv_inside_the_workspace_is_refused() {
     let ws = tempfile::tempdir().unwrap();
     let logs = tempfile::tempdir().unwrap();
-    let venv = ws.path().join(".venv");
-    let made = std::process::Command::new(flowrepl_tests::base_python())
-        .args(["-m", "venv", "--without-pip"])
-        .arg(&venv)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    let venv = make_venv(ws.path());
     let out = std::process::Command::new("unshare")
         .args([
             "--user",
