@@ -123,6 +123,24 @@ impl Config {
             max_pixels: m.max_image_pixels,
         })
     }
+
+    /// An egress proxy for this task under `rules`: its records in the task log, under the
+    /// task's identity (a worker's cells, or a confined build).
+    pub fn egress_proxy(
+        &self,
+        rules: std::sync::Arc<flowrepl_egress::Rules>,
+    ) -> flowrepl_egress::proxy::ProxyConfig {
+        flowrepl_egress::proxy::ProxyConfig {
+            rules,
+            log: self.logging.then(|| self.log_file.clone()),
+            who: flowrepl_egress::Who {
+                plan_id: self.identity.plan_id.clone(),
+                task_id: self.identity.task_id.clone(),
+                task_name: self.identity.task_name.clone(),
+                session_id: self.identity.session_id.clone(),
+            },
+        }
+    }
 }
 
 /// Resource limits applied to the worker only.

@@ -192,16 +192,7 @@ pub fn prepare(config: &Config) -> Packages {
                     tracing::warn!("{BUILD_NET}=host: builds keep the host's network");
                     BuildNetwork::Host
                 } else {
-                    BuildNetwork::Index(flowrepl_egress::proxy::ProxyConfig {
-                        rules: Default::default(),
-                        log: config.logging.then(|| config.log_file.clone()),
-                        who: flowrepl_egress::Who {
-                            plan_id: config.identity.plan_id.clone(),
-                            task_id: config.identity.task_id.clone(),
-                            task_name: config.identity.task_name.clone(),
-                            session_id: config.identity.session_id.clone(),
-                        },
-                    })
+                    BuildNetwork::Index(config.egress_proxy(Default::default()))
                 },
             }) as Box<dyn flowrepl_packages::install::Confine>
         });

@@ -170,16 +170,7 @@ impl Worker {
                     .sandbox
                     .as_ref()
                     .and_then(|sb| sb.network.rules())
-                    .map(|rules| flowrepl_egress::proxy::ProxyConfig {
-                        rules: Arc::clone(rules),
-                        log: config.logging.then(|| config.log_file.clone()),
-                        who: flowrepl_egress::Who {
-                            plan_id: config.identity.plan_id.clone(),
-                            task_id: config.identity.task_id.clone(),
-                            task_name: config.identity.task_name.clone(),
-                            session_id: config.identity.session_id.clone(),
-                        },
-                    }),
+                    .map(|rules| config.egress_proxy(Arc::clone(rules))),
             },
             diagnostics,
             grace: config.kill_grace,
