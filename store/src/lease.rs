@@ -425,9 +425,11 @@ impl Lease {
                                     source: std::io::Error::other(e),
                                 })
                             })?;
-                            if theirs.epoch == self.head.epoch
-                                && theirs.holder == self.head.holder
-                                && !theirs.released
+                            // The same epoch and holder: nobody took the task since this
+                            // holder's last swap (a taker bumps the epoch). It is this holder's
+                            // own swap whose answer was lost (a park among them), or an
+                            // asker's handover request, or an operator's release: swap again.
+                            if theirs.epoch == self.head.epoch && theirs.holder == self.head.holder
                             {
                                 // A handover request written meanwhile is kept (and seen).
                                 if theirs.wanted != self.head.wanted {

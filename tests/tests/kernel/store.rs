@@ -265,7 +265,17 @@ fn a_held_task_is_handed_over_on_demand_and_a_busy_holder_is_named() {
         "{refused_call}"
     );
     a.wait();
-    b.close();
+    // A holder that answered a cell just now (not parked yet, next renewal 5 s away): it
+    // hands the task over once it has been idle for 2 s, with everything uploaded.
+    b.ok("x = 2");
+    let started = Instant::now();
+    let mut b2 = stored_default_lease(&s3, "h", "t").arg("--resume").start();
+    let took = started.elapsed();
+    eprintln!("a just-active holder's task taken by another kernel in {took:?} (default lease)");
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    b2.ok("assert x == 2");
+    b2.close();
+    drop(b);
 
     // A holder running a cell (lease 3 s: renewed every second) is asked, and hands the task
     // over only when its cell has ended: an asker that waits less says "busy elsewhere",
@@ -295,7 +305,7 @@ fn a_held_task_is_handed_over_on_demand_and_a_busy_holder_is_named() {
     let took = started.elapsed();
     let long = c.recv();
     assert_eq!(long["result"]["success"], true, "{long}");
-    let r = d.ok("assert (x, w) == (1, 7)");
+    let r = d.ok("assert (x, w) == (2, 7)");
     assert_eq!(r["restored"], true, "{r}");
     eprintln!("a busy holder's task taken {took:?} after asking (the cell had 5 s to run)");
     assert!(took < Duration::from_secs(10), "{took:?}");
