@@ -365,13 +365,16 @@ impl Cli {
             for line in renamed_flags(&mut args[1..]) {
                 eprintln!("flowrepl: {line}");
             }
-            return Cli::parse_with_help(&args, tools);
+            let mut cli = Cli::parse_with_help(&args, tools);
+            cli.make_paths_absolute();
+            return cli;
         }
         match crate::dropin::parse(&args[1..]) {
             Ok(py) => {
                 // flowrepl's own settings still come from the environment.
                 let mut cli = Cli::parse_from(&args[..1]);
                 cli.dropin = Some(py);
+                cli.make_paths_absolute();
                 cli
             }
             Err(e) => {
@@ -380,6 +383,27 @@ impl Cli {
                 std::process::exit(2);
             }
         }
+    }
+}
+
+impl Cli {
+    /// The programs and files the kernel runs or loads, made absolute against the folder it
+    /// was started in: a relative `--python .venv` was looked up later from wherever the
+    /// kernel ran it (a task's workspace under `serve`, the layer's scratch folder for an
+    /// install), folders a cell or a build can write.
+    pub fn make_paths_absolute(&mut self) {
+        // (A bare name that is no file here, `--uv uv`, stays a name for `PATH`.)
+        let abs = |p: &mut PathBuf| {
+            if p.is_relative() && (p.components().count() > 1 || p.exists()) {
+                if let Ok(a) = std::path::absolute(&*p) {
+                    *p = a;
+                }
+            }
+        };
+        self.python.iter_mut().for_each(abs);
+        self.uv.iter_mut().for_each(abs);
+        self.worker_bin.iter_mut().for_each(abs);
+        self.startup.iter_mut().for_each(abs);
     }
 }
 

@@ -319,6 +319,33 @@ pub fn libpython_prefix() -> Option<PathBuf> {
     python_prefix(Path::new(lib).parent()?)
 }
 
+/// Why the sandbox cannot keep what the kernel runs from a cell whatever the host enforces:
+/// a writable folder (the workspace, the checkpoint folder) lies inside one of
+/// [`SandboxPolicy::protected`] (a server's task whose workspace is `venv/bin` of the
+/// interpreter it serves). System folders (`/usr`, ...) are left out: the interpreter's
+/// prefix may be `/usr`, which holds everything.
+pub fn writable_inside_protected(policy: &SandboxPolicy) -> Option<String> {
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let protected: Vec<PathBuf> = policy
+        .protected
+        .iter()
+        .map(|p| real(p))
+        .filter(|p| !SYSTEM.iter().any(|s| p.starts_with(s)) && p != Path::new("/"))
+        .collect();
+    std::iter::once(&policy.workspace)
+        .chain(&policy.writable)
+        .map(|w| real(w))
+        .find_map(|w| {
+            protected.iter().find(|p| w.starts_with(p)).map(|p| {
+                format!(
+                    "the writable {} lies inside {}, which the kernel runs outside the sandbox (an interpreter, its venv, the kernel's own folder): a cell could replace it; put the workspace elsewhere",
+                    w.display(),
+                    p.display()
+                )
+            })
+        })
+}
+
 /// Why the hidden folders (the log folder) cannot be kept from a cell without the mount
 /// namespace: one of them is inside a writable folder (the default layout puts
 /// `./.flowrepl/logs` inside the workspace, the current folder).

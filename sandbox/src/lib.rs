@@ -121,6 +121,16 @@ pub fn apply(policy: &SandboxPolicy) -> Result<Confined, Refused> {
         });
     }
     let skip = |layer: &str| policy.skip.iter().any(|s| s == layer);
+    if !skip(namespaces::PROTECTED) {
+        // No layer can help here: refused at any level, before anything is confined.
+        if let Some(why) = files::writable_inside_protected(policy) {
+            return Err(Refused {
+                missing: vec![namespaces::MOUNT.into()],
+                why: vec![why],
+                report: Box::new(report(policy, Vec::new())),
+            });
+        }
+    }
     let terminal = terminal::check(&skip);
     let mut layers = namespaces::enter(policy, &skip);
     layers.insert(0, terminal);

@@ -2,7 +2,9 @@
 //! refused (400) and its connection closed, as RFC 9112 (6.1) allows. hyper decodes such a
 //! request as chunked and drops the `Content-Length` before the service could see it, while a
 //! proxy in front may have framed it by its length: the bytes one of them takes as the body,
-//! the other takes as the next request (request smuggling).
+//! the other takes as the next request (request smuggling). So is a `Transfer-Encoding`
+//! that is not exactly one `chunked` (`chunked, chunked` applies it twice, which RFC 9112
+//! forbids; no other coding is served).
 //!
 //! [`Framing`] wraps a connection's reads: it holds each request head until it is whole,
 //! follows each body's framing (a length, or chunks and trailers) to find the next head, and
@@ -168,6 +170,11 @@ impl Follower {
     /// The framing of the body after `head`; spoils a head with both framings.
     fn judge(&mut self, head: &mut [u8]) -> State {
         let (mut chunked, mut te, mut length, mut upgrade) = (false, false, None, false);
+        // Every transfer coding named, over every `Transfer-Encoding` line: only one
+        // `chunked` is served (`chunked, chunked` applies it twice, which RFC 9112 forbids;
+        // another coding is not supported).
+        let mut codings = 0usize;
+        let mut only_chunked = true;
         let mut lines = head.split(|&b| b == b'\n');
         let request_line = lines.next().map(trim_line).unwrap_or_default();
         if request_line.starts_with(b"CONNECT ") {
@@ -181,6 +188,10 @@ impl Follower {
             let (name, value) = (&line[..colon], trim(&line[colon + 1..]));
             if name.eq_ignore_ascii_case(b"transfer-encoding") {
                 te = true;
+                for coding in value.split(|&b| b == b',').map(trim) {
+                    codings += 1;
+                    only_chunked &= coding.eq_ignore_ascii_case(b"chunked");
+                }
                 chunked = value
                     .rsplit(|&b| b == b',')
                     .next()
@@ -196,7 +207,7 @@ impl Follower {
                 upgrade = true;
             }
         }
-        if te && length.is_some() {
+        if te && (length.is_some() || codings != 1 || !only_chunked) {
             head[0] = b'@';
             self.refused += 1;
             return State::Pass;
@@ -402,6 +413,16 @@ mod tests {
         // The same head with one framing passes untouched.
         let one = b"PUT /c HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
         assert_eq!(through(&[one]), (one.to_vec(), 0));
+        // Chunked applied twice, on one line or two, or another coding: spoiled (400).
+        for te in [
+            "Transfer-Encoding: chunked, chunked\r\n",
+            "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+            "Transfer-Encoding: gzip, chunked\r\n",
+        ] {
+            let head = format!("PUT /c HTTP/1.1\r\nHost: h\r\n{te}\r\n0\r\n\r\n");
+            let (out, refused) = through(&[head.as_bytes()]);
+            assert_eq!((out[0], refused), (b'@', 1), "{te}");
+        }
     }
 
     /// hyper itself, with and without the follower: the request with both framings reaches

@@ -397,7 +397,71 @@ pub fn roots_apart(cli: &Cli, args: &ServeArgs) -> Option<String> {
     if let Some(dir) = cli.store.as_deref().and_then(|s| s.strip_prefix("file://")) {
         kept.push(("--store", dir.into()));
     }
+    // What the server and its kernels run or load, outside the sandbox: a task whose
+    // workspace holds it (`--python W/venv`: task (venv, bin)'s workspace is `W/venv/bin`)
+    // could replace it, and the next install or start would run the cell's program as the
+    // server's user.
+    for (flag, url) in std::iter::once(&cli.index_url)
+        .flatten()
+        .map(|u| ("--index-url", u))
+        .chain(cli.extra_index_url.iter().map(|u| ("--extra-index-url", u)))
+    {
+        if let Some(dir) = url.strip_prefix("file://") {
+            kept.push((flag, dir.into()));
+        }
+    }
+    // (These only one way: a workspace root in the home or the temporary folder is usual.)
     overlap(&args.workspace_root, &kept)
+        .or_else(|| inside(&args.workspace_root, &ran_or_loaded(cli)))
+}
+
+/// The first of `ran` that lies inside `workspace_root`, as a line naming both.
+fn inside(workspace_root: &std::path::Path, ran: &[(&str, std::path::PathBuf)]) -> Option<String> {
+    let ws = resolved(workspace_root);
+    ran.iter().find(|(_, p)| resolved(p).starts_with(&ws)).map(|(what, p)| {
+        format!(
+            "{what} {} lies inside --workspace-root {}: a task whose workspace is there could replace what the server runs outside the sandbox; put the workspace root elsewhere",
+            p.display(),
+            workspace_root.display()
+        )
+    })
+}
+
+/// The programs and files a kernel of this server runs or loads, by the flag (or variable)
+/// that names them: the interpreter (its venv, as the kernel resolves it), uv, the worker,
+/// the startup files, the server's own folder, the home (caches, the support code) and the
+/// temporary folder (the workers' private folders).
+fn ran_or_loaded(cli: &Cli) -> Vec<(&'static str, std::path::PathBuf)> {
+    let mut out = Vec::new();
+    let request = flowrepl_pythons::Request::from_env(cli.python.clone(), None);
+    if let Ok(found) = flowrepl_pythons::resolve(&request) {
+        let program = found.program;
+        let venv = program
+            .parent()
+            .and_then(std::path::Path::parent)
+            .filter(|v| v.join("pyvenv.cfg").is_file());
+        let what = if cli.python.is_some() {
+            "--python"
+        } else {
+            "the Python it serves"
+        };
+        match venv {
+            Some(v) => out.push((what, v.to_path_buf())),
+            None => out.extend(program.parent().map(|d| (what, d.to_path_buf()))),
+        }
+    }
+    out.extend(cli.uv.clone().map(|p| ("--uv", p)));
+    out.extend(cli.worker_bin.clone().map(|p| ("--worker-bin", p)));
+    out.extend(cli.startup.iter().map(|p| ("--startup", p.clone())));
+    out.extend(
+        std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(std::path::Path::to_path_buf))
+            .map(|d| ("flowrepl's own folder", d)),
+    );
+    out.extend(std::env::var_os("HOME").map(|h| ("$HOME", h.into())));
+    out.push(("the temporary folder ($TMPDIR)", std::env::temp_dir()));
+    out
 }
 
 /// The first of `kept` that lies inside `workspace_root` or holds it, as a line naming both.

@@ -855,3 +855,41 @@ fn a_cells_sitecustomize_on_the_pythonpath_never_runs_in_the_installer() {
     assert!(control.success());
     assert!(ran.exists(), "the control: the interpreter imports it");
 }
+
+/// A relative `--python` names the interpreter in the folder the kernel was started in; the
+/// installer runs from the layer's scratch folder, where `.venv/bin/python` named nothing (or
+/// what a build left there): it gets the path made absolute at the start.
+#[test]
+fn a_relative_python_is_the_start_folders() {
+    let index = Index::start();
+    let cache = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let made = std::process::Command::new(flowrepl_tests::base_python())
+        .args(["-m", "venv", "--without-pip", ".venv"])
+        .current_dir(dir.path())
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let mut k = Kernel::options()
+        .arg("--python")
+        .arg(".venv")
+        .arg("--uv")
+        .arg(uv())
+        .arg("--index-url")
+        .arg(index.url())
+        .arg("--packages-cache")
+        .arg(cache.path().display().to_string())
+        .wrap(vec![
+            "sh".into(),
+            "-c".into(),
+            format!("cd {} && exec \"$@\"", dir.path().display()),
+            "sh".into(),
+        ])
+        .start();
+    let r = install(&mut k, &["tinypkg==2.0"]);
+    assert_eq!(
+        r["result"]["installed"],
+        json!(["tinydep==1.0", "tinypkg==2.0"]),
+        "{r}"
+    );
+}

@@ -326,3 +326,66 @@ fn a_cell_cannot_replace_the_kernels_own_executables_in_the_workspace() {
         assert_eq!(planted.exists(), replaced, "{skip:?}");
     }
 }
+
+/// A workspace inside the venv the kernel serves (`serve --workspace-root W --python W/venv`
+/// made task (venv, bin)'s workspace `W/venv/bin`): no mount can keep the interpreter from
+/// the cell, so the sandbox refuses to start, and serve refuses the layout at its start.
+/// With the protection left out, the cell replaces the interpreter the kernel runs outside.
+#[test]
+fn a_workspace_inside_the_served_venv_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let venv = make_venv(dir.path());
+    let bin = venv.join("bin");
+    let start = |skip: &str| {
+        std::process::Command::new(flowrepl_tests::flowrepl_bin())
+            .args(["--sandbox", "--python"])
+            .arg(&venv)
+            .arg("--workspace")
+            .arg(&bin)
+            .env("FLOWREPL_LOG_DIR", logs.path())
+            .env("FLOWREPL_SANDBOX_SKIP", skip)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = start("");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("lies inside") && err.contains(".venv"),
+        "{err}"
+    );
+    // The control: started, a cell rewrites the interpreter in its workspace.
+    let mut k = sandboxed(Kernel::options(), &bin, &["read_only_tools"])
+        .arg("--python")
+        .arg(venv.display().to_string())
+        .start();
+    let r = attempt(
+        &mut k,
+        "import os\nos.unlink('python')\nopen('python', 'w').write('#!/bin/sh\\n')\n'replaced'",
+    );
+    assert_eq!(r, "'replaced'");
+    drop(k);
+    // serve refuses the layout before any task runs.
+    let out = std::process::Command::new("timeout")
+        .args(["-k", "5", "20"])
+        .arg(flowrepl_tests::flowrepl_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--workspace-root"])
+        .arg(dir.path())
+        .arg("--python")
+        .arg(&venv)
+        .arg("--log-dir")
+        .arg(logs.path().join("l"))
+        .arg("--state-dir")
+        .arg(logs.path().join("s"))
+        .env("FLOWREPL_TOKEN", flowrepl_tests::serve::TOKEN)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("--python") && said.contains("lies inside"),
+        "{said}"
+    );
+}

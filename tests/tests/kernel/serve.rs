@@ -666,6 +666,11 @@ fn a_kept_folder_inside_the_workspace_root_or_around_it_is_refused_at_start() {
         (p(&w), "--state-dir", p(&link.join("state"))),
         (p(&w), "--token-file", p(&w.join("p/t/token"))),
         (p(&w), "--packages-cache", p(&w.join("uv"))),
+        // What the server's kernels run outside the sandbox (a task whose workspace holds
+        // it would replace it).
+        (p(&w), "--uv", p(&w.join("tools/uv"))),
+        (p(&w), "--worker-bin", p(&w.join("tools/flowrepl-worker"))),
+        (p(&w), "--startup", p(&w.join("tools/start.py"))),
     ] {
         let mut cmd = std::process::Command::new(flowrepl_tests::flowrepl_bin());
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--workspace-root", &ws])
