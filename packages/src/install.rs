@@ -636,6 +636,16 @@ impl Installer {
                     return Err(e);
                 }
             };
+            if ran.ok && t.build {
+                // A build's code could write into the generation (uv installs from inside
+                // its sandbox): a link or a FIFO there was not the wheel's.
+                if let Some(what) = crate::layer::special_entry(&generation, 1_000_000) {
+                    self.layer.discard(&generation);
+                    return Err(InstallError::Install(format!(
+                        "the build left {what} in the new layer, which no wheel holds: refused, the layer is unchanged"
+                    )));
+                }
+            }
             if ran.ok {
                 let _ = std::fs::remove_file(generation.join(".lock"));
                 return Ok(Populated {

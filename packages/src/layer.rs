@@ -231,6 +231,42 @@ pub fn read_untrusted(path: &Path, max: u64) -> Option<String> {
     String::from_utf8(read_bounded(file, max, path).ok()?).ok()
 }
 
+/// The first entry below `dir` that is neither a regular file nor a folder (a link, a FIFO,
+/// a socket, a device), named relative to `dir` with its kind; or a note that `dir` holds more
+/// than `max` entries. Nothing is followed. A wheel holds only files and folders: anything
+/// else in a generation a build wrote into was put there by the build's code.
+pub fn special_entry(dir: &Path, max: usize) -> Option<String> {
+    let mut stack = vec![dir.to_path_buf()];
+    let mut seen = 0usize;
+    while let Some(d) = stack.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) => return Some(format!("{} (unreadable: {e})", d.display())),
+        };
+        for e in entries.flatten() {
+            seen += 1;
+            if seen > max {
+                return Some(format!("more than {max} entries"));
+            }
+            let Ok(kind) = e.file_type() else { continue };
+            let path = e.path();
+            let shown = path
+                .strip_prefix(dir)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_symlink() {
+                return Some(format!("a link, {shown}"));
+            } else if !kind.is_file() {
+                return Some(format!("a FIFO, socket or device, {shown}"));
+            }
+        }
+    }
+    None
+}
+
 /// Reads a state file (`None`: there is none). A file over 1 MiB, not JSON, or of another
 /// version is an error; so is anything but a regular file (opened without following a link
 /// and without blocking, the type checked on the descriptor: a FIFO put there would stop the
@@ -365,6 +401,25 @@ mod tests {
             "host secret"
         );
         assert_eq!(layer.state(), Some(state));
+    }
+
+    #[test]
+    fn links_and_fifos_a_build_left_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("pkg/sub")).unwrap();
+        std::fs::write(d.join("pkg/sub/m.py"), "").unwrap();
+        assert_eq!(special_entry(d, 100), None);
+        std::os::unix::fs::symlink("/root", d.join("pkg/zz_link")).unwrap();
+        assert_eq!(special_entry(d, 100).unwrap(), "a link, pkg/zz_link");
+        std::fs::remove_file(d.join("pkg/zz_link")).unwrap();
+        nix::unistd::mkfifo(
+            &d.join("pkg/sub/RECORD"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        assert!(special_entry(d, 100).unwrap().contains("FIFO"));
+        assert!(special_entry(d, 2).unwrap().contains("more than 2"));
     }
 
     #[test]
