@@ -479,11 +479,24 @@ impl Session {
                     }
                     to.failed(RpcError::new(ErrorCode::InternalError, why))
                 } else if let (true, Some(m)) = (self.store_sync, &store) {
-                    // --store-sync: the record in the store before the answer.
+                    // --store-sync: the record in the store before the answer; with
+                    // every-cell checkpoints, the cell's checkpoint too (written now, every
+                    // name, rather than before the next cell).
+                    let with_state = self.checkpoint_policy == CheckpointPolicy::EveryCell;
+                    if with_state {
+                        if let Err(e) = self
+                            .engine
+                            .checkpoint(flowrepl_protocol::checkpoint::AUTO_CHECKPOINT)
+                        {
+                            result.report.warnings.push(format!(
+                                "--store-sync: the cell's checkpoint could not be written before its answer: {e}"
+                            ));
+                        }
+                    }
                     self.record(params.clone(), result.clone());
                     self.board.flusher.flush();
                     let upto = std::fs::metadata(&self.log_file).map_or(0, |m| m.len());
-                    match m.sync(upto, SYNC_WITHIN) {
+                    match m.sync(upto, with_state, SYNC_WITHIN) {
                         Ok(()) => {
                             if let Some(m) = &store {
                                 m.set_busy(false);

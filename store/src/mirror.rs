@@ -231,9 +231,9 @@ enum Command {
     Finish(mpsc::Sender<()>),
     /// Renew the lease now (the session found it not good).
     Renew(mpsc::Sender<Result<(), String>>),
-    /// Upload the log up to this many bytes of the file, and the checkpoint folder and
-    /// workspace as they are, now (`--store-sync`).
-    Sync(u64, mpsc::Sender<Result<(), String>>),
+    /// Upload the log up to this many bytes of the file now, and with `true` the
+    /// checkpoint folder and workspace as they are (`--store-sync`).
+    Sync(u64, bool, mpsc::Sender<Result<(), String>>),
 }
 
 /// The running uploader.
@@ -374,11 +374,11 @@ impl Mirror {
         self.health.busy.store(busy, Ordering::Release);
     }
 
-    /// `--store-sync`: uploads the task log up to `log_bytes` bytes of the file (and the
-    /// checkpoints and workspace as they are) now, and waits until the head counts them
-    /// (at most `within`).
-    pub fn sync(&self, log_bytes: u64, within: Duration) -> Result<(), String> {
-        let Some(wait) = self.ask(|done| Command::Sync(log_bytes, done)) else {
+    /// `--store-sync`: uploads the task log up to `log_bytes` bytes of the file now (with
+    /// `state`, the checkpoints and workspace as they are too, in the same batch), and waits
+    /// until the head counts them (at most `within`).
+    pub fn sync(&self, log_bytes: u64, state: bool, within: Duration) -> Result<(), String> {
+        let Some(wait) = self.ask(|done| Command::Sync(log_bytes, state, done)) else {
             return Err(self
                 .health
                 .fenced()
@@ -497,8 +497,12 @@ impl Uploader {
                     let _ = done.send(r.as_ref().map_err(Failure::text).map(|_| ()));
                     r
                 }
-                Some(Command::Sync(upto, done)) => {
-                    let r = runtime.block_on(self.sync_log());
+                Some(Command::Sync(upto, state, done)) => {
+                    let r = if state {
+                        runtime.block_on(self.step(true))
+                    } else {
+                        runtime.block_on(self.sync_log())
+                    };
                     let r = match r {
                         Ok(()) if self.files.log_offset < upto => Err(Failure::Again),
                         r => r,
@@ -946,7 +950,7 @@ fn drain(rx: mpsc::Receiver<Command>) {
                 let _ = done.send(());
                 return;
             }
-            Command::Renew(done) | Command::Sync(_, done) => drop(done),
+            Command::Renew(done) | Command::Sync(_, _, done) => drop(done),
         }
     }
 }

@@ -1568,6 +1568,46 @@ fn with_store_sync_an_answered_call_survives_a_kill() {
     }
 }
 
+/// Issue 46: with --store-sync and --checkpoints every-cell, a call is answered once its
+/// checkpoint is in the store too: after a SIGKILL right after the answer, the next kernel
+/// elsewhere restores the variable the call set.
+#[test]
+fn with_store_sync_and_every_cell_the_answered_state_survives_a_kill() {
+    let s3 = S3Server::start();
+    // every-cell: the state of the last answered cell is restored. The control, the default
+    // policy: its checkpoint goes up with the next batch, after the kill.
+    for every_cell in [true, false] {
+        let task = format!("t-{every_cell}");
+        let mut o = stored("in_process", &s3, s3.port, "z", &task, 2).arg("--store-sync");
+        if every_cell {
+            o = o.arg("--checkpoints").arg("every-cell");
+        }
+        let mut a = o.start();
+        a.ok("x = 1");
+        a.ok("y = 2");
+        kill(a.pid(), libc::SIGKILL);
+        a.wait();
+        let mut b = stored("in_process", &s3, s3.port, "z", &task, 2)
+            .arg("--resume")
+            .start();
+        let r = b.execute("y");
+        if every_cell {
+            assert_eq!(r["restored"], true, "{r}");
+            assert_eq!(r["checkpoint_execution_count"], 2, "{r}");
+            assert_eq!(r["lost_vars"], json!({}), "{r}");
+            b.ok("assert (x, y) == (1, 2)");
+        } else {
+            // Its record is there (--store-sync), its state is not.
+            assert_eq!(r["success"], false, "{r}");
+            assert_ne!(r["checkpoint_execution_count"], 2, "{r}");
+            b.sync();
+            let codes: Vec<String> = cells(&b.log_file()).into_iter().map(|c| c.2).collect();
+            assert!(codes.contains(&"y = 2".to_owned()), "{codes:?}");
+        }
+        b.close();
+    }
+}
+
 /// Issue 46: the requests a held task makes, counted in moto's request log: at 1 cell/s, and
 /// idle. Prints the figures docs/store.md gives.
 #[test]
