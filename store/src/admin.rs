@@ -249,15 +249,11 @@ pub async fn show(store: &Store, plan: &str, task: &str) -> Result<TaskDetail, A
         }),
     };
     let blob_size = |sha: &str| by_key.get(keys.blob(sha).as_str()).map(|l| l.bytes);
-    let mut live = std::collections::BTreeSet::new();
-    if let Some(Ok(m)) = &current {
-        for cp in m.checkpoints.values() {
-            live.extend(cp.segments.values().map(|s| s.sha256.clone()));
-        }
-        for f in m.workspace.iter().flat_map(|w| w.files.values()) {
-            live.insert(f.sha256.clone());
-        }
-    }
+    // Segments carried inline in the manifest are in no blob.
+    let live = match &current {
+        Some(Ok(m)) => m.blobs(),
+        _ => Default::default(),
+    };
     let mut missing_blobs = Vec::new();
     let mut live_blobs = (0, 0);
     for sha in &live {

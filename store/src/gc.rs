@@ -1,7 +1,8 @@
 //! Collection: the blobs and state manifests of a task that no state of it needs any more.
 //!
 //! A task's state is the manifest its head names; a manifest names its blobs (checkpoint
-//! segments and workspace files, by hash). When a holder writes a new state, the one it
+//! segments and workspace files, by hash; a segment carried inline in it names none, see
+//! [`crate::state`]). When a holder writes a new state, the one it
 //! replaced, and the blobs only that one named, become garbage, but not at once: a reader
 //! (a kernel taking the task, `flowrepl store show`) may have read the head a moment before
 //! and still be fetching the older manifest and its blobs. So a manifest is kept for a
@@ -157,12 +158,8 @@ async fn plan_at(
             key: key.clone(),
             why: e.to_string(),
         })?;
-        for cp in manifest.checkpoints.values() {
-            named.extend(cp.segments.values().map(|s| s.sha256.clone()));
-        }
-        for f in manifest.workspace.iter().flat_map(|w| w.files.values()) {
-            named.insert(f.sha256.clone());
-        }
+        // Inline segments name no blob; the rest, and the workspace files, do.
+        named.extend(manifest.blobs());
     }
     for b in store.list(&blobs_folder(keys)).await? {
         if named.contains(blob_hash(&b.key)) || age(now, b.modified) < grace {
@@ -344,14 +341,7 @@ mod tests {
                 "auto".to_owned(),
                 StoredCheckpoint {
                     journal: String::new(),
-                    segments: [(
-                        "s-000001.bin".to_owned(),
-                        Segment {
-                            sha256: sha,
-                            bytes: size as u64,
-                        },
-                    )]
-                    .into(),
+                    segments: [("s-000001.bin".to_owned(), Segment::blob(sha, size as u64))].into(),
                 },
             )]
             .into(),

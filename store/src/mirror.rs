@@ -4,7 +4,8 @@
 //! Every [`TICK`] it looks (a `stat` or two) at the task log, the checkpoint folder and the
 //! workspace marker ([`crate::workspace::changed_at`]). What changed goes up as one batch at
 //! most every [`INTERVAL`] (at once when the last batch is older than that): the new complete
-//! log lines as a segment, the new blobs, the new state manifest, and then one swap of the head
+//! log lines as a segment, the new blobs (small new checkpoint segments go inside the manifest
+//! instead, [`state::inline`]), the new state manifest, and then one swap of the head
 //! that counts the segment and names the manifest ([`crate::lease::Lease::commit`]). A batch
 //! starts only while the lease is good by this process's clock ([`Lease::good`]); past it, the
 //! lease is renewed first, so a holder whose task was taken writes nothing. Between batches
@@ -848,8 +849,21 @@ impl Uploader {
             Err(state::StateError::Changed(_)) => return Err(Failure::Again),
             Err(e) => return Err(Failure::Store(e.to_string())),
         };
+        // Small new segments go inside the manifest: no blob PUT for them.
+        let uploaded = &self.uploaded;
+        match state::inline(&mut manifest, &self.files.checkpoint_root, |sha| {
+            uploaded.contains(sha)
+        }) {
+            Ok(()) => {}
+            Err(state::StateError::Changed(_)) => {
+                self.hashed.clear();
+                return Err(Failure::Again);
+            }
+            Err(e) => return Err(Failure::Store(e.to_string())),
+        }
+        let blobs = manifest.blobs();
         for (segment, path) in files {
-            if self.uploaded.contains(&segment.sha256) {
+            if self.uploaded.contains(&segment.sha256) || !blobs.contains(&segment.sha256) {
                 continue;
             }
             let data = std::fs::read(&path).map_err(|_| Failure::Again)?;
