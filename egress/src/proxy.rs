@@ -576,6 +576,12 @@ async fn read_head(client: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Vec<u8>,
             let end = from + i + 4;
             return Ok(buf.split_off(end));
         }
+        // A head ended by a bare LF line: refused now, not left waiting for a CRLF CRLF
+        // that never comes.
+        // (No CRLF CRLF came before it, so a "\n\n" is an empty line ended by a bare LF.)
+        if memchr::memmem::find(&buf[from..], b"\n\n").is_some() {
+            return Err(refusal(400, "a request head with bare LF line ends"));
+        }
         if buf.len() > MAX_HEAD {
             return Err(refusal(
                 431,
@@ -634,7 +640,8 @@ fn named(authority: &str, default_port: u16) -> (String, u16) {
 
 /// What the first line of a head that never ended names (`METHOD TARGET ...`), into `c`.
 fn named_by_first_line(buf: &[u8], c: &mut Connection) {
-    let line = &buf[..memchr::memmem::find(buf, b"\r\n").unwrap_or(buf.len())];
+    let line = &buf[..memchr::memchr(b'\n', buf).unwrap_or(buf.len())];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
     let line = String::from_utf8_lossy(&line[..line.len().min(4096)]);
     let mut words = line.split(' ');
     let (Some(method), Some(target)) = (words.next(), words.next()) else {
@@ -644,8 +651,10 @@ fn named_by_first_line(buf: &[u8], c: &mut Connection) {
         c.via = "connect";
         (target, 0)
     } else if let Some(rest) = strip_prefix_ignore_case(target, "http://") {
+        c.via = "http";
         (rest, 80)
     } else if let Some(rest) = strip_prefix_ignore_case(target, "https://") {
+        c.via = "http";
         (rest, 443)
     } else {
         return;
@@ -665,12 +674,18 @@ impl Request {
             // before (bare LF line ends) would leave bytes that are neither head nor body.
             Ok(httparse::Status::Complete(n)) if n == head.len() => {}
             Ok(httparse::Status::Complete(_)) => {
-                return Err(refusal(400, "a request head with bare LF line ends"))
+                named_by_first_line(head, c);
+                return Err(refusal(400, "a request head with bare LF line ends"));
             }
             Ok(httparse::Status::Partial) => {
-                return Err(refusal(400, "an incomplete request head"))
+                named_by_first_line(head, c);
+                return Err(refusal(400, "an incomplete request head"));
             }
-            Err(e) => return Err(refusal(400, format!("not an HTTP request: {e}"))),
+            Err(e) => {
+                // (A folded or malformed header line: the request line still named a host.)
+                named_by_first_line(head, c);
+                return Err(refusal(400, format!("not an HTTP request: {e}")));
+            }
         }
         let method = req.method.unwrap_or_default().to_string();
         let target = req.path.unwrap_or_default();
@@ -1226,6 +1241,20 @@ mod tests {
                 80,
             ),
             (b"GET http://exa$mple.com/ HTTP/1.1\r\n\r\n", "http", "exa$mple.com", 80),
+            // A header httparse refuses (a folded line, a space before the colon): the
+            // request line still named the host (the record said "" and 0).
+            (
+                b"GET http://localhost:18081/ HTTP/1.1\r\nHost: localhost:18081\r\nX: a\r\n b\r\n\r\n",
+                "http",
+                "localhost",
+                18081,
+            ),
+            (
+                b"GET http://localhost:18081/ HTTP/1.1\r\nHost : evil.example\r\n\r\n",
+                "http",
+                "localhost",
+                18081,
+            ),
         ] {
             let mut c = Connection::default();
             assert!(Request::parse(head, &mut c).is_err());

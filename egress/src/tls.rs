@@ -37,11 +37,18 @@ pub fn client_hello(bytes: &[u8]) -> Hello {
     if bytes.is_empty() {
         return Hello::Incomplete;
     }
+    // A first byte that is a TLS record's type is TLS, whatever follows: only a handshake
+    // record of TLS's version may open it (a server may skip an alert or take another
+    // version and read the hello after it: passing such bytes as "not TLS" would let a hello
+    // naming another server through).
+    if (0x14..=0x18).contains(&bytes[0]) && bytes[0] != 0x16 {
+        return Hello::Malformed("a TLS record other than a handshake before the ClientHello");
+    }
     if bytes[0] != 0x16 {
         return Hello::NotTls;
     }
     if bytes.len() >= 2 && bytes[1] != 3 {
-        return Hello::NotTls;
+        return Hello::Malformed("a TLS record of another protocol version");
     }
     // The handshake message, put together from the records' fragments.
     let mut message: Vec<u8> = Vec::new();
@@ -206,6 +213,17 @@ pub(crate) mod tests {
         }
         assert_eq!(client_hello(b"GET / HTTP/1.1\r\n"), Hello::NotTls);
         assert_eq!(client_hello(b"SSH-2.0-x\r\n"), Hello::NotTls);
+        // TLS-shaped first bytes that are not a handshake record of TLS's version: an alert,
+        // a ChangeCipherSpec or application data before the hello, or version 0x0000 (a
+        // server may skip or accept them and read the hello behind): never "not TLS".
+        for first in [
+            &[0x15, 3, 1, 0, 2, 1, 0][..],
+            &[0x14, 3, 1, 0, 1, 1],
+            &[0x17, 3, 3, 0, 0],
+            &[0x16, 0, 0, 0, 4, 1, 0, 0, 0],
+        ] {
+            assert!(matches!(client_hello(first), Hello::Malformed(_)), "{first:?}");
+        }
         // A length over the bound: malformed, never a wait; flipped bytes never a panic.
         let mut bad = h.clone();
         bad[6] = 0xff;

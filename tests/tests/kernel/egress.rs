@@ -740,6 +740,18 @@ fn a_plain_http_connection_carries_one_request_framed_exactly() {
         .iter()
         .filter(|r| r["target"].as_str().unwrap().starts_with("/s"))
         .all(|r| r["host"] == "evil.example"));
+    // A head with bare LF line ends is refused at once (it was left waiting for a CRLF CRLF
+    // until the head's time limit), and nothing reaches the host.
+    let lf = run(
+        &mut k,
+        &[format!("GET http://{host}/lf HTTP/1.1\nHost: {host}\n\n")],
+        None,
+    );
+    assert!(
+        lf.starts_with("HTTP/1.1 400 flowrepl egress: a request head with bare LF line ends"),
+        "{lf}"
+    );
+    assert!(s.seen().iter().all(|r| r["target"] != "/lf"));
     k.close();
     assert!(flowrepl_tests::schema::validate_logs(k.dir.path()) >= 10);
 }
