@@ -48,23 +48,26 @@ impl Default for Policy {
 /// The hosts of uv's and pip's default index (PyPI): its pages, and where its files are.
 pub const DEFAULT_INDEX_HOSTS: [&str; 2] = ["pypi.org:443", "files.pythonhosted.org:443"];
 
+/// The root of the shared caches without `--packages-cache`:
+/// `$XDG_CACHE_HOME/flowrepl-packages`, else `~/.cache/flowrepl-packages` (`None`: no home).
+pub fn default_cache_root() -> Option<PathBuf> {
+    let home = |var: &str| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    home("XDG_CACHE_HOME")
+        .or_else(|| home("HOME").map(|h| h.join(".cache")))
+        .map(|c| c.join("flowrepl-packages"))
+}
+
 impl Policy {
     /// The root of the shared caches: `--packages-cache`, else
     /// `$XDG_CACHE_HOME/flowrepl-packages`, else `~/.cache/flowrepl-packages` (`None`: no
     /// home). Not uv's own cache: the user's uv links it into the user's venvs, which any
     /// program of the user may edit.
     pub fn cache_root(&self) -> Option<PathBuf> {
-        if let Some(d) = &self.cache_dir {
-            return Some(d.clone());
-        }
-        let home = |var: &str| {
-            std::env::var_os(var)
-                .map(PathBuf::from)
-                .filter(|p| p.is_absolute())
-        };
-        home("XDG_CACHE_HOME")
-            .or_else(|| home("HOME").map(|h| h.join(".cache")))
-            .map(|c| c.join("flowrepl-packages"))
+        self.cache_dir.clone().or_else(default_cache_root)
     }
 
     /// Where the installer fetches from, as `host:port` (an IPv6 address in brackets): the

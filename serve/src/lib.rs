@@ -429,8 +429,8 @@ fn inside(workspace_root: &std::path::Path, ran: &[(&str, std::path::PathBuf)]) 
 
 /// The programs and files a kernel of this server runs or loads, by the flag (or variable)
 /// that names them: the interpreter (its venv, as the kernel resolves it), uv, the worker,
-/// the startup files, the server's own folder, the home (caches, the support code) and the
-/// temporary folder (the workers' private folders).
+/// the startup files, the server's own folder, the home, the package and support-code caches
+/// and the temporary folder (the workers' private folders).
 fn ran_or_loaded(cli: &Cli) -> Vec<(&'static str, std::path::PathBuf)> {
     let mut out = Vec::new();
     let request = flowrepl_pythons::Request::from_env(cli.python.clone(), None);
@@ -460,6 +460,15 @@ fn ran_or_loaded(cli: &Cli) -> Vec<(&'static str, std::path::PathBuf)> {
             .map(|d| ("flowrepl's own folder", d)),
     );
     out.extend(std::env::var_os("HOME").map(|h| ("$HOME", h.into())));
+    // The caches kernels share and run from ($XDG_CACHE_HOME may lie elsewhere than $HOME):
+    // one task's cell rewriting a cached package file would reach every task that installs it.
+    if cli.packages_cache.is_none() {
+        out.extend(
+            flowrepl_packages::policy::default_cache_root()
+                .map(|p| ("the package cache ($XDG_CACHE_HOME)", p)),
+        );
+    }
+    out.extend(flowrepl_exec::setup::support_cache_dir().map(|p| ("the support-code cache", p)));
     out.push(("the temporary folder ($TMPDIR)", std::env::temp_dir()));
     out
 }

@@ -389,3 +389,39 @@ fn a_workspace_inside_the_served_venv_is_refused() {
         "{said}"
     );
 }
+
+/// The caches the server's kernels share: with `XDG_CACHE_HOME` inside `--workspace-root`,
+/// the sandboxed tasks' package cache was the workspace of task (xdg, flowrepl-packages),
+/// whose cell rewrote a cached file that every other task then imported. serve refuses such a
+/// layout at its start; the control: the same server with the caches elsewhere starts.
+#[test]
+fn serve_refuses_shared_caches_inside_the_workspace_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = dir.path().join("W");
+    std::fs::create_dir(&w).unwrap();
+    let serve = |cache: &Path| {
+        std::process::Command::new("timeout")
+            .args(["-k", "2", "4"])
+            .arg(flowrepl_tests::flowrepl_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--workspace-root"])
+            .arg(&w)
+            .arg("--log-dir")
+            .arg(dir.path().join("l"))
+            .arg("--state-dir")
+            .arg(dir.path().join("s"))
+            .env("XDG_CACHE_HOME", cache)
+            .env("FLOWREPL_TOKEN", flowrepl_tests::serve::TOKEN)
+            .output()
+            .unwrap()
+    };
+    let out = serve(&w.join("xdg"));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("cache") && said.contains("lies inside --workspace-root"),
+        "{said}"
+    );
+    let out = serve(&dir.path().join("xdg"));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("MCP at"), "{said}");
+}
