@@ -296,6 +296,7 @@ async fn show(store: &Store, plan: &str, task: &str, as_json: bool) -> Result<()
                 "checkpoints": m.checkpoints.iter().map(|(n, c)| (n.clone(), json!({
                     "segments": c.segments.len(),
                     "bytes": c.segments.values().map(|s| s.bytes).sum::<u64>(),
+                    "inline": c.segments.values().filter(|s| s.inline.is_some()).count(),
                 }))).collect::<serde_json::Map<String, Value>>(),
                 "workspace": m.workspace,
             }),
@@ -372,9 +373,10 @@ async fn show(store: &Store, plan: &str, task: &str, as_json: bool) -> Result<()
             println!("  current state:");
             for (name, cp) in &m.checkpoints {
                 println!(
-                    "    checkpoint {name}: {} segment file(s), {}",
+                    "    checkpoint {name}: {} segment file(s), {} ({} inline in the manifest)",
                     cp.segments.len(),
-                    human(cp.segments.values().map(|s| s.bytes).sum())
+                    human(cp.segments.values().map(|s| s.bytes).sum()),
+                    cp.segments.values().filter(|s| s.inline.is_some()).count()
                 );
             }
             if let Some(w) = &m.workspace {
