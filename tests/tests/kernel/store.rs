@@ -1644,11 +1644,17 @@ fn requests_per_cell_and_when_idle() {
         .iter()
         .filter(|(m, p)| m == "PUT" && p.ends_with("head.json"))
         .count();
-    eprintln!("  of which head swaps: {heads}");
+    let blobs = active
+        .iter()
+        .filter(|(m, p)| m == "PUT" && p.contains("/blobs/"))
+        .count();
+    eprintln!("  of which head swaps: {heads}, blobs: {blobs}");
     assert!(
         heads as u32 <= n + 2,
         "more than one head swap per batch: {heads} in {n} s"
     );
+    // `x = i`'s checkpoint segments are small: carried inside the manifest, never a blob.
+    assert_eq!(blobs, 0, "small checkpoint segments were PUT as blobs");
     // Idle: parked once everything is up, then nothing.
     assert!(
         wait_for(Duration::from_secs(10), || head(&s3, "q", "t")["released"]
