@@ -5,7 +5,7 @@
 //! - [`objects`]: the store (`s3://` or `file://`) and its four operations.
 //! - [`head`]: the layout of a task's objects and its head, which names its holder and state.
 //! - [`lease`]: taking, renewing, committing through and releasing the head.
-//! - [`state`]: the checkpoint folder as a manifest of blobs.
+//! - [`state`]: the checkpoint folder as a manifest of blobs (small segments carried inline).
 //! - [`workspace`]: the workspace's files by hash, taken without following links and written
 //!   back beneath the workspace.
 //! - [`fetch`]: the log and checkpoints brought onto this disk before a kernel starts.
