@@ -222,7 +222,10 @@ pub(crate) mod tests {
             &[0x17, 3, 3, 0, 0],
             &[0x16, 0, 0, 0, 4, 1, 0, 0, 0],
         ] {
-            assert!(matches!(client_hello(first), Hello::Malformed(_)), "{first:?}");
+            assert!(
+                matches!(client_hello(first), Hello::Malformed(_)),
+                "{first:?}"
+            );
         }
         // A length over the bound: malformed, never a wait; flipped bytes never a panic.
         let mut bad = h.clone();
