@@ -125,6 +125,9 @@ enum Op {
     /// A sysfs of this network namespace, read-only; the host's (this descriptor) bound
     /// read-only where the host refuses it.
     Sysfs(OwnedFd),
+    /// The new root's own folder at this path (made if missing) bound onto itself: a mount
+    /// point, which a cell can neither rename nor remove ([`PINS`]).
+    Pin,
 }
 
 /// The mount namespace's view of the files: a new root (a tmpfs) that holds what a cell needs
@@ -326,31 +329,6 @@ fn plan(
     for (p, _) in &guarded {
         ops.push((p.clone(), Op::ReadOnly(open(p)?)));
     }
-    // The folders between a writable folder and what is hidden or guarded inside it, each
-    // made a mount point: a cell cannot rename `.flowrepl` away from above the log folder
-    // and make a folder of its own where the kernel looks next.
-    if !skip(PINS) {
-        let targets = hidden
-            .iter()
-            .filter_map(|h| in_writable(h).map(|w| (h.clone(), w)))
-            .chain(guarded.iter().cloned());
-        let mut pins = std::collections::BTreeSet::new();
-        for (target, w) in targets {
-            for a in target.ancestors().skip(1) {
-                if a == w.as_path() || !a.starts_with(&w) {
-                    break;
-                }
-                let taken = writable.iter().chain(&hidden).any(|x| x == a)
-                    || guarded.iter().any(|(g, _)| a.starts_with(g));
-                if !taken {
-                    pins.insert(a.to_path_buf());
-                }
-            }
-        }
-        for a in pins {
-            ops.push((a.clone(), Op::Writable(open(&a)?)));
-        }
-    }
     // The log folder, where it is inside a folder bound here (the default layout puts it in
     // the workspace): covered, and the checkpoint folder inside it bound back after.
     for h in hidden {
@@ -361,6 +339,40 @@ fn plan(
         {
             ops.push((h, Op::Empty("0700", false)));
         }
+    }
+    // The folders between a writable folder (the workspace, the private `/tmp`) and what is
+    // mounted inside it (the log folder's cover, a guarded venv, the checkpoint folder, a
+    // workspace under `/tmp`), each made a mount point: a cell cannot rename `.flowrepl` away
+    // from above the log folder and make a folder of its own where the kernel looks next, nor
+    // move a mount its worker writes through.
+    if !skip(PINS) {
+        let roots: Vec<PathBuf> = writable
+            .iter()
+            .cloned()
+            .chain(std::iter::once(PathBuf::from("/tmp")))
+            .collect();
+        let mounted: Vec<PathBuf> = ops.iter().map(|(p, _)| p.clone()).collect();
+        let mut pins = std::collections::BTreeSet::new();
+        for target in &mounted {
+            let Some(root) = roots
+                .iter()
+                .filter(|r| target.starts_with(r) && target != *r)
+                .max_by_key(|r| r.components().count())
+            else {
+                continue;
+            };
+            for a in target.ancestors().skip(1) {
+                if a == root.as_path() {
+                    break;
+                }
+                let taken =
+                    mounted.iter().any(|m| m == a) || guarded.iter().any(|(g, _)| a.starts_with(g));
+                if !taken {
+                    pins.insert(a.to_path_buf());
+                }
+            }
+        }
+        ops.extend(pins.into_iter().map(|a| (a, Op::Pin)));
     }
     ops.sort_by_key(|(p, _)| p.components().count());
     Ok(ops)
@@ -433,6 +445,18 @@ fn build(root: &Path, ops: &[(PathBuf, Op)], notes: &mut Vec<String>) -> Result<
                 }
             }
             Op::Writable(fd) => bind(fd)?,
+            Op::Pin => {
+                std::fs::create_dir_all(&at)
+                    .map_err(|e| format!("cannot make {}: {e}", at.display()))?;
+                mount(
+                    Some(&at),
+                    &at,
+                    None::<&str>,
+                    MsFlags::MS_BIND | MsFlags::MS_REC,
+                    None::<&str>,
+                )
+                .map_err(|e| err("cannot pin", path, e))?;
+            }
             Op::Blank => {
                 let blank = root.join(".blank");
                 if !blank.exists() {

@@ -425,3 +425,25 @@ fn serve_refuses_shared_caches_inside_the_workspace_root() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("MCP at"), "{said}");
 }
+
+/// A workspace under the host's `/tmp` (`/tmp/x/ws`) lies inside the sandbox's private `/tmp`
+/// there: a cell renamed `/tmp/x` and made a link in its place, and the worker's checkpoints
+/// (written through the moved mounts' paths) failed or went to the cell's folder. The folders
+/// above such a mount are mount points too; with the protection left out, the rename works.
+#[test]
+fn a_cell_cannot_move_the_folders_above_its_workspace_in_tmp() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let code = format!(
+        "import os\ntry:\n    os.rename({:?}, '/tmp/moved')\n    r = 'moved'\nexcept OSError as e:\n    r = f'refused {{e.errno}}'\nr",
+        dir.path().display().to_string()
+    );
+    for (skip, expect) in [
+        (&[][..], "'refused 16'"),
+        (&["pinned_folders"][..], "'moved'"),
+    ] {
+        let mut k = sandboxed(Kernel::options(), &ws, skip).start();
+        assert_eq!(attempt(&mut k, &code), expect, "{skip:?}");
+    }
+}
