@@ -8,7 +8,7 @@
 //! - `METHOD http://host[:port]/path HTTP/1.1`: one plain HTTP request per connection,
 //!   forwarded in origin form with `Connection: close` and without the proxy's hop-by-hop
 //!   headers; a `Host` header must name the same host and port. Its body is framed exactly
-//!   ([`Body`]): the `Content-Length` bytes, or a chunked body to its last chunk (re-chunked);
+//!   (`Body`): the `Content-Length` bytes, or a chunked body to its last chunk (re-chunked);
 //!   nothing the cell sends after it reaches the host (read and dropped, counted in the
 //!   record's `bytes_dropped`): a second request cannot ride on an allowed one.
 //!

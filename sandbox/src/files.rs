@@ -52,7 +52,7 @@ pub(crate) const ETC_HIDDEN: [&str; 8] = [
 /// fonts, the dynamic linker's cache, `alternatives` (links `/usr/bin` programs go through),
 /// the OS's name and version, Debian's `python3*` folders (its `sitecustomize`). Not the
 /// other services' configuration, keys or credentials (`pip.conf`, `ssh`, `npmrc`, ...).
-pub(crate) const ETC_ALLOWED: [&str; 41] = [
+pub const ETC_ALLOWED: [&str; 41] = [
     "alternatives",
     "ca-certificates",
     "ca-certificates.conf",

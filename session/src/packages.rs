@@ -36,7 +36,8 @@ enum BuildNetwork {
     Host,
 }
 
-/// Leaves a build the host's network when `host` (diagnosis: see [`BuildNetwork::Host`]).
+/// Leaves a build the host's network when `host` (for diagnosis: the control of the tests
+/// that show a build reaches only the index).
 pub const BUILD_NET: &str = "FLOWREPL_PACKAGES_BUILD_NET";
 
 /// The egress proxy of one build, and the kernel's copy of the socket the build hands its

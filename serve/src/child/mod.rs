@@ -50,7 +50,8 @@ use tokio_util::sync::CancellationToken;
 /// longer); `FLOWREPL_KERNEL_START_S` sets it.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The variable that sets [`START_TIMEOUT`] (whole seconds, at least 1).
+/// The variable that sets how long a child has to answer `initialize` (whole seconds, at
+/// least 1; default 60).
 pub const START_TIMEOUT_VARIABLE: &str = "FLOWREPL_KERNEL_START_S";
 
 fn start_timeout() -> Duration {
