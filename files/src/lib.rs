@@ -485,6 +485,16 @@ impl Workspace {
         })
     }
 
+    /// A cell ran in this workspace (it may have written files): the next upload under
+    /// `--max-workspace-mb` counts the workspace again instead of using the kept figure. A
+    /// kernel calls it after each cell; `serve`, whose cells run in its kernels, relies on
+    /// the figure's age ([`usage`]). Nothing to do without a cap.
+    pub fn cell_ran(&self) {
+        if self.limits.max_workspace_bytes > 0 {
+            usage::forget(self.root());
+        }
+    }
+
     /// The workspace's regular files (links and special files left out, never followed),
     /// sorted by path, a page of at most `limit` after the path `after`; with the cursor of
     /// the next page. At most [`MAX_WALKED`] files are looked at.
@@ -640,6 +650,11 @@ pub mod usage {
             k.insert(root.to_path_buf(), (n, until, now));
         });
         (n, true)
+    }
+
+    /// Forgets the kept figure of `root`: something else (a cell) may have written there.
+    pub fn forget(root: &Path) {
+        known(|k| k.remove(root));
     }
 
     /// Moves the kept figure of `root` (if any) by what a change added and freed.

@@ -704,6 +704,10 @@ impl Session {
         let timeout = Duration::from_millis(params.timeout_ms.unwrap_or(self.default_timeout_ms));
         let started = Instant::now();
         let run = self.engine.run(&params.code, timeout, execution_count);
+        if let Ok(files) = &self.files {
+            // The cell may have written the workspace: the next upload's cap looks again.
+            files.cell_ran();
+        }
         let restored = match self.engine.take_restored() {
             Some(Ok(mut r)) => {
                 self.tell_the_whole_truth(&mut r);
