@@ -102,38 +102,22 @@ pub async fn ls(
     plan: Option<&str>,
     task: Option<&str>,
 ) -> Result<Vec<TaskSummary>, AdminError> {
-    use flowrepl_task_logger::path::safe_component;
-    let plans = match plan {
-        Some(p) => vec![safe_component(p)],
-        None => store.children(crate::head::TASKS).await?,
-    };
     let mut out = Vec::new();
-    for p in plans {
-        let tasks = match task {
-            Some(t) => vec![safe_component(t)],
-            None => {
-                store
-                    .children(&format!("{}/{p}", crate::head::TASKS))
-                    .await?
-            }
-        };
-        for t in tasks {
-            let keys = TaskKeys::of_folder(&p, &t);
-            let (sizes, listed) = gc::sizes(store, &keys).await?;
-            if listed.is_empty() {
-                continue;
-            }
-            let head = match read_head(store, &keys).await {
-                Ok(Some((h, _))) => Ok(h),
-                Ok(None) => Err("no head object".to_owned()),
-                Err(e) => Err(e.to_string()),
-            };
-            out.push(TaskSummary {
-                folder: (p.clone(), t),
-                head,
-                sizes,
-            });
+    for keys in crate::fetch::task_folders(store, plan, task).await? {
+        let (sizes, listed) = gc::sizes(store, &keys).await?;
+        if listed.is_empty() {
+            continue;
         }
+        let head = match read_head(store, &keys).await {
+            Ok(Some((h, _))) => Ok(h),
+            Ok(None) => Err("no head object".to_owned()),
+            Err(e) => Err(e.to_string()),
+        };
+        out.push(TaskSummary {
+            folder: keys.folder(),
+            head,
+            sizes,
+        });
     }
     Ok(out)
 }
@@ -490,12 +474,7 @@ mod tests {
     use super::*;
     use crate::lease::{CommitError, Lease};
 
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    }
+    use crate::test_runtime as rt;
 
     /// `release` refuses a holder that renews while it watches (the attempt), releases one
     /// that does not, and `--force` takes the task from a live one, which is then fenced.

@@ -329,13 +329,13 @@ pub async fn append_log(
     Ok(appended)
 }
 
-/// The heads of the store's tasks: every task of `plan` (every plan when `None`), or the one
-/// task named. Heads that do not parse are skipped (and said).
-pub async fn heads(
+/// The folders of the store's tasks: every task of `plan` (every plan when `None`), or the
+/// one task named.
+pub async fn task_folders(
     store: &Store,
     plan: Option<&str>,
     task: Option<&str>,
-) -> Result<Vec<(TaskKeys, Head)>, StoreError> {
+) -> Result<Vec<TaskKeys>, StoreError> {
     use flowrepl_task_logger::path::safe_component;
     let plans = match plan {
         Some(p) => vec![safe_component(p)],
@@ -351,16 +351,27 @@ pub async fn heads(
                     .await?
             }
         };
-        for t in tasks {
-            let keys = TaskKeys::of_folder(&p, &t);
-            let Some((bytes, _)) = store.get(&store.key(&keys.head())).await? else {
-                continue;
-            };
-            match serde_json::from_slice::<Head>(&bytes) {
-                Ok(head) => out.push((keys, head)),
-                Err(e) => {
-                    tracing::warn!(key = %keys.head(), error = %e, "a task's head does not parse; skipped")
-                }
+        out.extend(tasks.iter().map(|t| TaskKeys::of_folder(&p, t)));
+    }
+    Ok(out)
+}
+
+/// The heads of the store's tasks ([`task_folders`]). Heads that do not parse are skipped
+/// (and said).
+pub async fn heads(
+    store: &Store,
+    plan: Option<&str>,
+    task: Option<&str>,
+) -> Result<Vec<(TaskKeys, Head)>, StoreError> {
+    let mut out = Vec::new();
+    for keys in task_folders(store, plan, task).await? {
+        let Some((bytes, _)) = store.get(&store.key(&keys.head())).await? else {
+            continue;
+        };
+        match serde_json::from_slice::<Head>(&bytes) {
+            Ok(head) => out.push((keys, head)),
+            Err(e) => {
+                tracing::warn!(key = %keys.head(), error = %e, "a task's head does not parse; skipped")
             }
         }
     }
@@ -583,12 +594,7 @@ mod tests {
     use crate::head::LogRun;
     use bytes::Bytes;
 
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    }
+    use crate::test_runtime as rt;
 
     fn head_with(runs: Vec<LogRun>, released: bool) -> Head {
         Head {

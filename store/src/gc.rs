@@ -318,12 +318,7 @@ mod tests {
     use crate::state::{Segment, StoredCheckpoint};
     use bytes::Bytes;
 
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    }
+    use crate::test_runtime as rt;
 
     /// Writes a blob of `size` bytes (content from `n`) and a manifest naming it; the
     /// manifest's key.

@@ -226,6 +226,13 @@ impl TaskKeys {
         }
     }
 
+    /// The task's folder names, `(plan, task)`, as the store lists them.
+    pub fn folder(&self) -> (String, String) {
+        let mut parts = self.base.splitn(3, '/').skip(1);
+        let plan = parts.next().unwrap_or_default().to_owned();
+        (plan, parts.next().unwrap_or_default().to_owned())
+    }
+
     /// `head.json`.
     pub fn head(&self) -> String {
         format!("{}/head.json", self.base)

@@ -526,12 +526,7 @@ mod tests {
         }
     }
 
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    }
+    use crate::test_runtime as rt;
 
     #[test]
     fn one_holder_at_a_time_in_a_file_store() {

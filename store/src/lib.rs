@@ -29,3 +29,12 @@ pub mod state;
 pub mod workspace;
 
 pub use objects::{Store, StoreError};
+
+/// A current-thread runtime for the crate's unit tests.
+#[cfg(test)]
+pub(crate) fn test_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}

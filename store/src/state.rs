@@ -449,12 +449,7 @@ mod tests {
     use bytes::Bytes;
     use std::time::Duration;
 
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    }
+    use crate::test_runtime as rt;
 
     fn content(n: u8, size: usize) -> Vec<u8> {
         (0..size).map(|i| (i as u8).wrapping_mul(7) ^ n).collect()
