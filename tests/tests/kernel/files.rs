@@ -694,6 +694,12 @@ fn head_of(server: &Server, method: &str, path: &str, extra: &str) -> String {
     )
 }
 
+/// A one-byte `PUT` of `path` (which makes the task's workspace); its status.
+fn put_one_byte(server: &Server, path: &str) -> u16 {
+    let head = head_of(server, "PUT", path, "Content-Length: 1\r\n");
+    raw(server, format!("{head}x").as_bytes()).0
+}
+
 fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     head.lines().find_map(|l| {
         let (k, v) = l.split_once(':')?;
@@ -871,20 +877,7 @@ fn serve_file_routes_refuse_probes_long_names_and_double_framing_and_answer_head
 #[test]
 fn a_sparse_file_does_not_fill_the_workspace_cap() {
     let server = Server::start(&["--no-sandbox", "--max-workspace-mb", "1"]);
-    let (status, _, _) = raw(
-        &server,
-        format!(
-            "{}x",
-            head_of(
-                &server,
-                "PUT",
-                "/files/p1/t1/first.txt",
-                "Content-Length: 1\r\n"
-            )
-        )
-        .as_bytes(),
-    );
-    assert_eq!(status, 200);
+    assert_eq!(put_one_byte(&server, "/files/p1/t1/first.txt"), 200);
     let ws = server.dir.path().join("workspaces/p1/t1");
     let sparse = std::fs::File::create(ws.join("sparse")).unwrap();
     sparse.set_len(8 << 40).unwrap();
@@ -928,20 +921,7 @@ fn a_sparse_file_does_not_fill_the_workspace_cap() {
 #[test]
 fn a_file_rewritten_while_it_is_read_is_cut_and_recorded_as_changed() {
     let server = Server::start(&["--no-sandbox"]);
-    let (status, _, _) = raw(
-        &server,
-        format!(
-            "{}x",
-            head_of(
-                &server,
-                "PUT",
-                "/files/p1/t1/live.bin",
-                "Content-Length: 1\r\n"
-            )
-        )
-        .as_bytes(),
-    );
-    assert_eq!(status, 200);
+    assert_eq!(put_one_byte(&server, "/files/p1/t1/live.bin"), 200);
     let file = server.dir.path().join("workspaces/p1/t1/live.bin");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
@@ -1016,20 +996,7 @@ fn a_file_rewritten_while_it_is_read_is_cut_and_recorded_as_changed() {
 fn list_files_shows_non_utf8_names_and_a_cells_temporary_looking_file_but_not_an_uploads() {
     use std::os::unix::ffi::OsStrExt;
     let server = Server::start(&["--no-sandbox"]);
-    let (status, _, _) = raw(
-        &server,
-        format!(
-            "{}x",
-            head_of(
-                &server,
-                "PUT",
-                "/files/p1/t1/first.txt",
-                "Content-Length: 1\r\n"
-            )
-        )
-        .as_bytes(),
-    );
-    assert_eq!(status, 200);
+    assert_eq!(put_one_byte(&server, "/files/p1/t1/first.txt"), 200);
     let ws = server.dir.path().join("workspaces/p1/t1");
     let raw_name: &[u8] = b"caf\xe9.txt";
     std::fs::write(ws.join(std::ffi::OsStr::from_bytes(raw_name)), "x").unwrap();
