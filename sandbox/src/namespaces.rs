@@ -240,22 +240,25 @@ fn plan(
             }
         }
     } else {
-        for path in crate::files::etc_allowed() {
-            let Ok(m) = std::fs::symlink_metadata(&path) else {
+        let allowed = crate::files::etc_allowed();
+        for path in &allowed {
+            let Ok(m) = std::fs::symlink_metadata(path) else {
                 continue;
             };
             if m.file_type().is_symlink() {
                 // Kept a link where what it leads to is inside too (`/etc/localtime` into
                 // `/usr/share/zoneinfo`: its name is the zone's); else what it leads to, bound.
-                let target = std::fs::read_link(&path)
+                let target = std::fs::read_link(path)
                     .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                match real(&path) {
-                    Some(t) if visible_inside(&t) => ops.push((path, Op::Symlink(target))),
-                    Some(_) => ops.push((path.clone(), Op::ReadOnly(open(&path)?))),
+                match real(path) {
+                    Some(t) if visible_inside(&t, &allowed) => {
+                        ops.push((path.clone(), Op::Symlink(target)))
+                    }
+                    Some(_) => ops.push((path.clone(), Op::ReadOnly(open(path)?))),
                     None => {}
                 }
             } else {
-                ops.push((path.clone(), Op::ReadOnly(open(&path)?)));
+                ops.push((path.clone(), Op::ReadOnly(open(path)?)));
             }
         }
     }
@@ -379,14 +382,12 @@ fn plan(
 }
 
 /// Whether a link into `target` (resolved) leads somewhere the new root holds.
-fn visible_inside(target: &Path) -> bool {
+fn visible_inside(target: &Path, etc: &[PathBuf]) -> bool {
     crate::files::SYSTEM
         .iter()
         .chain(&["/proc"])
         .any(|s| target.starts_with(s))
-        || crate::files::etc_allowed()
-            .iter()
-            .any(|a| target.starts_with(a))
+        || etc.iter().any(|a| target.starts_with(a))
 }
 
 /// Mounts `ops` under `root`; what fell back is added to `notes`.
